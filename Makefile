@@ -1,0 +1,53 @@
+# Two commands matter on a fresh machine: `make demo` and `make test`.
+# Every target that needs Python packages creates .venv/ first when it is missing.
+
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: help prereqs setup test lint format bench clean
+
+help:
+	@echo "make test    install into .venv/ when missing, lint, run the test suite"
+	@echo "make bench   engine throughput and memory figures (QUICK=1 for a short run)"
+	@echo "make setup   create .venv/ with everything installed (idempotent)"
+
+prereqs:
+	@command -v $(PYTHON) >/dev/null 2>&1 || { \
+	  echo "error: $(PYTHON) not found. Install Python 3.11 (or run: make PYTHON=/path/to/python3.11 ...)."; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' || { \
+	  echo "error: $(PYTHON) is $$($(PYTHON) --version 2>&1); Python 3.11 is required."; exit 1; }
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "error: java not found. Install Java 17 (e.g. apt-get install openjdk-17-jre-headless) for Spark."; exit 1; }
+	@java -version 2>&1 | head -n 1 | grep -q '"17' || { \
+	  echo "error: Spark here needs Java 17; found: $$(java -version 2>&1 | head -n 1)."; exit 1; }
+
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt
+	@$(MAKE) --no-print-directory prereqs
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements-dev.txt -c constraints.txt
+	@touch $@
+
+setup: $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: setup
+	@$(MAKE) --no-print-directory prereqs
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/python bench/engine_bench.py $(if $(QUICK),--quick,)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,36 @@
+"""Exceptions that name the thing that went wrong and how to fix it.
+
+Every error raised by the engine derives from :class:`CdcError`, so callers
+(Airflow tasks, Spark jobs) can tell a data or configuration problem from a
+bug and report it as such.
+"""
+
+from __future__ import annotations
+
+
+class CdcError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class StorageError(CdcError):
+    """An object store request failed after retries (network, permissions, missing bucket)."""
+
+
+class ObjectNotFoundError(StorageError):
+    """A shuffle object that must exist does not."""
+
+
+class CorruptShuffleError(CdcError):
+    """A shuffle object is truncated or does not decode.
+
+    The message names the object, the partition and what was wrong; the fix is to
+    rerun the snapshot from the write phase (its map outputs are rewritten).
+    """
+
+
+class AmbiguousUpdateError(CdcError):
+    """Update pairing is ambiguous: one key has several DELETEs or several INSERTs left."""
+
+
+class ConfigError(CdcError):
+    """A configuration value is missing or invalid."""
