@@ -1,0 +1,73 @@
+"""The object store interface the shuffle needs, and nothing more.
+
+Keys are relative to the store's root URI (``s3://bucket/prefix`` or
+``file:///dir``). A store supports whole-object writes that become visible
+atomically (S3 PUT / multipart complete, ``rename`` on a file system), ranged
+reads, listing with sizes, and prefix deletes.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+
+
+class ObjectWriter(abc.ABC):
+    """A streaming writer; the object appears only when :meth:`close` returns."""
+
+    @abc.abstractmethod
+    def write(self, data: bytes | memoryview) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> int:
+        """Make the object visible and return its size."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Discard everything written; the object does not appear."""
+
+    def __enter__(self) -> ObjectWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class ObjectStore(abc.ABC):
+    """Root of a shuffle location."""
+
+    uri: str
+
+    def describe(self, key: str) -> str:
+        """Full URI of a key, for messages."""
+        return f"{self.uri.rstrip('/')}/{key}"
+
+    @abc.abstractmethod
+    def open_writer(self, key: str) -> ObjectWriter: ...
+
+    def put(self, key: str, data: bytes) -> None:
+        with self.open_writer(key) as writer:
+            writer.write(data)
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes: ...
+
+    @abc.abstractmethod
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` with exactly one request; fewer bytes back is an error."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> list[ObjectInfo]: ...
+
+    @abc.abstractmethod
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix``; return how many were deleted."""
