@@ -1,0 +1,136 @@
+"""``partition = hash(identifier columns) mod P``, a whole batch at a time.
+
+Each column is hashed with the Iceberg spec's 32-bit Murmur3 (``pyiceberg-core``
+``transform.bucket``, vectorized in Rust), so the hash of a value is the same
+on every machine, process and Python version, and an int hashes like the equal
+long (the spec's rule, which keeps partitions stable across int -> long
+promotion). With one key column the partition *is* Iceberg's ``bucket[P]``
+transform of it. Several columns are combined in order with a fixed mixing
+function; nulls hash to a fixed constant, so null keys meet on one partition.
+
+Types the spec does not hash are mapped first: booleans and small integers to
+int, floats to the bits of the equal double (with -0.0 and NaN made canonical),
+nested values (struct, list, map) and anything else to their canonical byte
+encoding (:mod:`iceberg_cdc.canonical`), hashed as binary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg_core.transform import bucket
+
+from iceberg_cdc import canonical
+
+_HASH_SPACE = 2**31 - 1  # bucket(x, 2^31 - 1) keeps all 31 bits of the spec's hash (but one value)
+NULL_HASH = np.uint32(0x2F3A5B71)
+_SEED = np.uint32(0x6A09E667)
+
+
+def _hashable(array: pa.Array) -> pa.Array:
+    """Map ``array`` onto a type that ``bucket`` hashes, preserving equality."""
+    typ = array.type
+    if pa.types.is_boolean(typ) or typ in (pa.int8(), pa.int16(), pa.uint8(), pa.uint16()):
+        return pc.cast(array, pa.int32())
+    if typ == pa.uint32():
+        return pc.cast(array, pa.int64())
+    if typ == pa.uint64():
+        return array.view(pa.int64())
+    if pa.types.is_floating(typ):
+        values = pc.cast(array, pa.float64())
+        values = pc.if_else(pc.equal(values, 0.0), pa.scalar(0.0), values)  # -0.0 -> 0.0
+        values = pc.if_else(pc.is_nan(values), pa.scalar(float("nan")), values)
+        bits = np.ascontiguousarray(values.fill_null(0.0).to_numpy()).view(np.int64)
+        return pa.array(bits, mask=None if array.null_count == 0 else np.asarray(array.is_null()))
+    if pa.types.is_string_view(typ):
+        return pc.cast(array, pa.large_string())
+    if pa.types.is_binary_view(typ):
+        return pc.cast(array, pa.large_binary())
+    if pa.types.is_date64(typ):
+        return pc.cast(array, pa.date32())
+    if pa.types.is_time32(typ):
+        return pc.cast(array, pa.time64("us"))
+    if pa.types.is_timestamp(typ) and typ.unit in ("s", "ms"):
+        return pc.cast(array, pa.timestamp("us", typ.tz))
+    if pa.types.is_duration(typ):
+        return array.view(pa.int64())
+    if (
+        pa.types.is_integer(typ)
+        or pa.types.is_string(typ)
+        or pa.types.is_large_string(typ)
+        or pa.types.is_binary(typ)
+        or pa.types.is_large_binary(typ)
+        or pa.types.is_fixed_size_binary(typ)
+        or pa.types.is_date32(typ)
+        or pa.types.is_time64(typ)
+        or pa.types.is_timestamp(typ)
+        or pa.types.is_decimal128(typ)
+    ):
+        return array
+    return canonical.encode(array)  # nested, decimal256, null, ...
+
+
+def _bucket(array: pa.Array, buckets: int) -> np.ndarray:
+    """``bucket`` with nulls given the fixed null hash (mod ``buckets``)."""
+    if pa.types.is_null(array.type):
+        return np.full(len(array), NULL_HASH % np.uint32(buckets), dtype=np.uint32)
+    result = bucket(_hashable(array), buckets)
+    if result.null_count:
+        result = result.fill_null(int(NULL_HASH % np.uint32(buckets)))
+    return result.to_numpy().astype(np.uint32)
+
+
+def column_hash(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """31-bit spec hash of each value (uint32); nulls get :data:`NULL_HASH`."""
+    return _bucket(canonical.plain(array), _HASH_SPACE)
+
+
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    """Murmur3's finalizer: every input bit affects every output bit."""
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
+def combined_hash(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
+    """Order-sensitive combination of the column hashes (uint32)."""
+    n = len(columns[0])
+    h = np.full(n, _SEED, dtype=np.uint32)
+    with np.errstate(over="ignore"):
+        for column in columns:
+            h = h ^ (column_hash(column) + np.uint32(0x9E3779B9) + (h << np.uint32(6)) + (h >> np.uint32(2)))
+        return _fmix32(h)
+
+
+class HashPartitioner:
+    """Assigns each row a shuffle partition in ``[0, num_partitions)``.
+
+    ``key_columns`` are the identifier columns; ``None`` or empty means the
+    whole row is the key (tables without identifier fields).
+    """
+
+    def __init__(self, num_partitions: int, key_columns: Sequence[str] | None = None) -> None:
+        if not 1 <= num_partitions <= 2**31 - 1:
+            raise ValueError(f"number of shuffle partitions must be in [1, 2^31 - 1], got {num_partitions}")
+        self.num_partitions = num_partitions
+        self.key_columns = list(key_columns or [])
+
+    def partitions(self, batch: pa.RecordBatch | pa.Table) -> np.ndarray:
+        """Partition id of every row, as int32."""
+        if batch.num_rows == 0:
+            return np.zeros(0, dtype=np.int32)
+        names = self.key_columns or batch.schema.names
+        missing = [name for name in names if name not in batch.schema.names]
+        if missing:
+            raise KeyError(
+                f"identifier column(s) {missing} are not in the data (columns: {batch.schema.names})"
+            )
+        columns = [batch.column(name) for name in names]
+        if len(columns) == 1:
+            return _bucket(canonical.plain(columns[0]), self.num_partitions).astype(np.int32)
+        return (combined_hash(columns) % np.uint32(self.num_partitions)).astype(np.int32)
