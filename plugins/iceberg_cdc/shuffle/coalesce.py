@@ -1,0 +1,128 @@
+"""Coalesce shuffle partitions into read ranges, as Spark's adaptive execution does.
+
+After every map output is written, the bytes of partition p are the sum over
+map outputs of that partition's size. Adjacent partitions are packed into
+contiguous ranges close to a target size (Spark's ``ShufflePartitionsUtil``):
+a range grows until adding the next partition would exceed the target, so a
+partition larger than the target stays alone. Empty partitions never make a
+range of their own, and a range is trimmed to its first and last non-empty
+partition. Then any range smaller than ``min_size`` is merged into its smaller
+neighbour, so no read task is launched for a few bytes.
+
+Each range is one SHUFFLE_READ task, and one ranged GET per map output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ReadRange:
+    """Partitions ``[start, end)`` holding ``size`` bytes over all map outputs."""
+
+    start: int
+    end: int
+    size: int
+
+
+@dataclass(frozen=True)
+class SkewedPartition:
+    partition: int
+    size: int
+    median: int
+
+
+@dataclass(frozen=True)
+class CoalescePlan:
+    ranges: list[ReadRange]
+    skewed: list[SkewedPartition]
+    total_size: int
+    num_partitions: int
+
+
+def total_partition_sizes(per_output_sizes: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
+    """Sum the partition sizes of every map output (rows: outputs, columns: partitions)."""
+    sizes = np.asarray(per_output_sizes, dtype=np.int64)
+    if sizes.ndim != 2:
+        raise ValueError("expected one row of partition sizes per map output")
+    return sizes.sum(axis=0)
+
+
+def _greedy(sizes: np.ndarray, target: int) -> list[list[int]]:
+    """Spark's packing: [start, end, size] groups of consecutive partitions, empties skipped."""
+    groups: list[list[int]] = []
+    current: list[int] | None = None
+    for partition in np.flatnonzero(sizes):
+        size = int(sizes[partition])
+        if current is not None and current[2] + size <= target:
+            current[1] = int(partition) + 1
+            current[2] += size
+        else:
+            current = [int(partition), int(partition) + 1, size]
+            groups.append(current)
+    return groups
+
+
+def _merge_small(groups: list[list[int]], min_size: int) -> list[list[int]]:
+    """Merge every group under ``min_size`` into its smaller neighbour, smallest first."""
+    while len(groups) > 1:
+        sizes = [g[2] for g in groups]
+        smallest = min(range(len(groups)), key=lambda i: (sizes[i], i))
+        if sizes[smallest] >= min_size:
+            break
+        if smallest == 0:
+            other = 1
+        elif smallest == len(groups) - 1:
+            other = smallest - 1
+        else:
+            other = smallest - 1 if sizes[smallest - 1] <= sizes[smallest + 1] else smallest + 1
+        low, high = sorted((smallest, other))
+        groups[low] = [groups[low][0], groups[high][1], groups[low][2] + groups[high][2]]
+        del groups[high]
+    return groups
+
+
+def find_skew(sizes: np.ndarray, factor: float, min_bytes: int) -> list[SkewedPartition]:
+    """Partitions larger than ``factor`` x the median non-empty partition and ``min_bytes``."""
+    non_empty = sizes[sizes > 0]
+    if len(non_empty) == 0:
+        return []
+    median = int(np.median(non_empty))
+    threshold = max(factor * median, min_bytes)
+    return [SkewedPartition(int(p), int(sizes[p]), median) for p in np.flatnonzero(sizes > threshold)]
+
+
+def coalesce(
+    partition_sizes: Sequence[int] | np.ndarray,
+    target_size: int,
+    min_size: int | None = None,
+    *,
+    skew_factor: float = 5.0,
+    skew_min_bytes: int | None = None,
+) -> CoalescePlan:
+    """Plan read ranges over total partition sizes.
+
+    ``min_size`` defaults to a fifth of the target (Spark's small-partition
+    factor); ``skew_min_bytes`` defaults to the target, so only a partition
+    that alone overfills a read task is reported as skew.
+    """
+    sizes = np.asarray(partition_sizes, dtype=np.int64)
+    if target_size <= 0:
+        raise ValueError(f"target partition size must be positive, got {target_size}")
+    if (sizes < 0).any():
+        raise ValueError("partition sizes must not be negative")
+    min_size = target_size // 5 if min_size is None else min_size
+    if not 0 <= 2 * min_size <= target_size:
+        # Keeps small groups isolated between large ones, so a merged range stays
+        # under max(target, its largest partition) + 2 * min_size.
+        raise ValueError(
+            f"minimum partition size {min_size} must be between 0 and half the target ({target_size})"
+        )
+    groups = _merge_small(_greedy(sizes, target_size), min_size)
+    ranges = [ReadRange(start, end, size) for start, end, size in groups]
+    skewed = find_skew(sizes, skew_factor, target_size if skew_min_bytes is None else skew_min_bytes)
+    return CoalescePlan(ranges, skewed, int(sizes.sum()), len(sizes))
