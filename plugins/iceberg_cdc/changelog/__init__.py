@@ -1,0 +1,1 @@
+"""Per-key change computation: carryover removal and update merge."""
