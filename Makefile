@@ -6,9 +6,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help prereqs setup test lint format bench clean
+.PHONY: help prereqs setup test demo lint format bench clean
 
 help:
+	@echo "make demo    run the engine on a copy-on-write snapshot against a local S3 server"
 	@echo "make test    install into .venv/ when missing, lint, run the test suite"
 	@echo "make bench   engine throughput and memory figures (QUICK=1 for a short run)"
 	@echo "make setup   create .venv/ with everything installed (idempotent)"
@@ -45,6 +46,9 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(BIN)/python scripts/demo_engine.py
 
 bench: setup
 	$(BIN)/python bench/engine_bench.py $(if $(QUICK),--quick,)
