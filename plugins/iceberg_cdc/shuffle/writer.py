@@ -176,7 +176,8 @@ class MapOutputWriter:
         if not self._buffer:
             return
         num_partitions = self.partitioner.num_partitions
-        batch = pa.concat_batches(self._buffer) if len(self._buffer) > 1 else self._buffer[0]
+        # Take straight from the buffered batches: no buffer-sized concatenation copy.
+        buffered = pa.Table.from_batches(self._buffer, schema=self.schema)
         partitions = np.concatenate(self._buffer_partitions)
         self._buffer, self._buffer_partitions, self._buffered = [], [], 0
 
@@ -185,8 +186,8 @@ class MapOutputWriter:
         keys = partitions.astype(np.uint16) if num_partitions <= 1 << 16 else partitions
         order = np.argsort(keys, kind="stable")
         counts = np.bincount(partitions, minlength=num_partitions)
-        ordered = batch.take(pa.array(order))
-        del batch, order
+        ordered = buffered.take(pa.array(order))
+        del buffered, order
 
         spill = _Spill(num_partitions)
         rows_per_block = max(1, int(ordered.num_rows * self.block_bytes / max(ordered.nbytes, 1)))
@@ -195,10 +196,11 @@ class MapOutputWriter:
             count = int(counts[partition])
             for block_start in range(start, start + count, rows_per_block):
                 length = min(rows_per_block, start + count - block_start)
-                usize, compressed = encode_block(ordered.slice(block_start, length))
-                spill.blobs.append(BLOCK_HEADER.pack(usize, len(compressed)))
-                spill.blobs.append(compressed)
-                spill.sizes[partition] += BLOCK_HEADER.size + len(compressed)
+                for piece in ordered.slice(block_start, length).to_batches():
+                    usize, compressed = encode_block(piece)
+                    spill.blobs.append(BLOCK_HEADER.pack(usize, len(compressed)))
+                    spill.blobs.append(compressed)
+                    spill.sizes[partition] += BLOCK_HEADER.size + len(compressed)
             start += count
         del ordered
         # Earlier spills go to disk; the newest stays in memory only if it is the last one.
