@@ -35,7 +35,7 @@ def plain(array: pa.Array | pa.ChunkedArray) -> pa.Array:
     """One chunk, dictionary decoded, extension unwrapped."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
-    if isinstance(array.type, pa.ExtensionType):
+    if isinstance(array.type, pa.BaseExtensionType):  # uuid, and Python-defined extensions
         array = array.storage
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()

@@ -20,6 +20,10 @@ class ObjectNotFoundError(StorageError):
     """A shuffle object that must exist does not."""
 
 
+class ShortObjectError(StorageError):
+    """An object is shorter than a requested byte range (short body, or HTTP 416)."""
+
+
 class CorruptShuffleError(CdcError):
     """A shuffle object is truncated or does not decode.
 

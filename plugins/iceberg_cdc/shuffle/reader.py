@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from iceberg_cdc.errors import CorruptShuffleError, StorageError
+from iceberg_cdc.errors import CorruptShuffleError, ShortObjectError
 from iceberg_cdc.shuffle.codec import decode_block
 from iceberg_cdc.shuffle.layout import MapOutputIndex, data_key, index_key, iter_blocks
 from iceberg_cdc.storage.base import ObjectStore
@@ -45,14 +45,12 @@ def read_partitions(
         return
     try:
         raw = store.get_range(data_key(name), start, end)
-    except StorageError as exc:
-        if "asked for bytes" in str(exc):
-            raise CorruptShuffleError(
-                f"shuffle data {data_key(name)!r}, partitions {first_partition}.."
-                f"{first_partition + len(offsets) - 2}: {exc}; rerun the snapshot from the "
-                "write phase."
-            ) from None
-        raise
+    except ShortObjectError as exc:
+        raise CorruptShuffleError(
+            f"shuffle data {data_key(name)!r}, partitions {first_partition}.."
+            f"{first_partition + len(offsets) - 2}: the object is shorter than its index says "
+            f"({exc}); rerun the snapshot from the write phase."
+        ) from None
     for block in iter_blocks(name, memoryview(raw), offsets, first_partition):
         yield decode_block(name, block, schema)
 

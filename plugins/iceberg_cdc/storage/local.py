@@ -12,7 +12,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from iceberg_cdc.errors import ObjectNotFoundError, StorageError
+from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError
 from iceberg_cdc.storage.base import ObjectInfo, ObjectStore, ObjectWriter
 
 _TMP_MARK = ".tmp-"
@@ -71,7 +71,7 @@ class LocalObjectStore(ObjectStore):
         except FileNotFoundError:
             raise ObjectNotFoundError(f"{self.describe(key)} does not exist") from None
         if len(data) != end - start:
-            raise StorageError(
+            raise ShortObjectError(
                 f"{self.describe(key)}: asked for bytes [{start}, {end}) but the object "
                 f"ends at {start + len(data)}"
             )

@@ -21,7 +21,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from iceberg_cdc.errors import ObjectNotFoundError, StorageError
+from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError, StorageError
 from iceberg_cdc.storage.base import ObjectInfo, ObjectStore, ObjectWriter
 
 MIN_PART_SIZE = 5 * 1024 * 1024
@@ -192,6 +192,8 @@ class S3ObjectStore(ObjectStore):
         where = self.describe(key)
         if code in ("NoSuchKey", "404", "NotFound"):
             return ObjectNotFoundError(f"{where} does not exist")
+        if code == "InvalidRange" or status == 416:
+            return ShortObjectError(f"{where}: the requested byte range starts past the end of the object")
         if code == "NoSuchBucket":
             return StorageError(f"bucket {self.bucket!r} does not exist: create it or fix shuffle.uri")
         if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
@@ -212,9 +214,8 @@ class S3ObjectStore(ObjectStore):
             return b""
         data = self._read(key, (start, end))
         if len(data) != end - start:
-            raise StorageError(
-                f"{self.describe(key)}: asked for bytes [{start}, {end}) but got {len(data)}; "
-                "the object is shorter than its index says"
+            raise ShortObjectError(
+                f"{self.describe(key)}: asked for bytes [{start}, {end}) but got {len(data)}"
             )
         return data
 
