@@ -47,7 +47,14 @@ def written(local_store, tmp_path):
     partitioner = HashPartitioner(P, ["id"])
     inserts, deletes = _batch(0, 600), _batch(1000, 1150)
     writer = MapOutputWriter(
-        local_store, NAME, SCHEMA, partitioner, buffer_bytes=8 * 1024, block_bytes=1024, spill_dir=tmp_path
+        local_store,
+        NAME,
+        SCHEMA,
+        partitioner,
+        buffer_bytes=4 * 1024,
+        sort_bytes=2 * 1024,
+        block_bytes=1024,
+        spill_dir=tmp_path,
     )
     with writer:
         writer.write(inserts, Op.INSERT)

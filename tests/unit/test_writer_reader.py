@@ -244,7 +244,9 @@ def test_round_trip_random_schemas_and_partitions(output, data):
             default=0,
         )
         event(f"P={num_partitions}")
-        event("no rows" if not expected else "several spills" if stats.spills > 1 else "one spill")
+        event(
+            "no rows" if not expected else f"{min(stats.spills, 2)}+ spills, {min(stats.sort_runs, 2)}+ runs"
+        )
         event("a partition has several blocks" if most_blocks > 1 else "one block per partition at most")
         event("whole-row key" if keys is None else f"{len(keys)} key column(s)")
         for _ in range(3):
@@ -392,8 +394,8 @@ def test_small_buffer_spills_and_matches_large_buffer(local_store, tmp_path):
     large = write_output(
         local_store, "large", SCHEMA, partitioner, batches, block_bytes=2048, spill_dir=str(tmp_path)
     )
-    assert large.spills == 1
-    assert small.spills > 10, "the buffer must have been flushed many times, keeping memory bounded"
+    assert large.spills == 0, "a task whose blocks fit the buffer never touches the disk"
+    assert small.spills > 5, "the buffer must have been spilled many times, keeping memory bounded"
     assert small.rows == large.rows == {"DELETE": 5000, "INSERT": 5000}
     index_small, expected = check_output(local_store, "small", SCHEMA, partitioner, batches)
     index_large, _ = check_output(local_store, "large", SCHEMA, partitioner, batches)

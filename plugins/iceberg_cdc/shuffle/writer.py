@@ -1,13 +1,21 @@
 """Map output writer: rows in, one ``NAME.data`` + ``NAME.index`` pair out.
 
-Memory is bounded by ``buffer_bytes`` whatever the input size. Incoming
-batches are tagged with their operation and partition and buffered; when the
-buffer fills, it is sorted by partition and flushed as compressed blocks into
-a *spill*: a local file holding the blocks of every partition in order, with
-its own in-memory offsets. At commit the data object is assembled by
-streaming, for each partition, that partition's bytes from every spill, so a
-partition may hold several blocks (one or more per spill). A task that never
-fills its buffer writes straight from memory without touching the disk.
+Memory stays bounded whatever the input size, in two stages:
+
+* **Sort runs.** Incoming batches are tagged with their operation and
+  partition and collected until ``sort_bytes`` (default 16 MiB) of Arrow
+  data; then the run is ordered by partition and encoded into compressed
+  blocks, one or more per partition. Runs are kept small on purpose: the
+  partition-ordered gather stays in cache (a 16 MiB run writes about 40%
+  faster than a 128 MiB one here).
+* **Spills.** Encoded blocks wait in memory, grouped by partition, until they
+  reach ``buffer_bytes`` (default 64 MiB); then they are written to a local
+  spill file in partition order, with offsets kept in memory.
+
+At commit the data object is assembled partition by partition: that
+partition's bytes from every spill, then its blocks still in memory. So a
+partition may hold several blocks, and a task whose blocks never fill the
+buffer never touches the disk.
 
 The index is written last, after the data object is complete: it is the
 commit marker. Keys are deterministic, so a retried task overwrites its own
@@ -22,7 +30,6 @@ import ctypes.util
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -31,9 +38,10 @@ from iceberg_cdc.shuffle.codec import encode_block
 from iceberg_cdc.shuffle.layout import BLOCK_HEADER, MapOutputIndex, data_key, index_key
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.rows import Op, shuffle_schema
-from iceberg_cdc.storage.base import ObjectStore
+from iceberg_cdc.storage.base import ObjectStore, ObjectWriter
 
-DEFAULT_BUFFER_BYTES = 128 * 1024 * 1024
+DEFAULT_SORT_BYTES = 16 * 1024 * 1024
+DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
 DEFAULT_BLOCK_BYTES = 4 * 1024 * 1024
 _COPY_CHUNK = 8 * 1024 * 1024
 
@@ -51,11 +59,11 @@ _MALLOC_TRIM = _load_malloc_trim()
 
 
 def release_memory() -> None:
-    """Hand memory freed by a flush back to the OS.
+    """Hand memory freed by a spill back to the OS.
 
-    Without this, the compressed blocks of earlier spills (Python bytes, glibc
-    heap) and Arrow's allocator caches keep RSS growing with the number of
-    spills, so task memory would depend on input size after all.
+    Without this, freed blocks (Python bytes on the glibc heap) and Arrow's
+    allocator caches keep RSS growing with the number of spills, so task
+    memory would depend on input size after all.
     """
     pa.default_memory_pool().release_unused()
     if _MALLOC_TRIM is not None:
@@ -70,40 +78,15 @@ class MapOutputStats:
     rows: dict[str, int] = field(default_factory=lambda: {"DELETE": 0, "INSERT": 0})
     input_bytes: int = 0  # Arrow bytes of the rows written
     data_bytes: int = 0  # size of NAME.data
+    sort_runs: int = 0
     spills: int = 0
     partition_sizes: list[int] = field(default_factory=list)
 
 
-class _Spill:
-    """Blocks of every partition, in partition order, plus their offsets.
-
-    Held in memory (``blobs``) until the writer decides to move it to disk.
-    """
-
-    def __init__(self, num_partitions: int) -> None:
-        self.sizes = np.zeros(num_partitions, dtype=np.int64)
-        self.blobs: list[bytes] = []
-        self.path: str | None = None
-
-    @property
-    def offsets(self) -> np.ndarray:
-        offsets = np.zeros(len(self.sizes) + 1, dtype=np.int64)
-        np.cumsum(self.sizes, out=offsets[1:])
-        return offsets
-
-    def to_disk(self, directory: str | None) -> None:
-        fd, self.path = tempfile.mkstemp(prefix="cdc-spill-", suffix=".bin", dir=directory)
-        with os.fdopen(fd, "wb") as fh:
-            for blob in self.blobs:
-                fh.write(blob)
-        self.blobs = []
-
-    def discard(self) -> None:
-        self.blobs = []
-        if self.path:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-            self.path = None
+@dataclass
+class _SpillFile:
+    path: str
+    offsets: np.ndarray  # P + 1 offsets of each partition's bytes in the file
 
 
 class MapOutputWriter:
@@ -121,6 +104,7 @@ class MapOutputWriter:
         partitioner: HashPartitioner,
         *,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        sort_bytes: int = DEFAULT_SORT_BYTES,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
         spill_dir: str | None = None,
     ) -> None:
@@ -130,16 +114,20 @@ class MapOutputWriter:
         self.schema = shuffle_schema(data_schema)
         self.partitioner = partitioner
         self.buffer_bytes = buffer_bytes
+        self.sort_bytes = min(sort_bytes, buffer_bytes)
         self.block_bytes = block_bytes
         self.spill_dir = spill_dir
         self.stats = MapOutputStats(name)
-        self._buffer: list[pa.RecordBatch] = []
-        self._buffer_partitions: list[np.ndarray] = []
-        self._buffered = 0
-        self._spills: list[_Spill] = []
+        num_partitions = partitioner.num_partitions
+        self._run: list[pa.RecordBatch] = []
+        self._run_partitions: list[np.ndarray] = []
+        self._run_bytes = 0
+        self._blocks: list[list[bytes]] = [[] for _ in range(num_partitions)]
+        self._block_sizes = np.zeros(num_partitions, dtype=np.int64)
+        self._spills: list[_SpillFile] = []
         self._closed = False
 
-    # -- input ------------------------------------------------------------------------------
+    # -- input ----------------------------------------------------------------------------------
 
     def write(self, data: pa.RecordBatch | pa.Table, op: Op) -> None:
         """Add rows of one operation. ``data`` must have the data schema's columns."""
@@ -151,10 +139,10 @@ class MapOutputWriter:
                 continue
             if not batch.schema.equals(self.data_schema):
                 batch = batch.select(self.data_schema.names).cast(self.data_schema)
-            # Keep each buffered piece well under the buffer so one huge batch cannot blow it.
-            rows_per_piece = max(1, int(batch.num_rows * (self.buffer_bytes / 4) / max(batch.nbytes, 1)))
-            for start in range(0, batch.num_rows, rows_per_piece):
-                self._add(batch.slice(start, rows_per_piece), op)
+            # Slice large batches so one of them cannot overfill a sort run.
+            rows = max(1, int(batch.num_rows * (self.sort_bytes / 4) / max(batch.nbytes, 1)))
+            for start in range(0, batch.num_rows, rows):
+                self._add(batch.slice(start, rows), op)
 
     def _add(self, batch: pa.RecordBatch, op: Op) -> None:
         partitions = self.partitioner.partitions(batch)
@@ -162,65 +150,68 @@ class MapOutputWriter:
             [*batch.columns, pa.array(np.full(batch.num_rows, int(op), dtype=np.int8))],
             schema=self.schema,
         )
-        self._buffer.append(tagged)
-        self._buffer_partitions.append(partitions)
-        self._buffered += tagged.nbytes
+        self._run.append(tagged)
+        self._run_partitions.append(partitions)
+        self._run_bytes += tagged.nbytes
         self.stats.rows[op.name] += batch.num_rows
         self.stats.input_bytes += batch.nbytes
-        if self._buffered >= self.buffer_bytes:
-            self._flush()
+        if self._run_bytes >= self.sort_bytes:
+            self._encode_run()
+            if self._block_sizes.sum() >= self.buffer_bytes:
+                self._spill()
 
-    # -- buffer -> spill ----------------------------------------------------------------------
+    # -- sort run -> blocks -> spill ------------------------------------------------------------
 
-    def _flush(self) -> None:
-        if not self._buffer:
+    def _encode_run(self) -> None:
+        """Order the current run by partition and encode it into each partition's blocks."""
+        if not self._run:
             return
         num_partitions = self.partitioner.num_partitions
-        # Take straight from the buffered batches: no buffer-sized concatenation copy.
-        buffered = pa.Table.from_batches(self._buffer, schema=self.schema)
-        partitions = np.concatenate(self._buffer_partitions)
-        self._buffer, self._buffer_partitions, self._buffered = [], [], 0
-
-        # Partition ids below 2^16 sort as uint16, for which NumPy uses an O(n) radix sort
-        # (10x faster than sorting int32 here).
+        run = pa.Table.from_batches(self._run, schema=self.schema)
+        partitions = np.concatenate(self._run_partitions)
+        self._run, self._run_partitions, self._run_bytes = [], [], 0
+        # Partition ids below 2^16 sort as uint16, for which NumPy uses an O(n) radix sort.
         keys = partitions.astype(np.uint16) if num_partitions <= 1 << 16 else partitions
         order = np.argsort(keys, kind="stable")
         counts = np.bincount(partitions, minlength=num_partitions)
-        ordered = buffered.take(pa.array(order))
-        del buffered, order
-
-        spill = _Spill(num_partitions)
+        ordered = run.take(pa.array(order))
+        del run, order
         rows_per_block = max(1, int(ordered.num_rows * self.block_bytes / max(ordered.nbytes, 1)))
         start = 0  # first row of the current partition in `ordered`
         for partition in np.flatnonzero(counts):
-            count = int(counts[partition])
-            for block_start in range(start, start + count, rows_per_block):
-                length = min(rows_per_block, start + count - block_start)
-                for piece in ordered.slice(block_start, length).to_batches():
-                    usize, compressed = encode_block(piece)
-                    spill.blobs.append(BLOCK_HEADER.pack(usize, len(compressed)))
-                    spill.blobs.append(compressed)
-                    spill.sizes[partition] += BLOCK_HEADER.size + len(compressed)
-            start += count
-        del ordered
-        # Earlier spills go to disk; the newest stays in memory only if it is the last one.
-        for previous in self._spills:
-            if previous.path is None:
-                previous.to_disk(self.spill_dir)
-        self._spills.append(spill)
+            end = start + int(counts[partition])
+            for block_start in range(start, end, rows_per_block):
+                piece = ordered.slice(block_start, min(rows_per_block, end - block_start))
+                for batch in piece.to_batches():
+                    usize, compressed = encode_block(batch)
+                    self._blocks[partition].append(BLOCK_HEADER.pack(usize, len(compressed)))
+                    self._blocks[partition].append(compressed)
+                    self._block_sizes[partition] += BLOCK_HEADER.size + len(compressed)
+            start = end
+        self.stats.sort_runs += 1
+
+    def _spill(self) -> None:
+        """Move every block held in memory to a spill file, in partition order."""
+        fd, path = tempfile.mkstemp(prefix="cdc-spill-", suffix=".bin", dir=self.spill_dir)
+        self._spills.append(_SpillFile(path, MapOutputIndex.from_sizes(self.name, self._block_sizes).offsets))
+        with os.fdopen(fd, "wb") as fh:
+            for blocks in self._blocks:
+                for blob in blocks:
+                    fh.write(blob)
+        self._blocks = [[] for _ in self._blocks]
+        self._block_sizes[:] = 0
         self.stats.spills = len(self._spills)
         release_memory()
 
-    # -- commit ---------------------------------------------------------------------------------
+    # -- commit -----------------------------------------------------------------------------------
 
     def commit(self) -> MapOutputStats:
         """Assemble and publish ``NAME.data``, then ``NAME.index``."""
         try:
-            self._flush()
-            num_partitions = self.partitioner.num_partitions
-            sizes = np.zeros(num_partitions, dtype=np.int64)
+            self._encode_run()
+            sizes = self._block_sizes.copy()
             for spill in self._spills:
-                sizes += spill.sizes
+                sizes += np.diff(spill.offsets)
             with self.store.open_writer(data_key(self.name)) as out:
                 self._assemble(out)
             index = MapOutputIndex.from_sizes(self.name, sizes)
@@ -231,38 +222,32 @@ class MapOutputWriter:
         finally:
             self.close()
 
-    def _assemble(self, out) -> None:
-        if len(self._spills) == 1 and self._spills[0].path is None:
-            for blob in self._spills[0].blobs:  # already in partition order
-                out.write(blob)
-            return
-        for spill in self._spills:
-            if spill.path is None:
-                spill.to_disk(self.spill_dir)
-        handles: list[BinaryIO] = [open(spill.path, "rb") for spill in self._spills]  # noqa: SIM115
-        try:
-            offsets = [spill.offsets for spill in self._spills]
+    def _assemble(self, out: ObjectWriter) -> None:
+        """Stream partition p's bytes from every spill, then from memory, for p = 0..P-1."""
+        with contextlib.ExitStack() as stack:
+            handles = [stack.enter_context(open(spill.path, "rb")) for spill in self._spills]
             pending = bytearray()
-            for partition in range(self.partitioner.num_partitions):
-                for handle, spill_offsets in zip(handles, offsets, strict=True):
-                    start, end = int(spill_offsets[partition]), int(spill_offsets[partition + 1])
+            for partition, blocks in enumerate(self._blocks):
+                for handle, spill in zip(handles, self._spills, strict=True):
+                    start, end = int(spill.offsets[partition]), int(spill.offsets[partition + 1])
                     if end > start:
                         pending += os.pread(handle.fileno(), end - start, start)
-                        if len(pending) >= _COPY_CHUNK:
-                            out.write(bytes(pending))
-                            pending.clear()
+                for blob in blocks:
+                    pending += blob
+                if len(pending) >= _COPY_CHUNK:
+                    out.write(bytes(pending))
+                    pending.clear()
             if pending:
                 out.write(bytes(pending))
-        finally:
-            for handle in handles:
-                handle.close()
 
     def close(self) -> None:
         """Release buffers and spill files (idempotent)."""
         self._closed = True
-        self._buffer, self._buffer_partitions = [], []
+        self._run, self._run_partitions = [], []
+        self._blocks = [[] for _ in self._blocks]
         for spill in self._spills:
-            spill.discard()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(spill.path)
         self._spills = []
 
     def __enter__(self) -> MapOutputWriter:
