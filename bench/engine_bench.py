@@ -29,11 +29,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "plugins"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
+import numpy as np
+import pyarrow as pa
+
+from iceberg_cdc.shuffle.writer import DEFAULT_BUFFER_BYTES
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MiB = 1024 * 1024
 BATCH_ROWS = 65_536
@@ -332,7 +335,7 @@ def main() -> None:
         "rows_per_task": rows_per_task,
         "tasks": tasks,
         "partitions": 64,
-        "buffer": 128 * MiB,  # the writer's default
+        "buffer": DEFAULT_BUFFER_BYTES,
         "target": 64 * MiB,
     }
     results: dict = {
