@@ -38,3 +38,23 @@ class AmbiguousUpdateError(CdcError):
 
 class ConfigError(CdcError):
     """A configuration value is missing or invalid."""
+
+
+class SourceHistoryError(CdcError):
+    """The source table's history does not continue from the watermark.
+
+    The snapshot after the watermark expired, the watermark's snapshot left the
+    current ancestry (rollback), or the table was dropped and recreated.
+    """
+
+
+class UnsupportedSnapshotError(CdcError):
+    """A snapshot uses a table feature the pipeline does not handle (e.g. delete files)."""
+
+
+class SinkSchemaError(CdcError):
+    """The sink table's schema conflicts with the source's."""
+
+
+class LeaseHeldError(CdcError):
+    """Another run holds the table's lease; two runs of one table never overlap."""
