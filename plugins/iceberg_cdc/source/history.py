@@ -1,0 +1,238 @@
+"""Which source snapshot comes next: the watermark against the table's current history.
+
+The pipeline processes the snapshots of the *current ancestry* of ``main``
+(the current snapshot and its parents), oldest first. Snapshots off that line
+— rolled back, or from a reset branch — never happened as far as readers of
+the table are concerned, so they are never processed.
+
+The watermark is the last processed snapshot. It only means something while
+it is still on the current line: if the table was recreated (new uuid), rolled
+back past it, or the snapshot expired, continuing would silently skip or
+double-count changes, so each case fails with :class:`SourceHistoryError`
+naming the table, the snapshots and the way out.
+
+pyiceberg's ``expire_snapshots`` clears the parent id of an expired
+snapshot's children (measured), so "no parent" does not prove a snapshot was
+the table's first: see :func:`is_table_first_snapshot`.
+
+Ordinals (the sink's ``_change_ordinal``) must increase along the source's
+history *for the life of a sink*. Positions in the ancestry shift when old
+snapshots expire (pyiceberg's ancestry walk stops at the first expired
+parent), so a continuing sink takes ``watermark.ordinal + 1``; only a sink's
+first snapshot takes its 1-based position in the ancestry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot, ancestors_of
+
+from iceberg_cdc.errors import SourceHistoryError
+from iceberg_cdc.source.changes import table_name
+
+StartPosition = Literal["earliest", "latest"]
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """The last source snapshot a sink processed (the sink module stores it with the sink table)."""
+
+    source_uuid: str
+    snapshot_id: int
+    ordinal: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source_uuid": self.source_uuid, "snapshot_id": self.snapshot_id, "ordinal": self.ordinal}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Watermark:
+        return cls(
+            source_uuid=str(data["source_uuid"]),
+            snapshot_id=int(data["snapshot_id"]),
+            ordinal=int(data["ordinal"]),
+        )
+
+
+@dataclass(frozen=True)
+class PendingSnapshot:
+    """The next snapshot to process.
+
+    ``is_initial_load``: emit the snapshot's whole state as INSERTs
+    (:func:`~iceberg_cdc.source.changes.initial_load_changes`) instead of its
+    own changes. ``remaining``: snapshots still pending after this one.
+    """
+
+    snapshot_id: int
+    ordinal: int
+    is_initial_load: bool
+    remaining: int
+
+
+def table_uuid(table: Table) -> str:
+    return str(table.metadata.table_uuid)
+
+
+def current_ancestry(table: Table) -> list[Snapshot]:
+    """Snapshots of the current ancestry of ``main``, oldest first ([] for a table without snapshots).
+
+    Uses pyiceberg's ``ancestors_of``, which stops at the first parent that is
+    no longer in the metadata (expired), so the oldest element may have a
+    ``parent_snapshot_id``.
+    """
+    ancestry = list(ancestors_of(table.metadata.current_snapshot(), table.metadata))
+    ancestry.reverse()
+    return ancestry
+
+
+def is_table_first_snapshot(snapshot: Snapshot) -> bool:
+    """Whether ``snapshot`` is positively the table's very first snapshot (so its changes are its state).
+
+    No parent id is not enough: pyiceberg's ``expire_snapshots`` clears the
+    ``parent-snapshot-id`` of the children of what it expires (Java keeps it),
+    so an expired history looks like a fresh one. A v2 table's first snapshot
+    has sequence number 1; v1 tables number every snapshot 0, so there the
+    summary must show every data file as added by it. Without that evidence the
+    caller does an initial load instead, which gives the same rows for a true
+    first snapshot and the right ones for a truncated history.
+    """
+    if snapshot.parent_snapshot_id is not None:
+        return False
+    if snapshot.sequence_number == 1:
+        return True
+    summary = snapshot.summary
+    if snapshot.sequence_number == 0 and summary is not None:
+        total, added = summary.get("total-data-files"), summary.get("added-data-files")
+        return total is not None and total == added
+    return False
+
+
+def _first_snapshot(ancestry: list[Snapshot]) -> PendingSnapshot:
+    first = ancestry[0]
+    # An oldest snapshot that is not the table's first cannot be diffed against its
+    # (expired) parent: load its whole state instead.
+    return PendingSnapshot(
+        snapshot_id=first.snapshot_id,
+        ordinal=1,
+        is_initial_load=not is_table_first_snapshot(first),
+        remaining=len(ancestry) - 1,
+    )
+
+
+def _position(ancestry: list[Snapshot], snapshot_id: int) -> int | None:
+    for index, snapshot in enumerate(ancestry):
+        if snapshot.snapshot_id == snapshot_id:
+            return index
+    return None
+
+
+def _check_watermark(table: Table, watermark: Watermark, ancestry: list[Snapshot]) -> int:
+    """Index of the watermark's snapshot in ``ancestry``, or the SourceHistoryError that explains why not."""
+    name = table_name(table)
+    uuid = table_uuid(table)
+    if watermark.source_uuid != uuid:
+        raise SourceHistoryError(
+            f"Table {name} is not the table the sink's watermark belongs to: the watermark was written "
+            f"for table uuid {watermark.source_uuid} (last processed snapshot {watermark.snapshot_id}), "
+            f"the table now has uuid {uuid}, so it was dropped and recreated. Its history does not "
+            "continue from the watermark: reset the sink (truncate it and clear its watermark) or "
+            "start a new sink for the new table."
+        )
+    position = _position(ancestry, watermark.snapshot_id)
+    if position is not None:
+        return position
+    current = ancestry[-1].snapshot_id if ancestry else None
+    if table.metadata.snapshot_by_id(watermark.snapshot_id) is None:
+        children = [s.snapshot_id for s in ancestry if s.parent_snapshot_id == watermark.snapshot_id]
+        after = f"snapshot {children[0]} that follows it" if children else "the snapshots that follow it"
+        raise SourceHistoryError(
+            f"The sink's last processed snapshot {watermark.snapshot_id} of table {name} has expired "
+            f"(it is no longer in the table metadata), so {after} cannot be diffed against it: the "
+            f"files it removed may be gone. The oldest snapshot left in the current history is "
+            f"{ancestry[0].snapshot_id if ancestry else None}. Keep snapshots longer than the sink's "
+            "lag (expire_snapshots retention); to recover, reset the sink and start it again from "
+            "'latest' (an initial load of the current state)."
+        )
+    raise SourceHistoryError(
+        f"The sink's last processed snapshot {watermark.snapshot_id} of table {name} is no longer in "
+        f"the table's current history (current snapshot {current}): the table was rolled back or its "
+        "main branch reset to a snapshot that does not descend from it. The sink already holds changes "
+        "that the table no longer has. Reset the sink and start it again, or, if the rolled-back changes "
+        f"are acceptable in the sink, set the watermark to the common ancestor "
+        f"{_common_ancestor(table, watermark.snapshot_id, ancestry)} and reprocess from there."
+    )
+
+
+def _common_ancestor(table: Table, snapshot_id: int, ancestry: list[Snapshot]) -> int | None:
+    """Newest snapshot of the current ancestry that is also an ancestor of ``snapshot_id``."""
+    on_line = {s.snapshot_id for s in ancestry}
+    for snapshot in ancestors_of(table.metadata.snapshot_by_id(snapshot_id), table.metadata):
+        if snapshot.snapshot_id in on_line:
+            return snapshot.snapshot_id
+    return None
+
+
+def next_snapshot(table: Table, watermark: Watermark | None, start: StartPosition) -> PendingSnapshot | None:
+    """The oldest unprocessed snapshot of the current ancestry, or None when the sink is caught up.
+
+    Without a watermark, ``earliest`` starts at the oldest snapshot of the
+    ancestry (a table's first snapshot has no parent: its changes are all
+    INSERTs) and ``latest`` loads the current snapshot's state.
+    """
+    ancestry = current_ancestry(table)
+    if watermark is None:
+        if not ancestry:
+            return None
+        if start == "earliest":
+            return _first_snapshot(ancestry)
+        if start == "latest":
+            return PendingSnapshot(
+                snapshot_id=ancestry[-1].snapshot_id, ordinal=len(ancestry), is_initial_load=True, remaining=0
+            )
+        raise ValueError(f"start must be 'earliest' or 'latest', not {start!r}")
+    position = _check_watermark(table, watermark, ancestry)
+    if position + 1 >= len(ancestry):
+        return None
+    return PendingSnapshot(
+        snapshot_id=ancestry[position + 1].snapshot_id,
+        ordinal=watermark.ordinal + 1,
+        is_initial_load=False,
+        remaining=len(ancestry) - position - 2,
+    )
+
+
+def validate_manual_snapshot(
+    table: Table, snapshot_id: int, watermark: Watermark | None = None
+) -> PendingSnapshot:
+    """Check a snapshot given for a manual reprocess, and give it its ordinal.
+
+    It must be in the current ancestry (a rolled-back snapshot never happened
+    for readers of the table). Its ordinal is its 1-based position in the
+    ancestry, or, with the sink's watermark, counted from the watermark so it
+    matches the ordinals the sink already holds.
+    """
+    ancestry = current_ancestry(table)
+    position = _position(ancestry, snapshot_id)
+    name = table_name(table)
+    if position is None:
+        if table.metadata.snapshot_by_id(snapshot_id) is None:
+            reason = "it does not exist in the table metadata (expired, or from another table)"
+        else:
+            reason = "it is not in the current history of main (rolled back, or on another branch)"
+        raise SourceHistoryError(
+            f"Cannot reprocess snapshot {snapshot_id} of table {name}: {reason}. Only snapshots of the "
+            f"current ancestry can be processed; the current snapshot is "
+            f"{ancestry[-1].snapshot_id if ancestry else None} and the oldest one still available is "
+            f"{ancestry[0].snapshot_id if ancestry else None}."
+        )
+    ordinal = position + 1
+    if watermark is not None:
+        ordinal = watermark.ordinal + position - _check_watermark(table, watermark, ancestry)
+    return PendingSnapshot(
+        snapshot_id=snapshot_id,
+        ordinal=ordinal,
+        is_initial_load=position == 0 and not is_table_first_snapshot(ancestry[0]),
+        remaining=len(ancestry) - position - 1,
+    )

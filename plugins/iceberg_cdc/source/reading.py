@@ -1,0 +1,125 @@
+"""Stream one data file's rows as Arrow batches in the shape of a snapshot's schema.
+
+A snapshot's removed and added files were written under different schemas
+(columns added, renamed, widened, dropped since), yet every row of a snapshot
+must reach the shuffle in one shape, or the map tasks' outputs would not
+agree. Iceberg resolves columns by *field id*, never by name, so this module
+does what pyiceberg's own scan does: read the file's schema with its field ids
+(``pyarrow_to_schema``, falling back to the table's name mapping for files
+without ids), select the columns the target schema still has, and project
+each batch with pyiceberg's ``_to_requested_schema`` — renamed columns come
+out under their new name, added columns as nulls (or their initial default),
+promoted types (int -> long, float -> double, decimal precision) cast, dropped
+columns gone.
+
+Why not ``ArrowScan`` / ``_task_to_record_batches`` as a whole: they need the
+table metadata (absent on executors) and read through a dataset scanner that
+has no batch-size setting and reads up to 16 batches ahead with whole row
+groups pre-buffered, so memory follows the file, not the batch. Here the file
+is read with ``pyarrow.parquet.ParquetFile.iter_batches`` (one row group's
+selected columns decoded at a time, no pre-buffering of the whole file) and
+the same pyiceberg projection is applied per batch.
+
+**Output schema.** Every batch has exactly :func:`output_schema` — pyiceberg's
+``schema_to_pyarrow(schema, include_field_ids=False)``: large string / binary /
+list types, nullability from the Iceberg fields, no field-id metadata. A file
+written with ``string`` comes out ``large_string``, so all files of a snapshot
+give identical schemas. It is what pyiceberg's own ``to_table`` produces for
+an empty scan, so downstream code sees one convention.
+
+Executors have no catalog: they get the path, the schema as JSON
+(:func:`schema_to_json` / :func:`schema_from_json`) and FileIO properties
+(:func:`file_io`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO, load_file_io
+from pyiceberg.io.pyarrow import _to_requested_schema, prune_columns, pyarrow_to_schema, schema_to_pyarrow
+from pyiceberg.schema import Schema
+from pyiceberg.table.name_mapping import NameMapping
+from pyiceberg.types import ListType, MapType, TimestampNanoType, TimestamptzNanoType
+
+# Column chunks are read through a buffered stream of this size instead of
+# being pre-buffered whole, which keeps memory near one row group's columns.
+_READ_BUFFER_BYTES = 8 * 1024 * 1024
+
+
+def schema_to_json(schema: Schema) -> str:
+    """The schema in Iceberg's JSON form (field ids included), to ship to executors."""
+    return schema.model_dump_json()
+
+
+def schema_from_json(text: str) -> Schema:
+    return Schema.model_validate_json(text)
+
+
+def file_io(properties: Mapping[str, str], location: str | None = None) -> FileIO:
+    """A pyiceberg FileIO from catalog-style properties (``s3.endpoint``, credentials, ``py-io-impl``)."""
+    return load_file_io(dict(properties), location)
+
+
+def output_schema(schema: Schema) -> pa.Schema:
+    """The Arrow schema of every batch :func:`read_data_file` yields for ``schema``."""
+    return schema_to_pyarrow(schema, include_field_ids=False)
+
+
+def _has_nanosecond_timestamps(schema: Schema) -> bool:
+    nanos = (TimestampNanoType, TimestamptzNanoType)
+    return any(isinstance(schema.find_type(i), nanos) for i in schema.field_ids)
+
+
+def _projected_field_ids(schema: Schema) -> set[int]:
+    """Field ids to select from a file, as pyiceberg's ArrowScan does: map and list ids come with their parents."""
+    return {i for i in schema.field_ids if not isinstance(schema.find_type(i), (MapType, ListType))}
+
+
+def read_data_file(
+    io: FileIO,
+    path: str,
+    schema: Schema,
+    batch_size: int = 65536,
+    *,
+    name_mapping: NameMapping | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Yield the rows of the Parquet data file at ``path`` projected onto ``schema``, at most ``batch_size`` rows each.
+
+    ``schema`` is the snapshot's schema. ``name_mapping`` (the table's
+    ``schema.name-mapping.default``) is needed only for files written without
+    field ids (e.g. imported with ``add_files``). Delete files are not applied
+    and identity-partition values missing from a file are not filled in (they
+    come out null); both only concern imported or merge-on-read tables.
+    """
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, not {batch_size}")
+    target = output_schema(schema)
+    # Iceberg v1/v2 timestamps are microseconds; files from other writers may hold nanoseconds.
+    downcast_ns = not _has_nanosecond_timestamps(schema)
+    with io.new_input(path).open() as stream:
+        parquet = pq.ParquetFile(stream, buffer_size=_READ_BUFFER_BYTES, pre_buffer=False)
+        try:
+            file_schema = pyarrow_to_schema(
+                parquet.schema_arrow, name_mapping, downcast_ns_timestamp_to_us=downcast_ns, format_version=3
+            )
+        except ValueError as error:
+            raise ValueError(f"cannot resolve the columns of data file {path}: {error}") from error
+        file_projection = prune_columns(file_schema, _projected_field_ids(schema), select_full_types=False)
+        columns = [field.name for field in file_projection.columns]
+        # One decoding thread: a Spark task owns one core.
+        for batch in parquet.iter_batches(batch_size=batch_size, columns=columns, use_threads=False):
+            if batch.num_rows == 0:
+                continue
+            projected = _to_requested_schema(
+                schema,
+                file_projection,
+                batch,
+                downcast_ns_timestamp_to_us=downcast_ns,
+                allow_timestamp_tz_mismatch=True,
+            )
+            if not projected.schema.equals(target, check_metadata=True):
+                projected = projected.cast(target)
+            yield projected
