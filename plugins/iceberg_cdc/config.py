@@ -1,0 +1,262 @@
+"""The pipeline's YAML config: validated, with errors that name the key and the fix.
+
+The file follows the public contract (``../shared/design/README.md``)::
+
+    catalog:   {name: ..., <pyiceberg catalog properties>}
+    shuffle:   {uri: ..., partitions: 64, target_partition_size: 64MB, retain_files: false, s3.*: ...}
+    tables:    [{source: ns.table, sink: ns.table_changes, identifier_columns: [id]}, ...]
+
+plus optional knobs with defaults (``shuffle.write_task_size``, ``spark.*``,
+per-table ``start``, ``duplicate_keys``, ``schedule``). ``CDC_CONFIG`` names
+the file for the DAG files.
+
+Secrets need not be in the file: any string value may be ``${ENV_VAR}``
+(expanded at load; a missing variable is an error naming it), S3 and catalog
+credentials left out fall back to boto3's chain (environment, instance role),
+and ``catalog.airflow_conn_id`` / ``shuffle.airflow_conn_id`` name Airflow
+connections that supply them at run time. Secrets never appear in reprs,
+logs or XCom (see :meth:`CdcConfig.redacted`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from iceberg_cdc.errors import ConfigError
+
+CONFIG_ENV = "CDC_CONFIG"
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_SECRET_HINTS = ("secret", "password", "token", "credential", "session")
+_IDENT = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)+$")
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from ``64MB`` / ``512 KiB`` / ``1GB`` / an int. Units are binary, as in Spark."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 64MB")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _SIZE.match(str(value))
+        if not match:
+            raise ValueError(f"{value!r} is not a size; write e.g. 64MB, 512KB or 1GB")
+        size = int(float(match.group(1)) * _UNITS[match.group(2)[:1].lower()])
+    if size <= 0:
+        raise ValueError(f"size must be positive, got {value!r}")
+    return size
+
+
+def is_secret_key(key: str) -> bool:
+    return any(hint in key.lower() for hint in _SECRET_HINTS)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class CatalogConfig(BaseModel):
+    """``load_catalog(name, **properties)``: every key but ``name`` is a catalog property."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str
+    airflow_conn_id: str | None = None
+
+    @property
+    def properties(self) -> dict[str, str]:
+        return {k: str(v) for k, v in (self.model_extra or {}).items()}
+
+
+class ShuffleConfig(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    uri: str
+    partitions: int = Field(64, ge=1, le=65536)
+    target_partition_size: int = 64 << 20
+    min_partition_size: int | None = None
+    write_task_size: int = 256 << 20  # bytes of input files bin-packed into one write task
+    retain_files: bool = False
+    airflow_conn_id: str | None = None
+
+    @field_validator("target_partition_size", "write_task_size", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> int:
+        return parse_size(value)
+
+    @field_validator("min_partition_size", mode="before")
+    @classmethod
+    def _optional_size(cls, value: Any) -> int | None:
+        return None if value is None else parse_size(value)
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        if not (value.startswith("s3://") or value.startswith("file:///")):
+            raise ValueError(f"{value!r}: use s3://bucket/prefix or file:///absolute/dir")
+        return value.rstrip("/")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_s3_extras(cls, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            unknown = [k for k in raw if k not in cls.model_fields and not str(k).startswith("s3.")]
+            if unknown:
+                raise ValueError(
+                    f"unknown key(s) {unknown}; allowed: {', '.join(cls.model_fields)} and s3.* properties"
+                )
+        return raw
+
+    @property
+    def s3_properties(self) -> dict[str, str]:
+        return {k: str(v) for k, v in (self.model_extra or {}).items()}
+
+
+class SparkConfig(_Strict):
+    conn_id: str = "spark_default"
+    parallel_jobs: int = Field(2, ge=1, le=64)  # Spark applications per phase (mapped tasks)
+    conf: dict[str, str] = Field(default_factory=dict)
+    driver_memory: str | None = None
+    executor_memory: str | None = None
+
+
+class TableConfig(_Strict):
+    source: str
+    sink: str
+    identifier_columns: list[str] | None = None
+    start: Literal["earliest", "latest"] = "earliest"
+    duplicate_keys: Literal["fail", "emit_unpaired"] = "fail"
+    schedule: str | None = "@hourly"
+
+    @field_validator("source", "sink")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not _IDENT.match(value):
+            raise ValueError(f"{value!r} is not a table identifier like namespace.table")
+        return value
+
+    @field_validator("identifier_columns")
+    @classmethod
+    def _columns(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value or len(set(value)) != len(value)):
+            raise ValueError("identifier_columns must be a non-empty list of distinct column names")
+        return value
+
+    @property
+    def dag_id(self) -> str:
+        return dag_id_for(self.source)
+
+
+class CdcConfig(_Strict):
+    catalog: CatalogConfig
+    shuffle: ShuffleConfig
+    tables: list[TableConfig] = Field(min_length=1)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> CdcConfig:
+        for attr in ("source", "sink"):
+            seen = [getattr(t, attr) for t in self.tables]
+            dupes = sorted({s for s in seen if seen.count(s) > 1})
+            if dupes:
+                raise ValueError(f"tables: {attr} {dupes} configured more than once")
+        return self
+
+    def table(self, source: str) -> TableConfig:
+        for table in self.tables:
+            if table.source == source:
+                return table
+        raise ConfigError(
+            f"table {source!r} is not in the config (configured: {[t.source for t in self.tables]})"
+        )
+
+    def s3_properties(self) -> dict[str, str]:
+        """S3 properties for shuffle objects: the shuffle's own, else the catalog's ``s3.*``."""
+        own = self.shuffle.s3_properties
+        if own:
+            return own
+        return {k: v for k, v in self.catalog.properties.items() if k.startswith("s3.")}
+
+    def redacted(self) -> dict[str, Any]:
+        """The config as a dict with every secret value replaced, safe to log."""
+        return _redact(self.model_dump(mode="json"))
+
+
+def _redact(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _redact(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact(v, key) for v in value]
+    return "***" if value is not None and is_secret_key(key) else value
+
+
+def dag_id_for(source: str) -> str:
+    """``shop.orders`` -> ``cdc__shop__orders`` (the public contract)."""
+    return "cdc__" + source.replace(".", "__")
+
+
+def _expand_env(value: Any, where: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _expand_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str):
+
+        def replace(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ConfigError(
+                    f"{where}: environment variable {name} is not set (referenced as ${{{name}}})"
+                )
+            return os.environ[name]
+
+        return _ENV_REF.sub(replace, value)
+    return value
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def parse_config(raw: Any, source: str = "config") -> CdcConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping with catalog, shuffle and tables")
+    try:
+        return CdcConfig.model_validate(_expand_env(raw, ""))
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            where = _location(error["loc"])
+            if error["type"] == "extra_forbidden":
+                problems.append(f"{where}: unknown key (check the spelling; see README 'Configuration')")
+            elif error["type"] == "missing":
+                problems.append(f"{where}: required key is missing")
+            else:
+                message = error["msg"].removeprefix("Value error, ")
+                problems.append(f"{where}: {message}" if where else message)
+        raise ConfigError(f"{source} is invalid:\n  " + "\n  ".join(problems)) from None
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> CdcConfig:
+    """Load the config from ``path``, or from the file ``CDC_CONFIG`` names."""
+    path = path or os.environ.get(CONFIG_ENV)
+    if not path:
+        raise ConfigError(f"no config file: set {CONFIG_ENV} to the path of the YAML config")
+    file = Path(path)
+    try:
+        raw = yaml.safe_load(file.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {file} does not exist (from {CONFIG_ENV} or --config)") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {file} is not valid YAML: {exc}") from None
+    return parse_config(raw, str(file))

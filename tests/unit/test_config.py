@@ -1,0 +1,124 @@
+"""Config file: the contract's shape, defaults, and errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from iceberg_cdc.config import dag_id_for, load_config, parse_config, parse_size
+from iceberg_cdc.errors import ConfigError
+
+GOOD = {
+    "catalog": {
+        "name": "demo",
+        "type": "sql",
+        "uri": "sqlite:////tmp/catalog.db",
+        "warehouse": "s3://warehouse/",
+        "s3.endpoint": "http://127.0.0.1:9000",
+        "s3.access-key-id": "AK",
+        "s3.secret-access-key": "${CDC_TEST_SECRET}",
+        "s3.region": "us-east-1",
+    },
+    "shuffle": {"uri": "s3://shuffle-bucket/prefix", "partitions": 64, "target_partition_size": "64MB"},
+    "tables": [{"source": "shop.orders", "sink": "shop.orders_changes", "identifier_columns": ["id"]}],
+}
+
+
+def write(tmp_path, data) -> str:
+    path = tmp_path / "cdc.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_contract_example_loads(tmp_path, monkeypatch):
+    monkeypatch.setenv("CDC_TEST_SECRET", "s3cr3t")
+    config = load_config(write(tmp_path, GOOD))
+    assert config.catalog.name == "demo"
+    assert config.catalog.properties["s3.secret-access-key"] == "s3cr3t"
+    assert config.shuffle.target_partition_size == 64 * 2**20
+    assert config.shuffle.retain_files is False
+    assert config.tables[0].dag_id == "cdc__shop__orders"
+    # shuffle s3 properties fall back to the catalog's
+    assert config.s3_properties()["s3.endpoint"] == "http://127.0.0.1:9000"
+
+
+def test_config_path_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("CDC_TEST_SECRET", "x")
+    monkeypatch.setenv("CDC_CONFIG", write(tmp_path, GOOD))
+    assert load_config().tables[0].sink == "shop.orders_changes"
+
+
+def test_secrets_are_redacted(monkeypatch):
+    monkeypatch.setenv("CDC_TEST_SECRET", "s3cr3t")
+    config = parse_config(GOOD)
+    text = repr(config.redacted())
+    assert "s3cr3t" not in text and "***" in text
+    assert "http://127.0.0.1:9000" in text
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda c: c["shuffle"].update(partitons=3), r"shuffle: unknown key\(s\) \['partitons'\]"),
+        (
+            lambda c: c["tables"][0].update(identifer_columns=["id"]),
+            r"tables\[0\]\.identifer_columns: unknown key",
+        ),
+        (lambda c: c.update(extra_section={}), r"extra_section: unknown key"),
+        (lambda c: c["shuffle"].update(partitions=0), r"shuffle\.partitions: .*greater than or equal to 1"),
+        (
+            lambda c: c["shuffle"].update(target_partition_size="64 parsecs"),
+            r"target_partition_size: .*not a size",
+        ),
+        (lambda c: c["shuffle"].update(uri="http://bucket"), r"shuffle\.uri: .*s3://bucket/prefix"),
+        (lambda c: c["tables"][0].update(source="orders"), r"tables\[0\]\.source: .*namespace\.table"),
+        (lambda c: c["tables"][0].update(identifier_columns=[]), r"identifier_columns must be a non-empty"),
+        (lambda c: c["tables"][0].update(start="yesterday"), r"tables\[0\]\.start"),
+        (
+            lambda c: c["tables"].append(dict(c["tables"][0])),
+            r"source \['shop\.orders'\] configured more than once",
+        ),
+        (lambda c: c.pop("shuffle"), r"shuffle: required key is missing"),
+        (lambda c: c.update(tables=[]), r"tables: "),
+    ],
+)
+def test_bad_values_name_the_key(monkeypatch, mutate, message):
+    monkeypatch.setenv("CDC_TEST_SECRET", "x")
+    config = yaml.safe_load(yaml.safe_dump(GOOD))
+    mutate(config)
+    with pytest.raises(ConfigError, match=message):
+        parse_config(config)
+
+
+def test_missing_environment_variable_is_named(monkeypatch):
+    monkeypatch.delenv("CDC_TEST_SECRET", raising=False)
+    with pytest.raises(
+        ConfigError, match=r"catalog\.s3\.secret-access-key: environment variable CDC_TEST_SECRET"
+    ):
+        parse_config(GOOD)
+
+
+def test_missing_and_invalid_files(tmp_path, monkeypatch):
+    monkeypatch.delenv("CDC_CONFIG", raising=False)
+    with pytest.raises(ConfigError, match="set CDC_CONFIG"):
+        load_config()
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("catalog: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_sizes():
+    assert parse_size("64MB") == parse_size("64MiB") == parse_size("64 mb") == 64 * 2**20
+    assert parse_size("1.5GB") == int(1.5 * 2**30)
+    assert parse_size(1024) == 1024
+    for bad in ("", "MB", "-1MB", True, 0):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+
+def test_dag_ids_follow_the_contract():
+    assert dag_id_for("shop.orders") == "cdc__shop__orders"
+    assert dag_id_for("a.b.c") == "cdc__a__b__c"
