@@ -71,3 +71,30 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def delete_prefix(self, prefix: str) -> int:
         """Delete every object under ``prefix``; return how many were deleted."""
+
+    # Conditional operations, for small coordination objects (leases). Not
+    # abstract, so stores that do not need them (test doubles) stay valid.
+
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
+        """Create ``key`` with ``data`` only if no object exists there, atomically.
+
+        Returns the new object's version, or None when the key already exists
+        (nothing is written then).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support conditional writes")
+
+    def get_with_version(self, key: str) -> tuple[bytes, str] | None:
+        """The object's bytes and version, read together; None when it does not exist."""
+        raise NotImplementedError(f"{type(self).__name__} does not support conditional writes")
+
+    def put_if_version(self, key: str, data: bytes, version: str) -> str | None:
+        """Replace ``key`` with ``data`` only if it exists and still has ``version``, atomically.
+
+        Returns the new version, or None when the object is gone or has
+        another version (nothing is written then).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support conditional writes")
+
+    def delete_if_version(self, key: str, version: str) -> bool:
+        """Delete ``key`` only if it still has ``version``; False when it is gone or changed."""
+        raise NotImplementedError(f"{type(self).__name__} does not support conditional writes")

@@ -2,20 +2,43 @@
 
 Objects are written to a temporary sibling and renamed into place, so a
 reader sees either the whole object or none of it, as with S3.
+
+Conditional writes (for leases) hold on one machine only (processes and
+threads sharing a local file system; not NFS or other network file systems):
+
+* ``put_if_absent`` writes a complete temporary file and hard-links it to
+  the key: ``link(2)`` fails with EEXIST when the key exists, atomically, like
+  ``open(O_CREAT | O_EXCL)`` but never exposing a half-written file.
+* ``put_if_version`` / ``delete_if_version`` read, compare and then replace
+  (``rename(2)``) or unlink while holding an exclusive ``flock`` on a sidecar
+  ``<key>.cas-lock`` file, so two of them on one key never interleave; the
+  kernel drops the lock when its holder dies. The object never disappears
+  during a replace, so a concurrent ``put_if_absent`` cannot slip in.
+* A version is the MD5 of the content (as the ETag of a plain S3 PUT).
+
+Unconditional ``put`` / ``delete_prefix`` on the same key bypass all this.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import shutil
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
-from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError
+from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError, StorageError
 from iceberg_cdc.storage.base import ObjectInfo, ObjectStore, ObjectWriter
 
 _TMP_MARK = ".tmp-"
+_LOCK_SUFFIX = ".cas-lock"  # sidecar lock of the conditional operations; never listed
+
+
+def _content_version(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
 class _FileWriter(ObjectWriter):
@@ -88,7 +111,11 @@ class LocalObjectStore(ObjectStore):
             for filename in filenames:
                 path = Path(dirpath) / filename
                 key = path.relative_to(self.root).as_posix()
-                if key.startswith(prefix) and _TMP_MARK not in filename:
+                if (
+                    key.startswith(prefix)
+                    and _TMP_MARK not in filename
+                    and not filename.endswith(_LOCK_SUFFIX)
+                ):
                     found.append(ObjectInfo(key, path.stat().st_size))
         return sorted(found, key=lambda info: info.key)
 
@@ -104,3 +131,77 @@ class LocalObjectStore(ObjectStore):
             self._path(info.key).unlink(missing_ok=True)
             count += 1
         return count
+
+    # Conditional operations (leases): see the module docstring.
+
+    def _write_temp(self, path: Path, data: bytes) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}{_TMP_MARK}{uuid.uuid4().hex}")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return tmp
+
+    @contextlib.contextmanager
+    def _key_lock(self, key: str) -> Iterator[Path]:
+        """Exclusive lock of one key's conditional operations (threads and processes)."""
+        import fcntl  # POSIX only; imported here so the rest of the store works anywhere
+
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{path}{_LOCK_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield path
+        finally:
+            os.close(fd)  # drops the lock
+
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
+        self.requests["PUT"] += 1
+        path = self._path(key)
+        tmp = self._write_temp(path, data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return None
+        except OSError as exc:
+            raise StorageError(
+                f"{self.describe(key)}: cannot create the object exclusively ({exc}); the file "
+                "system must support hard links"
+            ) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        return _content_version(data)
+
+    def get_with_version(self, key: str) -> tuple[bytes, str] | None:
+        self.requests["GET"] += 1
+        try:
+            data = self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        return data, _content_version(data)
+
+    def put_if_version(self, key: str, data: bytes, version: str) -> str | None:
+        self.requests["PUT"] += 1
+        with self._key_lock(key) as path:
+            try:
+                current = path.read_bytes()
+            except FileNotFoundError:
+                return None
+            if _content_version(current) != version:
+                return None
+            os.replace(self._write_temp(path, data), path)
+        return _content_version(data)
+
+    def delete_if_version(self, key: str, version: str) -> bool:
+        self.requests["DELETE"] += 1
+        with self._key_lock(key) as path:
+            try:
+                current = path.read_bytes()
+            except FileNotFoundError:
+                return False
+            if _content_version(current) != version:
+                return False
+            path.unlink()
+        return True
