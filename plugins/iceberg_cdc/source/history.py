@@ -25,35 +25,16 @@ first snapshot takes its 1-based position in the ancestry.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from iceberg_cdc.errors import SourceHistoryError
 from iceberg_cdc.source.changes import table_name
+from iceberg_cdc.watermark import Watermark
 
 StartPosition = Literal["earliest", "latest"]
-
-
-@dataclass(frozen=True)
-class Watermark:
-    """The last source snapshot a sink processed (the sink module stores it with the sink table)."""
-
-    source_uuid: str
-    snapshot_id: int
-    ordinal: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"source_uuid": self.source_uuid, "snapshot_id": self.snapshot_id, "ordinal": self.ordinal}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Watermark:
-        return cls(
-            source_uuid=str(data["source_uuid"]),
-            snapshot_id=int(data["snapshot_id"]),
-            ordinal=int(data["ordinal"]),
-        )
 
 
 @dataclass(frozen=True)
