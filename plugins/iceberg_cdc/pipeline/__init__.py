@@ -1,0 +1,1 @@
+"""The per-snapshot pipeline: plan, write, barrier, coalesce, read, commit, watermark, cleanup."""

@@ -1,0 +1,127 @@
+"""The snapshot plan: everything the Spark jobs need, stored as JSON beside the shuffle files.
+
+detect writes it once; every later task reads it by reference, so XCom only
+carries the plan's key and small labels. It holds no credentials: Spark jobs
+resolve those from their own environment and config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from iceberg_cdc.source.planning import WriteTask
+from iceberg_cdc.storage.base import ObjectStore
+
+PLAN_VERSION = 1
+Kind = Literal["with_deletes", "insert_only"]
+
+
+def _human_bytes(size: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1024 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class JobGroup:
+    """The write (or insert) tasks one Spark application runs; one mapped Airflow task."""
+
+    index: int
+    task_ids: tuple[str, ...]
+    files: int
+    bytes: int
+
+    def label(self, phase: str, count: int) -> str:
+        return f"{phase} {self.index + 1}/{count}: {len(self.task_ids)} tasks, {self.files} files, {_human_bytes(self.bytes)}"
+
+
+def group_tasks(tasks: list[WriteTask], parallel_jobs: int) -> list[JobGroup]:
+    """Spread tasks over at most ``parallel_jobs`` Spark applications, balancing bytes.
+
+    Largest task first onto the lightest group (LPT); ties by task id, so the
+    grouping is deterministic. Each application costs a JVM start (~12 s
+    here), which is why tasks are grouped rather than submitted one by one.
+    """
+    count = max(1, min(parallel_jobs, len(tasks)))
+    loads = [0] * count
+    members: list[list[WriteTask]] = [[] for _ in range(count)]
+    for task in sorted(tasks, key=lambda t: (-t.bytes, t.task_id)):
+        lightest = min(range(count), key=lambda i: (loads[i], i))
+        members[lightest].append(task)
+        loads[lightest] += task.bytes
+    return [
+        JobGroup(i, tuple(t.task_id for t in group), sum(len(t.files) for t in group), loads[i])
+        for i, group in enumerate(members)
+        if group
+    ]
+
+
+@dataclass(frozen=True)
+class SnapshotPlan:
+    source: str
+    sink: str
+    source_uuid: str
+    snapshot_id: int
+    parent_id: int | None
+    ordinal: int
+    operation: str
+    kind: Kind
+    schema_json: str  # the snapshot's Iceberg schema (pyiceberg Schema JSON)
+    sink_schema_json: str  # the sink's schema after evolution
+    identifier_columns: list[str] | None
+    partitions: int
+    duplicate_keys: str
+    sink_location: str
+    write_tasks: list[WriteTask]
+    groups: list[JobGroup]
+    initial_load: bool = False
+    replace_existing: bool = False  # manual reprocess: replace the snapshot's rows in the sink
+    run_id: str = ""
+    version: int = PLAN_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def attempt(self) -> str:
+        """Short token of the run that planned this, for names no other run uses."""
+        return hashlib.sha256(self.run_id.encode()).hexdigest()[:10]
+
+    @property
+    def phase(self) -> str:
+        return "write" if self.kind == "with_deletes" else "insert"
+
+    def task(self, task_id: str) -> WriteTask:
+        for task in self.write_tasks:
+            if task.task_id == task_id:
+                return task
+        raise KeyError(f"write task {task_id!r} is not in the plan of snapshot {self.snapshot_id}")
+
+    def group_labels(self) -> list[str]:
+        return [g.label(self.phase, len(self.groups)) for g in self.groups]
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["write_tasks"] = [t.to_dict() for t in self.write_tasks]
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SnapshotPlan:
+        data = json.loads(text)
+        if data.get("version") != PLAN_VERSION:
+            raise ValueError(f"plan version {data.get('version')} is not {PLAN_VERSION}: rerun detect")
+        data["write_tasks"] = [WriteTask.from_dict(t) for t in data["write_tasks"]]
+        data["groups"] = [
+            JobGroup(g["index"], tuple(g["task_ids"]), g["files"], g["bytes"]) for g in data["groups"]
+        ]
+        return cls(**data)
+
+    def save(self, store: ObjectStore, key: str) -> None:
+        store.put(key, self.to_json().encode())
+
+    @classmethod
+    def load(cls, store: ObjectStore, key: str) -> SnapshotPlan:
+        return cls.from_json(store.get(key).decode())

@@ -1,0 +1,114 @@
+"""Spark driver for one phase group: ``--phase write|read|insert --plan KEY --group N``.
+
+The Spark application runs the group's units (write tasks, read ranges or
+insert tasks) as Spark tasks, one unit each, so Spark's scheduler spreads
+them over executors and retries a failed one. The driver only loads the plan
+and collects small figures; executors read and write storage themselves.
+
+When a write unit finally fails, the driver leaves a failure marker for each
+of the group's unfinished tasks, so the barrier fails fast and names them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import traceback
+from typing import Any
+
+from iceberg_cdc.config import load_config
+from iceberg_cdc.pipeline import executor_tasks
+from iceberg_cdc.pipeline.paths import SnapshotPaths
+from iceberg_cdc.pipeline.plan import SnapshotPlan
+from iceberg_cdc.pipeline.runtime import runtime_from_config
+
+log = logging.getLogger("iceberg_cdc.spark")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--phase", choices=["write", "read", "insert"], required=True)
+    parser.add_argument("--plan", required=True, help="key of the snapshot plan in the shuffle store")
+    parser.add_argument("--group", type=int, required=True)
+    parser.add_argument("--label", default="", help="human label, shown in the Airflow UI")
+    parser.add_argument("--config", default=None, help="config file (default: $CDC_CONFIG)")
+    return parser.parse_args(argv)
+
+
+def units_of(phase: str, plan: SnapshotPlan, group: int, store) -> list[Any]:
+    if phase in ("write", "insert"):
+        return list(plan.groups[group].task_ids)
+    paths = SnapshotPaths(plan.source, plan.snapshot_id)
+    ranges = json.loads(store.get(paths.ranges))
+    wanted = set(ranges["groups"][group])
+    return [r for r in ranges["ranges"] if r["index"] in wanted]
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    config = load_config(args.config)
+    runtime = runtime_from_config(config)
+    store = runtime.store()
+    plan = SnapshotPlan.load(store, args.plan)
+    paths = SnapshotPaths(plan.source, plan.snapshot_id)
+    units = units_of(args.phase, plan, args.group, store)
+    function = {
+        "write": executor_tasks.run_write_task,
+        "read": executor_tasks.run_read_task,
+        "insert": executor_tasks.run_insert_task,
+    }[args.phase]
+
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.appName(
+            f"cdc {plan.source} snapshot {plan.snapshot_id} {args.phase} {args.group + 1}"
+        )
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    started = time.perf_counter()
+    log.info(
+        "%s: %s (%d units) for %s snapshot %s",
+        args.phase,
+        args.label,
+        len(units),
+        plan.source,
+        plan.snapshot_id,
+    )
+    try:
+        results = (
+            spark.sparkContext.parallelize(units, max(1, len(units)))
+            .map(lambda unit: function(plan, runtime, unit))
+            .collect()
+        )
+    except Exception as exc:
+        if args.phase == "write":
+            reason = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-4000:]
+            for task_id in units:
+                if not store.list(paths.map_output(task_id) + ".index"):
+                    store.put(
+                        paths.failed(task_id), json.dumps({"task_id": task_id, "error": reason}).encode()
+                    )
+        log.error("%s group %d failed: %s", args.phase, args.group, exc)
+        spark.stop()
+        return 1
+    seconds = round(time.perf_counter() - started, 3)
+    store.put(
+        paths.stats(f"{args.phase}-{args.group:04d}"),
+        json.dumps({"phase": args.phase, "group": args.group, "seconds": seconds, "units": results}).encode(),
+    )
+    for result in results:
+        log.info("%s done: %s", args.phase, json.dumps(result, sort_keys=True)[:500])
+    log.info("%s group %d: %d units in %.1f s", args.phase, args.group, len(units), seconds)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
