@@ -1,0 +1,1 @@
+"""Airflow-facing pieces: the task callables, the barrier sensor and the DAG factory."""

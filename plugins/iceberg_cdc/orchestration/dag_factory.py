@@ -1,0 +1,186 @@
+"""One DAG per configured table: ``cdc__<namespace>__<table>``, one run per source snapshot.
+
+    detect ─┬─ write_jobs ─ shuffle_write[] ─ barrier ─ coalesce ─ shuffle_read[] ─┬─ commit ─ watermark ─ more_pending ─ trigger_next_run
+            └─ insert_jobs ─ changelog_insert[] ──────────────────────────────────┘
+    cleanup: teardown of detect (runs after failures too, keeps them failed)
+
+The mapped Spark tasks expand over what detect (or coalesce) planned; a path
+with nothing to do expands to zero tasks and is skipped, so insert-only and
+skipped snapshots need no branching operator. Labels from the plan show in
+the UI as the mapped tasks' names.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, Param, TriggerRule, task
+from airflow.sdk.exceptions import AirflowSkipException
+
+from iceberg_cdc.config import CdcConfig, TableConfig, load_config
+from iceberg_cdc.errors import LeaseHeldError
+from iceberg_cdc.orchestration import steps
+from iceberg_cdc.orchestration.packaging import package_zip
+from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
+
+SENSOR_MODE_ENV = "CDC_SENSOR_MODE"  # "poke" for `airflow dags test`, else reschedule
+_REPO_APPLICATION = Path(__file__).resolve().parents[3] / "spark_jobs" / "cdc_phase.py"
+_PACKAGE_APPLICATION = Path(__file__).resolve().parents[1] / "pipeline" / "spark_app.py"
+
+DOC = """
+### Change data capture of `{source}` into `{sink}`
+
+Each run processes the oldest source snapshot after the watermark kept in
+`{sink}`'s properties. Trigger with `{{"snapshot_id": <id>}}` to reprocess one
+snapshot of the current history (its rows in the sink are replaced).
+
+* **detect** — picks the snapshot, plans the work, takes the table's lease
+* **shuffle_write / barrier / coalesce / shuffle_read** — the S3 shuffle (snapshots with deletes)
+* **changelog_insert** — insert-only snapshots, no shuffle
+* **commit** — one atomic sink commit, marked with the source snapshot (exactly once)
+* **watermark** — confirms progress; **trigger_next_run** starts the next run at once when more is pending
+* **cleanup** — teardown: shuffle objects, uncommitted files, the lease
+"""
+
+
+def spark_application() -> str:
+    return str(_REPO_APPLICATION if _REPO_APPLICATION.exists() else _PACKAGE_APPLICATION)
+
+
+def spark_options(config: CdcConfig) -> dict[str, Any]:
+    conf = {
+        # Executors run the same interpreter as the driver unless the config says otherwise.
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.ui.enabled": "false",
+        **config.spark.conf,
+    }
+    return {
+        "application": spark_application(),
+        "conn_id": config.spark.conn_id,
+        "py_files": package_zip(),
+        "conf": conf,
+        "driver_memory": config.spark.driver_memory,
+        "executor_memory": config.spark.executor_memory,
+        "verbose": False,
+        "map_index_template": "{{ task.application_args[-1] }}",
+    }
+
+
+def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
+    source = table.source
+    spark = spark_options(config)
+    sensor_mode = os.environ.get(SENSOR_MODE_ENV, "reschedule")
+
+    def context() -> steps.Context:
+        return steps.Context.of(load_config(), source)
+
+    with DAG(
+        dag_id=table.dag_id,
+        schedule=table.schedule,
+        start_date=datetime(2024, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        tags=["cdc", source],
+        doc_md=DOC.format(source=source, sink=table.sink),
+        params={
+            "snapshot_id": Param(
+                None,
+                type=["null", "integer"],
+                description="Reprocess this snapshot of the current history (replacing its rows in the sink).",
+            ),
+            "trigger_next": Param(
+                True,
+                type="boolean",
+                description="Start the next run at once when more snapshots are pending.",
+            ),
+        },
+        default_args={"retries": 0},
+    ) as dag:
+
+        @task(task_id="detect")
+        def detect(params: dict[str, Any] | None = None, run_id: str | None = None) -> dict[str, Any]:
+            requested = (params or {}).get("snapshot_id")
+            try:
+                return steps.detect(context(), run_id or "manual", requested)
+            except LeaseHeldError as exc:
+                raise AirflowSkipException(str(exc)) from None
+
+        detected = detect()
+
+        @task
+        def jobs(detected: dict[str, Any], key: str) -> list[list[str]]:
+            """The Spark jobs of one path (empty when the run takes the other path)."""
+            return detected[key]
+
+        write_jobs = jobs.override(task_id="write_jobs")(detected, "write_args")
+        insert_jobs = jobs.override(task_id="insert_jobs")(detected, "insert_args")
+
+        shuffle_write = SparkSubmitOperator.partial(
+            task_id="shuffle_write", name=f"cdc-{source}-write", **spark
+        ).expand(application_args=write_jobs)
+
+        barrier = MapOutputBarrierSensor(
+            task_id="barrier",
+            source=source,
+            mode=sensor_mode,
+            poke_interval=5 if sensor_mode == "poke" else 30,
+            timeout=timedelta(hours=1).total_seconds(),
+            trigger_rule=TriggerRule.ALL_DONE,
+        )
+
+        @task(task_id="coalesce")
+        def coalesce(detected: dict[str, Any]) -> list[list[str]]:
+            return steps.coalesce(context(), detected)
+
+        ranges = coalesce(detected)
+
+        shuffle_read = SparkSubmitOperator.partial(
+            task_id="shuffle_read", name=f"cdc-{source}-read", **spark
+        ).expand(application_args=ranges)
+
+        changelog_insert = SparkSubmitOperator.partial(
+            task_id="changelog_insert", name=f"cdc-{source}-insert", **spark
+        ).expand(application_args=insert_jobs)
+
+        @task(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED)
+        def commit(ti=None) -> dict[str, Any]:
+            # Pulled, not passed: an argument would make commit a direct downstream of the
+            # setup task, which Airflow allows only with trigger rule ALL_SUCCESS.
+            return steps.commit(context(), ti.xcom_pull(task_ids="detect"))
+
+        @task(task_id="watermark")
+        def watermark(detected: dict[str, Any], committed: dict[str, Any]) -> dict[str, Any]:
+            return steps.watermark(context(), detected)
+
+        @task.short_circuit(task_id="more_pending")
+        def more_pending(mark: dict[str, Any], params: dict[str, Any] | None = None) -> bool:
+            return bool(mark["remaining"]) and bool((params or {}).get("trigger_next", True))
+
+        trigger_next = TriggerDagRunOperator(
+            task_id="trigger_next_run", trigger_dag_id=table.dag_id, wait_for_completion=False
+        )
+
+        @task(task_id="cleanup")
+        def cleanup(detected: dict[str, Any], run_id: str | None = None) -> dict[str, Any]:
+            return steps.cleanup(context(), detected, run_id or "manual")
+
+        committed = commit()
+        mark = watermark(detected, committed)
+        shuffle_write >> barrier >> ranges >> shuffle_read >> committed
+        changelog_insert >> committed
+        mark >> more_pending(mark) >> trigger_next
+        teardown = cleanup(detected).as_teardown(setups=detected)
+        mark >> teardown
+    return dag
+
+
+def build_dags(config: CdcConfig | None = None) -> dict[str, DAG]:
+    config = config or load_config()
+    return {table.dag_id: build_dag(config, table) for table in config.tables}

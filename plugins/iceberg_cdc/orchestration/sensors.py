@@ -1,0 +1,62 @@
+"""Barrier sensor: every planned map output committed before any read starts.
+
+One LIST of the snapshot's prefix per poke (not one request per output)
+shows both committed outputs (their index objects) and failure markers left
+by write jobs. A marker fails the run at once; a timeout names the outputs
+still missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
+
+from iceberg_cdc.config import load_config
+from iceberg_cdc.orchestration.steps import Context, missing_map_outputs
+
+_NAMED = 20
+
+
+class MapOutputBarrierSensor(BaseSensorOperator):
+    template_fields = ("source",)
+
+    def __init__(self, *, source: str, detect_task_id: str = "detect", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.source = source
+        self.detect_task_id = detect_task_id
+        self._missing: list[str] = []
+
+    def _detected(self, context) -> dict[str, Any]:
+        detected = context["ti"].xcom_pull(task_ids=self.detect_task_id)
+        if not detected or detected.get("action") != "shuffle":
+            raise AirflowSkipException("no shuffle in this run: nothing to wait for")
+        return detected
+
+    def poke(self, context) -> bool:
+        detected = self._detected(context)
+        ctx = Context.of(load_config(), self.source)
+        missing, failed = missing_map_outputs(ctx, detected)
+        if failed:
+            task_id, error = next(iter(failed.items()))
+            raise AirflowFailException(
+                f"{len(failed)} write task(s) of snapshot {detected['snapshot_id']} failed, e.g. {task_id}: "
+                f"{error or 'no error recorded'}. The run stops here; the next run redoes the snapshot "
+                "from the write phase."
+            )
+        self._missing = missing
+        total = len(detected["write_task_ids"])
+        self.log.info("%d of %d map outputs committed", total - len(missing), total)
+        return not missing
+
+    def execute(self, context) -> Any:
+        try:
+            return super().execute(context)
+        except AirflowSensorTimeout:
+            named = ", ".join(self._missing[:_NAMED]) + (" ..." if len(self._missing) > _NAMED else "")
+            raise AirflowSensorTimeout(
+                f"timed out waiting for {len(self._missing)} map output(s) of {self.source}: {named}. "
+                "Their write tasks neither committed (NAME.index) nor recorded a failure: check the "
+                "shuffle_write task logs and the Spark application."
+            ) from None
