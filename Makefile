@@ -6,10 +6,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help prereqs setup test demo lint format bench clean
+.PHONY: help prereqs setup test demo demo-engine sync airflow lint format bench clean
 
 help:
-	@echo "make demo    run the engine on a copy-on-write snapshot against a local S3 server"
+	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
+	@echo "make sync CONFIG=path.yaml   run each table's DAG until its sink has caught up"
+	@echo "make airflow start Airflow (standalone) on the demo config, to watch runs in the UI"
+	@echo "make demo-engine   only the shuffle engine, on one generated snapshot (seconds)"
 	@echo "make test    install into .venv/ when missing, lint, run the test suite"
 	@echo "make bench   engine throughput and memory figures (QUICK=1 for a short run)"
 	@echo "make setup   create .venv/ with everything installed (idempotent)"
@@ -48,7 +51,17 @@ test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: setup
+	$(BIN)/python scripts/demo.py
+
+demo-engine: setup
 	$(BIN)/python scripts/demo_engine.py
+
+sync: setup
+	@test -n "$(CONFIG)" || { echo "usage: make sync CONFIG=path/to/config.yaml"; exit 2; }
+	PYTHONPATH=plugins $(BIN)/python -m iceberg_cdc.devtools.sync --config "$(CONFIG)" --home "$(or $(AIRFLOW_HOME_DIR),.cdc/airflow)"
+
+airflow: setup
+	$(BIN)/python scripts/airflow_ui.py
 
 bench: setup
 	$(BIN)/python bench/engine_bench.py $(if $(QUICK),--quick,)
