@@ -132,7 +132,9 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
             mode=sensor_mode,
             poke_interval=5 if sensor_mode == "poke" else 30,
             timeout=timedelta(hours=1).total_seconds(),
-            trigger_rule=TriggerRule.ALL_DONE,
+            # ALL_SUCCESS: a write task that failed fails the run at once (upstream_failed);
+            # the sensor itself catches outputs a "successful" job did not leave, and failure
+            # markers of jobs that run detached from Airflow (cluster deploy mode).
         )
 
         @task(task_id="coalesce")

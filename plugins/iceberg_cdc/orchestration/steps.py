@@ -96,7 +96,7 @@ def _detect(ctx: Context, run_id: str, snapshot_id: int | None) -> dict[str, Any
     sink = ensure_sink_table(catalog, ctx.table.sink, source.schema())
     watermark = read_watermark(sink, ctx.table.source)
     if snapshot_id is not None:
-        pending = validate_manual_snapshot(source, snapshot_id)
+        pending = validate_manual_snapshot(source, snapshot_id, watermark)
     else:
         pending = next_snapshot(source, watermark, ctx.table.start)
     base = {

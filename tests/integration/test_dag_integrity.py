@@ -1,0 +1,97 @@
+"""The DAG files: they import, build one DAG per table with the contract's ids, and wire the flow."""
+
+from __future__ import annotations
+
+import yaml
+
+from iceberg_cdc.config import parse_config
+from iceberg_cdc.orchestration.dag_factory import build_dags
+
+CONFIG = {
+    "catalog": {"name": "t", "type": "sql", "uri": "sqlite:////tmp/never-opened.db"},
+    "shuffle": {"uri": "s3://shuffle/cdc"},
+    "tables": [
+        {"source": "shop.orders", "sink": "shop.orders_changes", "identifier_columns": ["id"]},
+        {"source": "crm.accounts", "sink": "crm.accounts_changes", "schedule": "@daily"},
+    ],
+}
+
+
+def upstream(dag, task_id: str) -> set[str]:
+    return set(dag.get_task(task_id).upstream_task_ids)
+
+
+def test_one_dag_per_table_with_contract_ids():
+    dags = build_dags(parse_config(CONFIG))
+    assert set(dags) == {"cdc__shop__orders", "cdc__crm__accounts"}
+    assert dags["cdc__crm__accounts"].schedule == "@daily" or str(dags["cdc__crm__accounts"].timetable)
+
+
+def test_task_graph():
+    dag = build_dags(parse_config(CONFIG))["cdc__shop__orders"]
+    assert {t.task_id for t in dag.tasks} == {
+        "detect",
+        "write_jobs",
+        "insert_jobs",
+        "shuffle_write",
+        "barrier",
+        "coalesce",
+        "shuffle_read",
+        "changelog_insert",
+        "commit",
+        "watermark",
+        "more_pending",
+        "trigger_next_run",
+        "cleanup",
+    }
+    assert upstream(dag, "shuffle_write") == {"write_jobs"}
+    assert upstream(dag, "barrier") == {"shuffle_write"}
+    assert upstream(dag, "coalesce") == {"barrier", "detect"}
+    assert upstream(dag, "shuffle_read") == {"coalesce"}
+    assert upstream(dag, "changelog_insert") == {"insert_jobs"}
+    assert upstream(dag, "commit") == {"shuffle_read", "changelog_insert"}
+    assert upstream(dag, "trigger_next_run") == {"more_pending"}
+    # mapped Spark tasks show the plan's labels
+    for task_id in ("shuffle_write", "shuffle_read", "changelog_insert"):
+        task = dag.get_task(task_id)
+        assert task.is_mapped
+        assert "application_args" in task.map_index_template
+
+
+def test_cleanup_is_a_teardown_that_keeps_failures():
+    dag = build_dags(parse_config(CONFIG))["cdc__shop__orders"]
+    cleanup = dag.get_task("cleanup")
+    assert cleanup.is_teardown
+    assert dag.get_task("detect").is_setup
+    assert "watermark" in cleanup.upstream_task_ids
+    assert str(dag.get_task("commit").trigger_rule) in ("none_failed", "TriggerRule.NONE_FAILED")
+    # a failed write task must fail the barrier at once, not leave it polling for outputs
+    assert str(dag.get_task("barrier").trigger_rule) in ("all_success", "TriggerRule.ALL_SUCCESS")
+
+
+def test_guards_and_params():
+    dag = build_dags(parse_config(CONFIG))["cdc__shop__orders"]
+    assert dag.max_active_runs == 1
+    assert dag.catchup is False
+    assert set(dag.params) == {"snapshot_id", "trigger_next"}
+    assert dag.params["snapshot_id"] is None
+
+
+def test_dag_file_imports_through_the_dag_bag(tmp_path, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    path = tmp_path / "cdc.yaml"
+    path.write_text(yaml.safe_dump(CONFIG))
+    monkeypatch.setenv("CDC_CONFIG", str(path))
+    monkeypatch.setenv("CDC_PACKAGE_CACHE", str(tmp_path / "packages"))
+    bag = DagBag(dag_folder="dags")
+    assert not bag.import_errors, bag.import_errors
+    assert set(bag.dag_ids) == {"cdc__shop__orders", "cdc__crm__accounts"}
+
+
+def test_dag_file_without_config_reports_the_variable(tmp_path, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.delenv("CDC_CONFIG", raising=False)
+    bag = DagBag(dag_folder="dags")
+    assert any("CDC_CONFIG" in str(error) for error in bag.import_errors.values())
