@@ -236,6 +236,10 @@ class S3ObjectStore(ObjectStore):
         return data
 
     def _read(self, key: str, byte_range: tuple[int, int] | None) -> bytes:
+        return self._read_versioned(key, byte_range)[0]
+
+    def _read_versioned(self, key: str, byte_range: tuple[int, int] | None) -> tuple[bytes, str]:
+        """Body and ETag of one GET; a body that breaks off mid-stream is fetched again."""
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.full_key(key)}
         if byte_range is not None:
             kwargs["Range"] = f"bytes={byte_range[0]}-{byte_range[1] - 1}"
@@ -244,7 +248,7 @@ class S3ObjectStore(ObjectStore):
             self.requests[kind] += 1
             response = self._call(self.client.get_object, key, **kwargs)
             try:
-                return response["Body"].read()
+                return response["Body"].read(), response["ETag"]
             except _STREAM_ERRORS as exc:
                 if attempt == self.stream_retries:
                     raise StorageError(
@@ -321,21 +325,10 @@ class S3ObjectStore(ObjectStore):
         return None if response is None else response["ETag"]
 
     def get_with_version(self, key: str) -> tuple[bytes, str] | None:
-        for attempt in range(self.stream_retries + 1):
-            self.requests["GET"] += 1
-            try:
-                response = self._call(self.client.get_object, key, Bucket=self.bucket, Key=self.full_key(key))
-            except ObjectNotFoundError:
-                return None
-            try:
-                return response["Body"].read(), response["ETag"]
-            except _STREAM_ERRORS as exc:
-                if attempt == self.stream_retries:
-                    raise StorageError(
-                        f"{self.describe(key)}: reading the response body failed {attempt + 1} times ({exc})"
-                    ) from None
-                time.sleep(min(0.2 * 2**attempt, 5.0))
-        raise AssertionError("unreachable")
+        try:
+            return self._read_versioned(key, None)
+        except ObjectNotFoundError:
+            return None
 
     def put_if_version(self, key: str, data: bytes, version: str) -> str | None:
         self.requests["PUT"] += 1
