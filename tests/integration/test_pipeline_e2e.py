@@ -1,0 +1,251 @@
+"""End to end: real S3 (moto over HTTP), a SQLite catalog, airflow dags test, spark-submit.
+
+One table history, one DAG run per step, in order (the tests share the
+module's state; each DAG run costs ~20-60 s, mostly JVM starts):
+
+1. insert-only snapshot (no shuffle)
+2. copy-on-write MERGE with partition moves, deletes and inserts (shuffle)
+3. replace (compaction) snapshot: skipped, watermark moves
+4. a run that fails (Spark unreachable), then the retry: nothing lost or duplicated
+5. an idle run: nothing changes
+
+Every step checks the replay invariant for the snapshot it processed.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+import yaml
+from pyiceberg.catalog import load_catalog
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import LongType, NestedField, StringType
+
+from iceberg_cdc.devtools.airflow_env import airflow_env, dags_test, ensure_airflow_db
+from iceberg_cdc.devtools.cow import cow_merge, table_state
+from iceberg_cdc.devtools.sync import sync
+from iceberg_cdc.sink.table import read_watermark
+from tests.support.iceberg_tables import live_files, replace_files
+
+pytestmark = [pytest.mark.s3, pytest.mark.e2e]
+
+DAG_ID = "cdc__shop__orders"
+SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "region", StringType(), required=False),
+    NestedField(3, "status", StringType(), required=False),
+    identifier_field_ids=[1],
+)
+
+
+def rows(ids, region="us", status="new") -> pa.Table:
+    ids = list(ids)
+    regions = region if isinstance(region, list) else [region] * len(ids)
+    return pa.Table.from_pydict(
+        {"id": ids, "region": regions, "status": [status] * len(ids)}, schema=SCHEMA.as_arrow()
+    )
+
+
+class Pipeline:
+    def __init__(self, tmp: Path, s3) -> None:
+        suffix = uuid.uuid4().hex[:8]
+        for bucket in (f"wh-{suffix}", f"shuffle-{suffix}"):
+            s3.client().create_bucket(Bucket=bucket)
+        self.config = {
+            "catalog": {
+                "name": "e2e",
+                "type": "sql",
+                "uri": f"sqlite:///{tmp / 'catalog.db'}",
+                "warehouse": f"s3://wh-{suffix}/",
+                **s3.properties,
+            },
+            "shuffle": {
+                "uri": f"s3://shuffle-{suffix}/cdc",
+                "partitions": 8,
+                "target_partition_size": "64KB",
+            },
+            "spark": {"parallel_jobs": 1},
+            "tables": [{"source": "shop.orders", "sink": "shop.orders_changes"}],
+        }
+        self.config_path = tmp / "cdc.yaml"
+        self.config_path.write_text(yaml.safe_dump(self.config))
+        self.catalog = load_catalog("e2e", **{k: v for k, v in self.config["catalog"].items() if k != "name"})
+        self.catalog.create_namespace("shop")
+        spec = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "region"))
+        self.source = self.catalog.create_table("shop.orders", schema=SCHEMA, partition_spec=spec)
+        self.home = tmp / "airflow"
+        self.env = airflow_env(self.home, self.config_path, spark_master="local[1]")
+        ensure_airflow_db(self.env)
+        self.logs = tmp / "logs"
+        self.logs.mkdir()
+        self.shuffle = s3.client()
+        self.shuffle_bucket = f"shuffle-{suffix}"
+
+    def run(self, env_overrides: dict[str, str] | None = None) -> int:
+        env = {**self.env, **(env_overrides or {})}
+        log = self.logs / f"run-{len(list(self.logs.iterdir())):02d}.log"
+        with open(log, "w") as out:
+            code = dags_test(env, DAG_ID, {"trigger_next": False}, out)
+        self.last_log = log
+        return code
+
+    def sink(self):
+        return self.catalog.load_table("shop.orders_changes")
+
+    def watermark(self):
+        return read_watermark(self.sink(), "shop.orders")
+
+    def changes_of(self, snapshot_id: int) -> pa.Table:
+        sink = self.sink()
+        return sink.scan(row_filter=f"_commit_snapshot_id == {snapshot_id}").to_arrow()
+
+    def shuffle_objects(self) -> list[str]:
+        listed = self.shuffle.list_objects_v2(Bucket=self.shuffle_bucket, Prefix="cdc/shop.orders/")
+        return [item["Key"] for item in listed.get("Contents", [])]
+
+    def lease_exists(self) -> bool:
+        listed = self.shuffle.list_objects_v2(Bucket=self.shuffle_bucket, Prefix="cdc/_leases/")
+        return bool(listed.get("Contents"))
+
+    def assert_replay(self, snapshot_id: int) -> Counter:
+        """state(parent) - removed + added == state(snapshot); returns the change type counts."""
+        names = [f.name for f in SCHEMA.fields]
+        self.source.refresh()
+        parent = self.source.snapshot_by_id(snapshot_id).parent_snapshot_id
+
+        def multiset(table: pa.Table) -> Counter:
+            return Counter(zip(*[table.column(n).to_pylist() for n in names], strict=True))
+
+        changes = self.changes_of(snapshot_id)
+        kind = changes.column("_change_type")
+        removed = multiset(changes.filter(pc.is_in(kind, pa.array(["DELETE", "UPDATE_BEFORE"]))))
+        added = multiset(changes.filter(pc.is_in(kind, pa.array(["INSERT", "UPDATE_AFTER"]))))
+        state = multiset(table_state(self.source, parent)) if parent else Counter()
+        assert not removed - state, "a removed row was not in the parent's state"
+        assert not (removed & added), "a row is both removed and added"
+        state.subtract(removed)
+        state.update(added)
+        assert +state == multiset(table_state(self.source, snapshot_id))
+        # identifier level: UPDATE_BEFORE/UPDATE_AFTER pair per key, no key both deleted and inserted
+        by_kind = {
+            k: changes.filter(pc.equal(kind, k)).column("id").to_pylist() for k in set(kind.to_pylist())
+        }
+        assert sorted(by_kind.get("UPDATE_BEFORE", [])) == sorted(by_kind.get("UPDATE_AFTER", []))
+        assert not set(by_kind.get("DELETE", [])) & set(by_kind.get("INSERT", []))
+        return Counter(kind.to_pylist())
+
+
+@pytest.fixture(scope="module")
+def pipeline(moto_server, tmp_path_factory) -> Pipeline:
+    return Pipeline(tmp_path_factory.mktemp("e2e"), moto_server)
+
+
+def test_insert_only_snapshot(pipeline: Pipeline):
+    pipeline.source.append(rows(range(0, 60), "us"))
+    pipeline.source.append(rows(range(60, 100), "eu"))  # a second pending snapshot
+    first = pipeline.source.snapshots()[0].snapshot_id
+    assert pipeline.run() == 0, pipeline.last_log.read_text()[-3000:]
+    assert pipeline.watermark().snapshot_id == first
+    assert pipeline.assert_replay(first) == Counter({"INSERT": 60})
+    assert pipeline.shuffle_objects() == [] and not pipeline.lease_exists()
+    second = pipeline.source.current_snapshot().snapshot_id
+    assert pipeline.run() == 0, pipeline.last_log.read_text()[-3000:]
+    assert pipeline.assert_replay(second) == Counter({"INSERT": 40})
+
+
+def test_copy_on_write_merge_with_partition_moves(pipeline: Pipeline):
+    updated = rows(range(0, 20), ["eu"] * 5 + ["us"] * 15, status="shipped")  # 5 move us -> eu
+    snapshot = cow_merge(
+        pipeline.source,
+        upserts=pa.concat_tables([updated, rows(range(100, 105), "eu")]),
+        delete_keys=range(60, 70),
+    )
+    assert pipeline.run() == 0, pipeline.last_log.read_text()[-3000:]
+    assert pipeline.watermark().snapshot_id == snapshot
+    assert pipeline.assert_replay(snapshot) == Counter(
+        {"UPDATE_BEFORE": 20, "UPDATE_AFTER": 20, "DELETE": 10, "INSERT": 5}
+    )
+    commit = [
+        s
+        for s in pipeline.sink().snapshots()
+        if s.summary.additional_properties.get("cdc.source-snapshot-id") == str(snapshot)
+    ]
+    summary = commit[0].summary.additional_properties
+    assert int(summary["cdc.carryover-rows"]) == 2 * (100 - 20 - 10)  # every untouched row was rewritten
+    assert int(summary["cdc.shuffle-bytes"]) > 0
+    assert pipeline.shuffle_objects() == [] and not pipeline.lease_exists()
+
+
+def test_replace_snapshot_is_skipped(pipeline: Pipeline):
+    files = live_files(pipeline.source)
+    before = len(pipeline.sink().snapshots())
+    snapshot = replace_files(pipeline.source, files, pipeline.source.scan().to_arrow())
+    assert pipeline.run() == 0, pipeline.last_log.read_text()[-3000:]
+    assert pipeline.watermark().snapshot_id == snapshot
+    assert len(pipeline.sink().snapshots()) == before
+    assert pipeline.changes_of(snapshot).num_rows == 0
+
+
+def test_failed_run_then_retry_loses_and_duplicates_nothing(pipeline: Pipeline):
+    mark = pipeline.watermark()
+    snapshot = cow_merge(pipeline.source, delete_keys=[1, 2, 3])
+    broken = {"AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "nowhere-master"})}
+    code = pipeline.run(broken)
+    log = pipeline.last_log.read_text()
+    assert code != 0 or "failed" in log.lower()
+    assert pipeline.watermark() == mark, "a failed run must not move the watermark"
+    assert pipeline.changes_of(snapshot).num_rows == 0
+    assert pipeline.shuffle_objects() == [], "cleanup runs after a failure"
+    assert not pipeline.lease_exists(), "cleanup releases the lease after a failure"
+    assert pipeline.run() == 0, pipeline.last_log.read_text()[-3000:]
+    assert pipeline.watermark().snapshot_id == snapshot
+    assert pipeline.assert_replay(snapshot) == Counter({"DELETE": 3})
+
+
+def test_idle_run_changes_nothing(pipeline: Pipeline):
+    sink = pipeline.sink()
+    snapshots, mark = len(sink.snapshots()), pipeline.watermark()
+    assert pipeline.run() == 0, pipeline.last_log.read_text()[-3000:]
+    assert len(pipeline.sink().snapshots()) == snapshots
+    assert pipeline.watermark() == mark
+    assert sync(str(pipeline.config_path), str(pipeline.home)) == 0  # nothing pending: no run at all
+    assert len(pipeline.sink().snapshots()) == snapshots
+    total = pipeline.sink().scan().to_arrow()
+    # two appends, the MERGE and the delete carry rows; the replace snapshot carries none
+    assert np.unique(total.column("_commit_snapshot_id").to_numpy()).size == 4
+
+
+def test_manual_reprocess_replaces_one_snapshots_rows(pipeline: Pipeline):
+    merge = next(
+        int(s.summary.additional_properties["cdc.source-snapshot-id"])
+        for s in pipeline.sink().snapshots()
+        if s.summary.additional_properties.get("cdc.carryover-rows", "0") != "0"
+    )
+    before_rows = pipeline.sink().scan().to_arrow().num_rows
+    mark = pipeline.watermark()
+    with open(pipeline.logs / "manual.log", "w") as out:
+        code = dags_test(pipeline.env, DAG_ID, {"snapshot_id": merge, "trigger_next": False}, out)
+    assert code == 0, (pipeline.logs / "manual.log").read_text()[-3000:]
+    assert pipeline.sink().scan().to_arrow().num_rows == before_rows, "replaced, not duplicated"
+    assert pipeline.assert_replay(merge) == Counter(
+        {"UPDATE_BEFORE": 20, "UPDATE_AFTER": 20, "DELETE": 10, "INSERT": 5}
+    )
+    assert pipeline.watermark() == mark, "a reprocess never moves the watermark backwards"
+
+
+def test_manual_run_of_an_unknown_snapshot_fails_clearly(pipeline: Pipeline):
+    with open(pipeline.logs / "bad-manual.log", "w") as out:
+        code = dags_test(pipeline.env, DAG_ID, {"snapshot_id": 12345, "trigger_next": False}, out)
+    log = (pipeline.logs / "bad-manual.log").read_text()
+    assert code != 0 or "12345" in log
+    assert "12345" in log and "ancestry" in log
+    assert not pipeline.lease_exists(), "a failed detect releases the lease"
