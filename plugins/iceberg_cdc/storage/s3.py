@@ -311,7 +311,8 @@ class S3ObjectStore(ObjectStore):
                 "the endpoint is reachable"
             ) from None
 
-    def put_if_absent(self, key: str, data: bytes) -> str | None:
+    def _conditional_put(self, key: str, data: bytes, **condition: str) -> str | None:
+        """PUT with an If-None-Match / If-Match condition: the new ETag, or None if it failed."""
         self.requests["PUT"] += 1
         response = self._conditional(
             self.client.put_object,
@@ -319,10 +320,13 @@ class S3ObjectStore(ObjectStore):
             Bucket=self.bucket,
             Key=self.full_key(key),
             Body=data,
-            IfNoneMatch="*",
+            **condition,
             **self.sse_args,
         )
         return None if response is None else response["ETag"]
+
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
+        return self._conditional_put(key, data, IfNoneMatch="*")
 
     def get_with_version(self, key: str) -> tuple[bytes, str] | None:
         try:
@@ -331,17 +335,7 @@ class S3ObjectStore(ObjectStore):
             return None
 
     def put_if_version(self, key: str, data: bytes, version: str) -> str | None:
-        self.requests["PUT"] += 1
-        response = self._conditional(
-            self.client.put_object,
-            key,
-            Bucket=self.bucket,
-            Key=self.full_key(key),
-            Body=data,
-            IfMatch=version,
-            **self.sse_args,
-        )
-        return None if response is None else response["ETag"]
+        return self._conditional_put(key, data, IfMatch=version)
 
     def delete_if_version(self, key: str, version: str) -> bool:
         self.requests["DELETE"] += 1
