@@ -26,7 +26,6 @@ class MapOutputBarrierSensor(BaseSensorOperator):
         super().__init__(**kwargs)
         self.source = source
         self.detect_task_id = detect_task_id
-        self._missing: list[str] = []
 
     def _detected(self, context) -> dict[str, Any]:
         detected = context["ti"].xcom_pull(task_ids=self.detect_task_id)
@@ -45,7 +44,6 @@ class MapOutputBarrierSensor(BaseSensorOperator):
                 f"{error or 'no error recorded'}. The run stops here; the next run redoes the snapshot "
                 "from the write phase."
             )
-        self._missing = missing
         total = len(detected["write_task_ids"])
         self.log.info("%d of %d map outputs committed", total - len(missing), total)
         return not missing
@@ -54,9 +52,12 @@ class MapOutputBarrierSensor(BaseSensorOperator):
         try:
             return super().execute(context)
         except AirflowSensorTimeout:
-            named = ", ".join(self._missing[:_NAMED]) + (" ..." if len(self._missing) > _NAMED else "")
+            # In reschedule mode every poke is a new process: list once more rather than trust
+            # what this process remembers.
+            missing, _ = missing_map_outputs(Context.of(load_config(), self.source), self._detected(context))
+            named = ", ".join(missing[:_NAMED]) + (" ..." if len(missing) > _NAMED else "")
             raise AirflowSensorTimeout(
-                f"timed out waiting for {len(self._missing)} map output(s) of {self.source}: {named}. "
+                f"timed out waiting for {len(missing)} map output(s) of {self.source}: {named}. "
                 "Their write tasks neither committed (NAME.index) nor recorded a failure: check the "
                 "shuffle_write task logs and the Spark application."
             ) from None

@@ -1,0 +1,76 @@
+"""Barrier: one listing per poke, fail fast on failure markers, skip when there is no shuffle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from iceberg_cdc.config import parse_config
+from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
+from iceberg_cdc.orchestration.steps import Context, missing_map_outputs
+from iceberg_cdc.pipeline.paths import SnapshotPaths
+
+SNAPSHOT = 42
+TASKS = ["aaa", "bbb", "ccc"]
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    raw = {
+        "catalog": {"name": "t", "type": "sql", "uri": f"sqlite:///{tmp_path}/c.db"},
+        "shuffle": {"uri": f"file://{tmp_path}/shuffle"},
+        "tables": [{"source": "shop.orders", "sink": "shop.orders_changes"}],
+    }
+    path = tmp_path / "cdc.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv("CDC_CONFIG", str(path))
+    ctx = Context.of(parse_config(raw), "shop.orders")
+    store = ctx.runtime.store()
+    paths = SnapshotPaths("shop.orders", SNAPSHOT)
+    detected = {"action": "shuffle", "snapshot_id": SNAPSHOT, "write_task_ids": TASKS}
+    return ctx, store, paths, detected
+
+
+class _TaskInstance:
+    def __init__(self, detected):
+        self.detected = detected
+
+    def xcom_pull(self, task_ids):
+        assert task_ids == "detect"
+        return self.detected
+
+
+def test_missing_outputs_are_those_without_an_index(setup):
+    ctx, store, paths, detected = setup
+    store.put(paths.map_output("aaa") + ".data", b"x")
+    store.put(paths.map_output("aaa") + ".index", b"x")
+    store.put(paths.map_output("bbb") + ".data", b"x")  # data without index: not committed
+    missing, failed = missing_map_outputs(ctx, detected)
+    assert missing == ["bbb", "ccc"] and failed == {}
+
+
+def test_sensor_pokes_until_every_index_exists(setup):
+    _, store, paths, detected = setup
+    sensor = MapOutputBarrierSensor(task_id="barrier", source="shop.orders")
+    context = {"ti": _TaskInstance(detected)}
+    assert sensor.poke(context) is False
+    for task in TASKS:
+        store.put(paths.map_output(task) + ".index", b"x")
+    assert sensor.poke(context) is True
+
+
+def test_sensor_fails_fast_on_a_failure_marker(setup):
+    _, store, paths, detected = setup
+    store.put(paths.failed("bbb"), json.dumps({"task_id": "bbb", "error": "OSError: disk full"}).encode())
+    sensor = MapOutputBarrierSensor(task_id="barrier", source="shop.orders")
+    with pytest.raises(AirflowFailException, match=r"bbb: OSError: disk full.*redoes the snapshot"):
+        sensor.poke({"ti": _TaskInstance(detected)})
+
+
+def test_sensor_skips_without_a_shuffle(setup):
+    sensor = MapOutputBarrierSensor(task_id="barrier", source="shop.orders")
+    with pytest.raises(AirflowSkipException):
+        sensor.poke({"ti": _TaskInstance({"action": "insert"})})
