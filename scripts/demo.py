@@ -166,7 +166,7 @@ def report(catalog, history: list[tuple[int, str]]) -> int:
             f"{k.removeprefix('cdc.seconds.')} {float(v):.1f}"
             for k, v in sorted(summary.items())
             if k.startswith("cdc.seconds.")
-        )
+        ) or ("no sink commit: every row was carryover" if rows.num_rows == 0 else "")
         operation = source.snapshot_by_id(snapshot_id).summary.operation.value
         print(
             f"{snapshot_id:>20} {operation:>10} {kinds['INSERT']:>7,} {kinds['DELETE']:>7,} {kinds['UPDATE_AFTER']:>7,} "
