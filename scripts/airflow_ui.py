@@ -35,7 +35,9 @@ def main() -> int:
         env = airflow_env(WORK / "airflow", config_path)
         env["CDC_SENSOR_MODE"] = "reschedule"
         env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "True"
-        env["AIRFLOW__API__PORT"] = env.get("AIRFLOW__API__PORT", "8080")
+        port = env.setdefault("AIRFLOW__API__PORT", "8080")
+        # Tasks reach Airflow through the execution API; it must follow the port.
+        env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"http://localhost:{port}/execution/"
         ensure_airflow_db(env)
         print(
             f"\nAirflow UI: http://localhost:{env['AIRFLOW__API__PORT']} (no login); Ctrl-C to stop\n",

@@ -26,7 +26,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
 from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.orchestration import steps
-from iceberg_cdc.orchestration.packaging import package_zip
+from iceberg_cdc.orchestration.pyfiles import package_zip
 from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
 
 SENSOR_MODE_ENV = "CDC_SENSOR_MODE"  # "poke" for `airflow dags test`, else reschedule
