@@ -36,6 +36,8 @@ from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT, Record
 
+from iceberg_cdc.devtools.cow import rewrite_files
+
 NAMESPACE = "db"
 
 
@@ -79,12 +81,7 @@ def write_data_files(table: Table, df: pa.Table) -> list[DataFile]:
 
 def cow_rewrite(table: Table, remove: list[DataFile], add: pa.Table | None) -> int:
     """One copy-on-write snapshot (operation ``overwrite``) that removes ``remove`` and adds ``add``'s rows."""
-    new_files = write_data_files(table, add) if add is not None and add.num_rows else []
-    with table.transaction() as tx, tx.update_snapshot().overwrite() as rewrite:
-        for data_file in remove:
-            rewrite.delete_data_file(data_file)
-        for data_file in new_files:
-            rewrite.append_data_file(data_file)
+    rewrite_files(table, remove, add)
     return current_id(table)
 
 
@@ -106,15 +103,12 @@ class _ReplaceFiles(_OverwriteFiles):
 
 def replace_files(table: Table, remove: list[DataFile], add: pa.Table) -> int:
     """A compaction: operation ``replace``, same rows in new files."""
-    new_files = write_data_files(table, add)
-    with (
-        table.transaction() as tx,
-        _ReplaceFiles(operation=Operation.REPLACE, transaction=tx, io=table.io) as rewrite,
-    ):
-        for data_file in remove:
-            rewrite.delete_data_file(data_file)
-        for data_file in new_files:
-            rewrite.append_data_file(data_file)
+    rewrite_files(
+        table,
+        remove,
+        add,
+        producer=lambda tx: _ReplaceFiles(operation=Operation.REPLACE, transaction=tx, io=table.io),
+    )
     return current_id(table)
 
 

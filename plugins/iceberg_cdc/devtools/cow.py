@@ -10,13 +10,41 @@ shape the pipeline exists for, used by the demo and the tests.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
 from pyiceberg.table import Table
+
+
+def rewrite_files(
+    table: Table,
+    remove: Sequence,
+    add: pa.Table | None,
+    *,
+    producer: Callable | None = None,
+) -> int | None:
+    """One snapshot that removes the data files ``remove`` and adds ``add``'s rows in new files.
+
+    This is the commit of a copy-on-write rewrite. ``producer(transaction)``
+    builds the snapshot producer; the default is an ``overwrite``, as Spark's
+    MERGE / UPDATE / DELETE commit. Returns the new snapshot id.
+    """
+    new_files = (
+        list(_dataframe_to_data_files(table.metadata, add, table.io))
+        if add is not None and add.num_rows
+        else []
+    )
+    with table.transaction() as tx, producer(tx) if producer else tx.update_snapshot().overwrite() as rewrite:
+        for data_file in remove:
+            rewrite.delete_data_file(data_file)
+        for data_file in new_files:
+            rewrite.append_data_file(data_file)
+    table.refresh()
+    snapshot = table.current_snapshot()
+    return snapshot.snapshot_id if snapshot else None
 
 
 def _read_file(table: Table, task) -> pa.Table:
@@ -48,18 +76,8 @@ def cow_merge(
         if pc.any(hit).as_py():
             removed.append(task.file)
             kept.append(rows.filter(pc.invert(hit)))
-    new_rows = pa.concat_tables([*kept, upserts]) if kept or upserts.num_rows else schema.empty_table()
-    new_files = (
-        list(_dataframe_to_data_files(table.metadata, new_rows, table.io)) if new_rows.num_rows else []
-    )
-    with table.transaction() as tx, tx.update_snapshot().overwrite() as rewrite:
-        for data_file in removed:
-            rewrite.delete_data_file(data_file)
-        for data_file in new_files:
-            rewrite.append_data_file(data_file)
-    table.refresh()
-    snapshot = table.current_snapshot()
-    return snapshot.snapshot_id if snapshot else None
+    new_rows = pa.concat_tables([*kept, upserts]) if kept or upserts.num_rows else None
+    return rewrite_files(table, removed, new_rows)
 
 
 def table_state(table: Table, snapshot_id: int) -> pa.Table:
