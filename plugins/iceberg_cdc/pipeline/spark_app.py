@@ -17,10 +17,9 @@ import logging
 import sys
 import time
 import traceback
-from typing import Any
 
 from iceberg_cdc.config import load_config
-from iceberg_cdc.pipeline import executor_tasks
+from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS, record_group, units_of
 from iceberg_cdc.pipeline.paths import SnapshotPaths
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import runtime_from_config
@@ -38,15 +37,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def units_of(phase: str, plan: SnapshotPlan, group: int, store) -> list[Any]:
-    if phase in ("write", "insert"):
-        return list(plan.groups[group].task_ids)
-    paths = SnapshotPaths(plan.source, plan.snapshot_id)
-    ranges = json.loads(store.get(paths.ranges))
-    wanted = set(ranges["groups"][group])
-    return [r for r in ranges["ranges"] if r["index"] in wanted]
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -56,11 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = SnapshotPlan.load(store, args.plan)
     paths = SnapshotPaths(plan.source, plan.snapshot_id)
     units = units_of(args.phase, plan, args.group, store)
-    function = {
-        "write": executor_tasks.run_write_task,
-        "read": executor_tasks.run_read_task,
-        "insert": executor_tasks.run_insert_task,
-    }[args.phase]
+    function = PHASE_FUNCTIONS[args.phase]
 
     from pyspark.sql import SparkSession
 
@@ -99,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
         return 1
     seconds = round(time.perf_counter() - started, 3)
-    store.put(
-        paths.stats(f"{args.phase}-{args.group:04d}"),
-        json.dumps({"phase": args.phase, "group": args.group, "seconds": seconds, "units": results}).encode(),
-    )
+    record_group(store, plan, args.phase, args.group, seconds, results)
     for result in results:
         log.info("%s done: %s", args.phase, json.dumps(result, sort_keys=True)[:500])
     log.info("%s group %d: %d units in %.1f s", args.phase, args.group, len(units), seconds)

@@ -1,0 +1,51 @@
+"""One phase group of a snapshot plan: its units, the function that runs one, and its figures.
+
+A group is what one Spark application runs (one mapped Airflow task). The
+Spark driver and the in-process runner share these, so both execute the same
+units with the same functions and leave the same figures for commit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from iceberg_cdc.pipeline import executor_tasks
+from iceberg_cdc.pipeline.paths import SnapshotPaths
+from iceberg_cdc.pipeline.plan import SnapshotPlan
+from iceberg_cdc.pipeline.runtime import Runtime
+from iceberg_cdc.storage import ObjectStore
+
+UnitFunction = Callable[[SnapshotPlan, Runtime, Any], dict[str, Any]]
+
+PHASE_FUNCTIONS: dict[str, UnitFunction] = {
+    "write": executor_tasks.run_write_task,
+    "read": executor_tasks.run_read_task,
+    "insert": executor_tasks.run_insert_task,
+}
+
+
+def units_of(phase: str, plan: SnapshotPlan, group: int, store: ObjectStore) -> list[Any]:
+    """Write/insert groups list task ids (from the plan); read groups list range documents (from coalesce)."""
+    if phase in ("write", "insert"):
+        return list(plan.groups[group].task_ids)
+    paths = SnapshotPaths(plan.source, plan.snapshot_id)
+    ranges = json.loads(store.get(paths.ranges))
+    wanted = set(ranges["groups"][group])
+    return [r for r in ranges["ranges"] if r["index"] in wanted]
+
+
+def read_group_count(plan: SnapshotPlan, store: ObjectStore) -> int:
+    """How many read groups coalesce planned."""
+    paths = SnapshotPaths(plan.source, plan.snapshot_id)
+    return len(json.loads(store.get(paths.ranges))["groups"])
+
+
+def record_group(
+    store: ObjectStore, plan: SnapshotPlan, phase: str, group: int, seconds: float, results: list[Any]
+) -> None:
+    """The group's wall time and unit figures, summed into the commit's ``cdc.seconds.*``."""
+    paths = SnapshotPaths(plan.source, plan.snapshot_id)
+    document = {"phase": phase, "group": group, "seconds": round(seconds, 3), "units": results}
+    store.put(paths.stats(f"{phase}-{group:04d}"), json.dumps(document).encode())

@@ -1,0 +1,51 @@
+"""The in-process runner: a DAG run's steps and the Spark tasks' functions, on a real catalog."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pyarrow as pa
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import LongType, NestedField, StringType
+
+from iceberg_cdc.devtools.cow import cow_merge
+from tests.support.inline_pipeline import InlinePipeline
+from tests.support.replay import assert_replay
+
+SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "region", StringType(), required=False),
+    NestedField(3, "status", StringType(), required=False),
+    identifier_field_ids=[1],
+)
+
+
+def rows(ids, region="us", status="new") -> pa.Table:
+    ids = list(ids)
+    regions = region if isinstance(region, list) else [region] * len(ids)
+    return pa.Table.from_pydict(
+        {"id": ids, "region": regions, "status": [status] * len(ids)}, schema=SCHEMA.as_arrow()
+    )
+
+
+def test_history_through_every_path(tmp_path):
+    pipeline = InlinePipeline(tmp_path)
+    spec = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "region"))
+    source = pipeline.create_source(SCHEMA, partition_spec=spec)
+    source.append(rows(range(100), "us"))
+    merge = cow_merge(
+        source,
+        upserts=pa.concat_tables([rows(range(10), ["eu"] * 3 + ["us"] * 7, "shipped"), rows([500], "eu")]),
+        delete_keys=[50, 51],
+    )
+    runs = pipeline.catch_up()
+    assert [r.action for r in runs] == ["insert", "shuffle"]
+    assert pipeline.watermark().snapshot_id == merge
+    assert assert_replay(pipeline.source, pipeline.sink, merge, ["id"]) == Counter(
+        {"UPDATE_BEFORE": 10, "UPDATE_AFTER": 10, "DELETE": 2, "INSERT": 1}
+    )
+    assert runs[1].committed["carryover_rows"] == 2 * (100 - 12)
+    assert runs[1].cleanup["lease_released"] and runs[1].cleanup["shuffle_objects_deleted"] > 0
+    assert pipeline.run().action == "caught_up"
