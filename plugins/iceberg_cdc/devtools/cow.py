@@ -47,8 +47,43 @@ def rewrite_files(
     return snapshot.snapshot_id if snapshot else None
 
 
-def _read_file(table: Table, task) -> pa.Table:
+def read_task_rows(table: Table, task) -> pa.Table:
+    """The rows of one scan task's data file, in the table's current schema."""
     return ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table([task])
+
+
+def cow_apply(
+    table: Table,
+    *,
+    touched: Callable[[pa.Table], pa.Array],
+    rewrite: Callable[[pa.Table], pa.Table] | None = None,
+    inserts: pa.Table | None = None,
+) -> int | None:
+    """One copy-on-write snapshot, as an engine's row-level MERGE / UPDATE / DELETE commits it.
+
+    ``touched(rows)`` marks the rows of a data file the statement matches.
+    Every file with a touched row is removed and rewritten: its untouched rows
+    are copied as they are (carryover), its touched rows are replaced by
+    ``rewrite(touched rows)`` (updates; ``None`` deletes them), and ``inserts``
+    join the same snapshot. Rows land in whatever partition their values say,
+    so an update of a partition column moves the row to another file.
+    Returns the new snapshot id, or None when nothing matched and nothing is inserted.
+    """
+    schema = table.schema().as_arrow()
+    removed, written = [], []
+    for task in table.scan().plan_files():
+        rows = read_task_rows(table, task)
+        hit = touched(rows)
+        if pc.any(hit).as_py():
+            removed.append(task.file)
+            written.append(rows.filter(pc.invert(hit)))
+            if rewrite is not None:
+                written.append(rewrite(rows.filter(hit)).cast(schema))
+    if inserts is not None and inserts.num_rows:
+        written.append(inserts.cast(schema))
+    if not removed and not written:
+        return None
+    return rewrite_files(table, removed, pa.concat_tables(written) if written else None)
 
 
 def cow_merge(
@@ -69,15 +104,9 @@ def cow_merge(
     )
     if len(affected) == 0:
         return None
-    removed, kept = [], []
-    for task in table.scan().plan_files():
-        rows = _read_file(table, task)
-        hit = pc.is_in(rows.column(key), value_set=affected)
-        if pc.any(hit).as_py():
-            removed.append(task.file)
-            kept.append(rows.filter(pc.invert(hit)))
-    new_rows = pa.concat_tables([*kept, upserts]) if kept or upserts.num_rows else None
-    return rewrite_files(table, removed, new_rows)
+    return cow_apply(
+        table, touched=lambda rows: pc.is_in(rows.column(key), value_set=affected), inserts=upserts
+    )
 
 
 def table_state(table: Table, snapshot_id: int) -> pa.Table:
