@@ -232,7 +232,14 @@ def parse_config(raw: Any, source: str = "config") -> CdcConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping with catalog, shuffle and tables")
     try:
-        return CdcConfig.model_validate(_expand_env(raw, ""))
+        expanded = _expand_env(raw, "")
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{source} is invalid:\n  {exc}; set it in the environment of every process "
+            "that reads the config (the DAG processor, the workers, the Spark driver)"
+        ) from None
+    try:
+        return CdcConfig.model_validate(expanded)
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
@@ -247,6 +254,19 @@ def parse_config(raw: Any, source: str = "config") -> CdcConfig:
         raise ConfigError(f"{source} is invalid:\n  " + "\n  ".join(problems)) from None
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What PyYAML found wrong and where, without the snippet of the line it quotes.
+
+    ``str()`` of a PyYAML error shows the offending line, and that line may hold
+    a secret (a credential with a stray colon): line and column are enough.
+    """
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        what = "; ".join(part for part in (exc.context, exc.problem) if part) or type(exc).__name__
+        return f"{what} (line {mark.line + 1}, column {mark.column + 1})" if mark else what
+    return type(exc).__name__
+
+
 def load_config(path: str | os.PathLike[str] | None = None) -> CdcConfig:
     """Load the config from ``path``, or from the file ``CDC_CONFIG`` names."""
     path = path or os.environ.get(CONFIG_ENV)
@@ -258,5 +278,5 @@ def load_config(path: str | os.PathLike[str] | None = None) -> CdcConfig:
     except FileNotFoundError:
         raise ConfigError(f"config file {file} does not exist (from {CONFIG_ENV} or --config)") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {file} is not valid YAML: {exc}") from None
+        raise ConfigError(f"config file {file} is not valid YAML: {_yaml_problem(exc)}") from None
     return parse_config(raw, str(file))

@@ -24,12 +24,24 @@ class ShortObjectError(StorageError):
     """An object is shorter than a requested byte range (short body, or HTTP 416)."""
 
 
+SHUFFLE_RETRY_HINT = (
+    "Nothing was committed and the sink's watermark did not move, so retrying the DAG run (or letting "
+    "the next run start) is safe: it rewrites the snapshot's map outputs."
+)
+
+
 class CorruptShuffleError(CdcError):
     """A shuffle object is truncated or does not decode.
 
     The message names the object, the partition and what was wrong; the fix is to
-    rerun the snapshot from the write phase (its map outputs are rewritten).
+    rerun the snapshot from the write phase (its map outputs are rewritten). The
+    error is raised before anything is committed, so every message ends by saying
+    that a retry is safe and what it does (:data:`SHUFFLE_RETRY_HINT`).
     """
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        return message if SHUFFLE_RETRY_HINT in message else f"{message} {SHUFFLE_RETRY_HINT}"
 
 
 class AmbiguousUpdateError(CdcError):

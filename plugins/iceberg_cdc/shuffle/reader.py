@@ -14,17 +14,37 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from iceberg_cdc.errors import CorruptShuffleError, ShortObjectError
+from iceberg_cdc.errors import SHUFFLE_RETRY_HINT, CorruptShuffleError, ObjectNotFoundError, ShortObjectError
 from iceberg_cdc.shuffle.codec import decode_block
 from iceberg_cdc.shuffle.layout import MapOutputIndex, data_key, index_key, iter_blocks
 from iceberg_cdc.storage.base import ObjectStore
 
 
+def _in_store(store: ObjectStore, exc: CorruptShuffleError) -> CorruptShuffleError:
+    """The same error, saying which shuffle store its (relative) key is in."""
+    message = exc.args[0] if exc.args else str(exc)
+    return CorruptShuffleError(f"in shuffle store {store.uri}: {message}")
+
+
 def read_index(
     store: ObjectStore, name: str, num_partitions: int | None = None, data_size: int | None = None
 ) -> MapOutputIndex:
-    """Fetch and validate ``NAME.index``."""
-    return MapOutputIndex.from_bytes(name, store.get(index_key(name)), num_partitions, data_size)
+    """Fetch and validate ``NAME.index``.
+
+    Errors name the object by its full URI (the index and layout messages only
+    know the key relative to the shuffle root).
+    """
+    try:
+        raw = store.get(index_key(name))
+    except ObjectNotFoundError:
+        raise ObjectNotFoundError(
+            f"shuffle index {store.describe(index_key(name))} does not exist: the map output was never "
+            f"written or was deleted after the write phase. {SHUFFLE_RETRY_HINT}"
+        ) from None
+    try:
+        return MapOutputIndex.from_bytes(name, raw, num_partitions, data_size)
+    except CorruptShuffleError as exc:
+        raise _in_store(store, exc) from None
 
 
 def read_partitions(
@@ -48,11 +68,20 @@ def read_partitions(
     except ShortObjectError as exc:
         raise CorruptShuffleError(
             f"shuffle data {data_key(name)!r}, partitions {first_partition}.."
-            f"{first_partition + len(offsets) - 2}: the object is shorter than its index says "
+            f"{first_partition + len(offsets) - 2}: the object is truncated: shorter than its index says "
             f"({exc}); rerun the snapshot from the write phase."
         ) from None
-    for block in iter_blocks(name, memoryview(raw), offsets, first_partition):
-        yield decode_block(name, block, schema)
+    except ObjectNotFoundError:
+        raise ObjectNotFoundError(
+            f"shuffle data {store.describe(data_key(name))} does not exist, though its index does: it "
+            f"was deleted after the write phase (a lifecycle rule, or another run's cleanup). "
+            f"{SHUFFLE_RETRY_HINT}"
+        ) from None
+    try:
+        for block in iter_blocks(name, memoryview(raw), offsets, first_partition):
+            yield decode_block(name, block, schema)
+    except CorruptShuffleError as exc:
+        raise _in_store(store, exc) from None
 
 
 def read_range(

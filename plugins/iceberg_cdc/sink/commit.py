@@ -152,8 +152,9 @@ def _current_watermark(sink_table: Table, source_identifier: str, source_uuid: s
         raise SourceHistoryError(
             f"the sink's watermark for {source_identifier} belongs to a table with uuid "
             f"{current.source_uuid}, but the source now has uuid {source_uuid}: the source table was "
-            "dropped and recreated. Reset the sink (new sink table, or remove its cdc.watermark."
-            f"{source_identifier}.* properties) to capture the new table from its start"
+            "dropped and recreated. To capture the new table, start a new sink: drop the sink table "
+            "(the next run creates it again) or point tables[].sink at a new table; clearing only the "
+            "watermark would restart the ordinals below the ones the sink already holds"
         )
     return current
 

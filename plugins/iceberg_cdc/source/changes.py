@@ -266,27 +266,60 @@ def initial_load_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
     )
 
 
+_RESTART_FROM_COMPACTED = (
+    "compact the table so no delete file is live (Spark: rewrite_data_files with "
+    "delete-file-threshold=1, or rewrite_position_delete_files), then restart the sink from the "
+    "compacted state: drop the sink table (the next run creates it again) and set `start: latest` "
+    "for this table, so the next run loads the current rows as INSERTs"
+)
+_COPY_ON_WRITE = (
+    "To keep it from happening again, set the table's write.delete.mode, write.update.mode and "
+    "write.merge.mode to copy-on-write."
+)
+
+
+def _rollback_hint(changes: SnapshotChanges) -> str:
+    parent = changes.parent_id if changes.parent_id is not None else "<its parent>"
+    return (
+        f"roll the table back to snapshot {parent}, the one before it (Spark: CALL "
+        f"system.rollback_to_snapshot('<table>', {parent}); pyiceberg: "
+        f"table.manage_snapshots().rollback_to_snapshot({parent}).commit(); this also drops any "
+        "snapshot after it) and make the change again with copy-on-write"
+    )
+
+
 def require_supported(changes: SnapshotChanges) -> None:
     """Fail a snapshot whose rows cannot be read without applying merge-on-read delete files.
 
     ``replace`` snapshots pass: they are skipped and nothing of them is read.
+    The message says why (the pipeline reads data files only) and both ways
+    out: redo the change copy-on-write after a rollback, or compact and restart
+    the sink from the compacted state. Nothing has been committed by then, so
+    the watermark stays before the snapshot.
     """
     if changes.kind == "replace":
         return
-    fix = (
-        "Merge-on-read deletes are not supported yet. Set the source table's write.delete.mode, "
-        "write.update.mode and write.merge.mode to copy-on-write, then remove the delete files "
-        "(rewrite_position_delete_files / compaction with rewrite_data_files), or start the sink "
-        "after that snapshot."
+    unsupported = (
+        "Merge-on-read deletes are not supported yet: the pipeline reads data files only. Nothing "
+        "was committed; the sink's watermark stays before this snapshot, and every run fails here "
+        "until the table's history changes."
     )
     if changes.delete_files:
         raise UnsupportedSnapshotError(
             f"Snapshot {changes.snapshot_id} added {len(changes.delete_files)} delete file(s) "
-            f"(position/equality deletes or deletion vectors), e.g. {changes.delete_files[0]}. {fix}"
+            f"(position/equality deletes or deletion vectors), e.g. {changes.delete_files[0]}. "
+            f"{unsupported} To go on, either {_rollback_hint(changes)}, or {_RESTART_FROM_COMPACTED}. "
+            f"{_COPY_ON_WRITE}"
         )
     if changes.inherited_delete_files:
+        ways_out = (
+            f"either {_rollback_hint(changes)}, or {_RESTART_FROM_COMPACTED}"
+            if changes.deleted
+            else _RESTART_FROM_COMPACTED
+        )
         raise UnsupportedSnapshotError(
             f"Snapshot {changes.snapshot_id} reads data files that {len(changes.inherited_delete_files)} "
             f"earlier delete file(s) may apply to, e.g. {changes.inherited_delete_files[0]}; reading "
-            f"them without applying those deletes would report rows that were already deleted. {fix}"
+            f"them without applying those deletes would report rows that were already deleted. "
+            f"{unsupported} To go on, {ways_out}. {_COPY_ON_WRITE}"
         )

@@ -109,6 +109,39 @@ def _position(ancestry: list[Snapshot], snapshot_id: int) -> int | None:
     return None
 
 
+_RESTART = (
+    "drop the sink table (the next run creates it again) or point tables[].sink at a new table, and set "
+    "`start: latest` for this table, so the next run loads the table's current rows as INSERTs"
+)
+
+
+def _expired_between(table: Table, mark: Snapshot, ancestry: list[Snapshot]) -> bool:
+    """Whether the current line is cut off by expiry between the watermark's snapshot and now.
+
+    pyiceberg's ``expire_snapshots`` clears the parent id of an expired
+    snapshot's children, and the ancestry walk stops at a missing parent, so a
+    watermark whose *following* snapshots expired looks, at first sight, like a
+    rollback: its snapshot exists but is not on the line. It is expiry when the
+    line is truncated (its oldest snapshot is not the table's first and has no
+    parent in the metadata), the watermark's snapshot is older than that, and
+    no ancestor of the watermark's snapshot is on the line (after a rollback
+    one would be: the common ancestor).
+    """
+    if not ancestry:
+        return False
+    oldest = ancestry[0]
+    parent = oldest.parent_snapshot_id
+    truncated = not is_table_first_snapshot(oldest) and (
+        parent is None or table.metadata.snapshot_by_id(parent) is None
+    )
+    older = mark.timestamp_ms <= oldest.timestamp_ms and (
+        not mark.sequence_number
+        or not oldest.sequence_number
+        or mark.sequence_number < oldest.sequence_number
+    )
+    return truncated and older and _common_ancestor(table, mark.snapshot_id, ancestry) is None
+
+
 def _check_watermark(table: Table, watermark: Watermark, ancestry: list[Snapshot]) -> int:
     """Index of the watermark's snapshot in ``ancestry``, or the SourceHistoryError that explains why not."""
     name = table_name(table)
@@ -118,30 +151,41 @@ def _check_watermark(table: Table, watermark: Watermark, ancestry: list[Snapshot
             f"Table {name} is not the table the sink's watermark belongs to: the watermark was written "
             f"for table uuid {watermark.source_uuid} (last processed snapshot {watermark.snapshot_id}), "
             f"the table now has uuid {uuid}, so it was dropped and recreated. Its history does not "
-            "continue from the watermark: reset the sink (truncate it and clear its watermark) or "
-            "start a new sink for the new table."
+            "continue from the watermark, and the sink's ordinals would not increase along it. To "
+            "capture the new table, start a new sink: drop the sink table (the next run creates it "
+            "again and starts from the new table's first snapshot, or from its current rows with "
+            "`start: latest`) or point tables[].sink at a new table. Nothing was committed."
         )
     position = _position(ancestry, watermark.snapshot_id)
     if position is not None:
         return position
     current = ancestry[-1].snapshot_id if ancestry else None
-    if table.metadata.snapshot_by_id(watermark.snapshot_id) is None:
+    oldest = ancestry[0].snapshot_id if ancestry else None
+    mark = table.metadata.snapshot_by_id(watermark.snapshot_id)
+    if mark is None:
         children = [s.snapshot_id for s in ancestry if s.parent_snapshot_id == watermark.snapshot_id]
         after = f"snapshot {children[0]} that follows it" if children else "the snapshots that follow it"
         raise SourceHistoryError(
             f"The sink's last processed snapshot {watermark.snapshot_id} of table {name} has expired "
             f"(it is no longer in the table metadata), so {after} cannot be diffed against it: the "
             f"files it removed may be gone. The oldest snapshot left in the current history is "
-            f"{ancestry[0].snapshot_id if ancestry else None}. Keep snapshots longer than the sink's "
-            "lag (expire_snapshots retention); to recover, reset the sink and start it again from "
-            "'latest' (an initial load of the current state)."
+            f"{oldest}. Nothing was committed. To recover, {_RESTART}. To avoid it, keep snapshots "
+            "longer than the sink's lag (expire_snapshots retention)."
+        )
+    if _expired_between(table, mark, ancestry):
+        raise SourceHistoryError(
+            f"The snapshots of table {name} after the sink's last processed snapshot "
+            f"{watermark.snapshot_id} have expired: the oldest snapshot left in the current history is "
+            f"{oldest}, and its parent is gone, so the changes between them cannot be read. Nothing "
+            f"was committed. To recover, {_RESTART}. To avoid it, keep snapshots longer than the "
+            "sink's lag (expire_snapshots retention)."
         )
     raise SourceHistoryError(
         f"The sink's last processed snapshot {watermark.snapshot_id} of table {name} is no longer in "
         f"the table's current history (current snapshot {current}): the table was rolled back or its "
         "main branch reset to a snapshot that does not descend from it. The sink already holds changes "
-        "that the table no longer has. Reset the sink and start it again, or, if the rolled-back changes "
-        f"are acceptable in the sink, set the watermark to the common ancestor "
+        f"that the table no longer has. Nothing was committed. To start over, {_RESTART}; or, if the "
+        "rolled-back changes are acceptable in the sink, set the watermark to the common ancestor "
         f"{_common_ancestor(table, watermark.snapshot_id, ancestry)} and reprocess from there."
     )
 
@@ -190,7 +234,9 @@ def validate_manual_snapshot(
     """Check a snapshot given for a manual reprocess, and give it its ordinal.
 
     It must be in the current ancestry (a rolled-back snapshot never happened
-    for readers of the table). Its ordinal is its 1-based position in the
+    for readers of the table) and, when the sink has a watermark, at most the
+    next pending snapshot: a later one would carry the watermark past
+    snapshots that were never processed. Its ordinal is its 1-based position in the
     ancestry, or, with the sink's watermark, counted from the watermark so it
     matches the ordinals the sink already holds.
     """
@@ -210,7 +256,19 @@ def validate_manual_snapshot(
         )
     ordinal = position + 1
     if watermark is not None:
-        ordinal = watermark.ordinal + position - _check_watermark(table, watermark, ancestry)
+        marked = _check_watermark(table, watermark, ancestry)
+        if position > marked + 1:
+            # Committing it would move the watermark past the snapshots in between: lost for good.
+            raise SourceHistoryError(
+                f"Cannot process snapshot {snapshot_id} of table {name} on its own: the sink's watermark "
+                f"is at snapshot {watermark.snapshot_id}, and the {position - marked - 1} snapshot(s) "
+                f"between them (the next one is {ancestry[marked + 1].snapshot_id}) are not processed "
+                "yet; committing this one would move the watermark past them and their changes would "
+                "never reach the sink. Nothing was run. Trigger the DAG without snapshot_id to process "
+                "the pending snapshots in order; snapshot_id is for reprocessing a snapshot the sink "
+                "already holds (or the next pending one)."
+            )
+        ordinal = watermark.ordinal + position - marked
     return PendingSnapshot(
         snapshot_id=snapshot_id,
         ordinal=ordinal,

@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Mapping
+from typing import Any
 
 from iceberg_cdc.storage.base import ObjectInfo, ObjectStore, ObjectWriter
 from iceberg_cdc.storage.local import LocalObjectStore
 
 __all__ = ["ObjectInfo", "ObjectStore", "ObjectWriter", "LocalObjectStore", "open_store"]
+
+
+_S3_CLIENTS: dict[tuple[int, tuple[tuple[str, str], ...]], Any] = {}
+_S3_CLIENTS_LOCK = threading.Lock()
+
+
+def _shared_s3_client(properties: Mapping[str, str]) -> Any:
+    """One boto3 S3 client per process and set of properties.
+
+    Making a client costs about 0.3 s here (a new botocore session loads the
+    service model from disk), and a DAG step opens the store several times. A
+    boto3 client is thread-safe, so one can serve every store of the process;
+    the pid in the key keeps a forked child (Spark's Python workers) off the
+    connections of its parent.
+    """
+    from iceberg_cdc.storage.s3 import s3_client
+
+    key = (os.getpid(), tuple(sorted(properties.items())))
+    with _S3_CLIENTS_LOCK:
+        client = _S3_CLIENTS.get(key)
+        if client is None:
+            client = _S3_CLIENTS[key] = s3_client(properties)
+        return client
 
 
 def open_store(uri: str, properties: Mapping[str, str] | None = None) -> ObjectStore:
@@ -19,11 +45,11 @@ def open_store(uri: str, properties: Mapping[str, str] | None = None) -> ObjectS
     """
     properties = dict(properties or {})
     if uri.startswith("s3://"):
-        from iceberg_cdc.storage.s3 import DEFAULT_PART_SIZE, S3ObjectStore, s3_client
+        from iceberg_cdc.storage.s3 import DEFAULT_PART_SIZE, S3ObjectStore
 
         return S3ObjectStore(
             uri,
-            s3_client(properties),
+            _shared_s3_client(properties),
             part_size=int(properties.get("s3.part-size", DEFAULT_PART_SIZE)),
             sse=properties.get("s3.sse"),
             sse_kms_key_id=properties.get("s3.sse-kms-key-id"),

@@ -103,7 +103,8 @@ class LocalObjectStore(ObjectStore):
     def list(self, prefix: str) -> list[ObjectInfo]:
         self.requests["LIST"] += 1
         base = self._path(prefix)
-        directory = base if prefix.endswith("/") else base.parent
+        # "" is the whole store: its directory is the root itself, not the root's parent.
+        directory = base if prefix == "" or prefix.endswith("/") else base.parent
         if not directory.is_dir():
             return []
         found = []

@@ -214,8 +214,10 @@ class S3ObjectStore(ObjectStore):
             return StorageError(f"bucket {self.bucket!r} does not exist: create it or fix shuffle.uri")
         if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
             return StorageError(
-                f"{where}: access denied ({code}); check the S3 credentials and that they may "
-                f"read, write, list and delete under s3://{self.bucket}/{self.prefix}"
+                f"{where}: access denied ({code}); check the S3 credentials (s3.access-key-id and "
+                "s3.secret-access-key under shuffle or catalog in the config, the Airflow connection "
+                "named by airflow_conn_id, or the environment) and that they may read, write, list and "
+                f"delete under s3://{self.bucket}/{self.prefix}"
             )
         return StorageError(f"{where}: S3 answered {code or status} after retries: {exc}")
 
