@@ -18,7 +18,8 @@ from types import TracebackType
 DUMMY_CREDENTIALS = {"s3.access-key-id": "local", "s3.secret-access-key": "local", "s3.region": "us-east-1"}
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -39,7 +40,7 @@ class LocalS3Server:
     """``with LocalS3Server() as s3: s3.endpoint`` -- started on a free port, stopped on exit."""
 
     def __init__(self, log_path: str | Path | None = None, port: int | None = None) -> None:
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path) if log_path else None
         self._process: subprocess.Popen | None = None

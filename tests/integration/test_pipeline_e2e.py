@@ -15,30 +15,26 @@ Every step checks the replay invariant for the snapshot it processed.
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
-import yaml
-from pyiceberg.catalog import load_catalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
-from iceberg_cdc.devtools.airflow_env import airflow_env, dags_test, ensure_airflow_db
-from iceberg_cdc.devtools.cow import cow_merge, table_state
+from iceberg_cdc.devtools.airflow_env import dags_test
+from iceberg_cdc.devtools.cow import cow_merge
 from iceberg_cdc.devtools.sync import sync
-from iceberg_cdc.sink.table import read_watermark
+from tests.support.airflow_pipeline import DAG_ID, AirflowPipeline
 from tests.support.iceberg_tables import live_files, replace_files
+from tests.support.replay import assert_replay, changes_of
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
-DAG_ID = "cdc__shop__orders"
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
     NestedField(2, "region", StringType(), required=False),
@@ -55,93 +51,17 @@ def rows(ids, region="us", status="new") -> pa.Table:
     )
 
 
-class Pipeline:
+class Pipeline(AirflowPipeline):
     def __init__(self, tmp: Path, s3) -> None:
-        suffix = uuid.uuid4().hex[:8]
-        for bucket in (f"wh-{suffix}", f"shuffle-{suffix}"):
-            s3.client().create_bucket(Bucket=bucket)
-        self.config = {
-            "catalog": {
-                "name": "e2e",
-                "type": "sql",
-                "uri": f"sqlite:///{tmp / 'catalog.db'}",
-                "warehouse": f"s3://wh-{suffix}/",
-                **s3.properties,
-            },
-            "shuffle": {
-                "uri": f"s3://shuffle-{suffix}/cdc",
-                "partitions": 8,
-                "target_partition_size": "64KB",
-            },
-            "spark": {"parallel_jobs": 1},
-            "tables": [{"source": "shop.orders", "sink": "shop.orders_changes"}],
-        }
-        self.config_path = tmp / "cdc.yaml"
-        self.config_path.write_text(yaml.safe_dump(self.config))
-        self.catalog = load_catalog("e2e", **{k: v for k, v in self.config["catalog"].items() if k != "name"})
-        self.catalog.create_namespace("shop")
         spec = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "region"))
-        self.source = self.catalog.create_table("shop.orders", schema=SCHEMA, partition_spec=spec)
-        self.home = tmp / "airflow"
-        self.env = airflow_env(self.home, self.config_path, spark_master="local[1]")
-        ensure_airflow_db(self.env)
-        self.logs = tmp / "logs"
-        self.logs.mkdir()
-        self.shuffle = s3.client()
-        self.shuffle_bucket = f"shuffle-{suffix}"
-
-    def run(self, env_overrides: dict[str, str] | None = None) -> int:
-        env = {**self.env, **(env_overrides or {})}
-        log = self.logs / f"run-{len(list(self.logs.iterdir())):02d}.log"
-        with open(log, "w") as out:
-            code = dags_test(env, DAG_ID, {"trigger_next": False}, out)
-        self.last_log = log
-        return code
-
-    def sink(self):
-        return self.catalog.load_table("shop.orders_changes")
-
-    def watermark(self):
-        return read_watermark(self.sink(), "shop.orders")
+        super().__init__(tmp, s3, SCHEMA, partition_spec=spec)
 
     def changes_of(self, snapshot_id: int) -> pa.Table:
-        sink = self.sink()
-        return sink.scan(row_filter=f"_commit_snapshot_id == {snapshot_id}").to_arrow()
-
-    def shuffle_objects(self) -> list[str]:
-        listed = self.shuffle.list_objects_v2(Bucket=self.shuffle_bucket, Prefix="cdc/shop.orders/")
-        return [item["Key"] for item in listed.get("Contents", [])]
-
-    def lease_exists(self) -> bool:
-        listed = self.shuffle.list_objects_v2(Bucket=self.shuffle_bucket, Prefix="cdc/_leases/")
-        return bool(listed.get("Contents"))
+        return changes_of(self.sink(), snapshot_id)
 
     def assert_replay(self, snapshot_id: int) -> Counter:
         """state(parent) - removed + added == state(snapshot); returns the change type counts."""
-        names = [f.name for f in SCHEMA.fields]
-        self.source.refresh()
-        parent = self.source.snapshot_by_id(snapshot_id).parent_snapshot_id
-
-        def multiset(table: pa.Table) -> Counter:
-            return Counter(zip(*[table.column(n).to_pylist() for n in names], strict=True))
-
-        changes = self.changes_of(snapshot_id)
-        kind = changes.column("_change_type")
-        removed = multiset(changes.filter(pc.is_in(kind, pa.array(["DELETE", "UPDATE_BEFORE"]))))
-        added = multiset(changes.filter(pc.is_in(kind, pa.array(["INSERT", "UPDATE_AFTER"]))))
-        state = multiset(table_state(self.source, parent)) if parent else Counter()
-        assert not removed - state, "a removed row was not in the parent's state"
-        assert not (removed & added), "a row is both removed and added"
-        state.subtract(removed)
-        state.update(added)
-        assert +state == multiset(table_state(self.source, snapshot_id))
-        # identifier level: UPDATE_BEFORE/UPDATE_AFTER pair per key, no key both deleted and inserted
-        by_kind = {
-            k: changes.filter(pc.equal(kind, k)).column("id").to_pylist() for k in set(kind.to_pylist())
-        }
-        assert sorted(by_kind.get("UPDATE_BEFORE", [])) == sorted(by_kind.get("UPDATE_AFTER", []))
-        assert not set(by_kind.get("DELETE", [])) & set(by_kind.get("INSERT", []))
-        return Counter(kind.to_pylist())
+        return assert_replay(self.source, self.sink(), snapshot_id, ["id"])
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +119,7 @@ def test_failed_run_then_retry_loses_and_duplicates_nothing(pipeline: Pipeline):
     mark = pipeline.watermark()
     snapshot = cow_merge(pipeline.source, delete_keys=[1, 2, 3])
     broken = {"AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "nowhere-master"})}
-    code = pipeline.run(broken)
+    code = pipeline.run(env_overrides=broken)
     log = pipeline.last_log.read_text()
     assert code != 0 or "failed" in log.lower()
     assert pipeline.watermark() == mark, "a failed run must not move the watermark"
