@@ -28,6 +28,7 @@ from iceberg_cdc.shuffle.fetch import MapOutputSpan
 from iceberg_cdc.shuffle.layout import data_key
 from iceberg_cdc.shuffle.reader import read_index
 from iceberg_cdc.sink.commit import advance_watermark, commit_changes
+from iceberg_cdc.sink.schema import evolve_sink_schema
 from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import ensure_sink_table, read_watermark
 from iceberg_cdc.source.changes import initial_load_changes, require_supported, snapshot_changes
@@ -139,6 +140,10 @@ def _detect(ctx: Context, run_id: str, snapshot_id: int | None) -> dict[str, Any
         return {**base, "action": "skip", "reason": changes.kind, "write_args": [], "insert_args": []}
 
     schema = source.schemas()[changes.schema_id] if changes.schema_id in source.schemas() else source.schema()
+    if schema.schema_id != source.schema().schema_id:
+        # The rows are written in the snapshot's schema: the sink must also hold its columns that
+        # were renamed or dropped since (a sink created from the current schema lacks them).
+        evolve_sink_schema(sink, schema)
     identifiers = _identifier_columns(ctx, schema)
     # Leftovers of an earlier failed attempt must not mix with this one.
     store = ctx.runtime.store()

@@ -240,7 +240,8 @@ def _check_change_columns(sink_schema: Schema) -> None:
         except ValueError:
             raise SinkSchemaError(
                 f"the sink table has no '{name}' column, so it is not a change table made by this "
-                f"pipeline; point the configuration at another sink name or add the column as {expected}"
+                "pipeline; nothing was changed in it. Point tables[].sink at another table name (the "
+                "pipeline creates it), or rename or drop this table if it is not needed"
             ) from None
         if found.field_type != expected:
             raise SinkSchemaError(

@@ -27,7 +27,8 @@ commit whose marker is already in the sink's history is not made again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
@@ -35,7 +36,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
-from iceberg_cdc.errors import CdcError
+from iceberg_cdc.errors import CdcError, SinkSchemaError
 from iceberg_cdc.sink.schema import evolve_sink_schema, sink_schema_for
 from iceberg_cdc.watermark import Watermark
 
@@ -49,6 +50,8 @@ CHANGE_ORDINAL_KEY = "cdc.change-ordinal"
 REPLACE_KEY = "cdc.replace"
 # On the delete snapshot of a reprocess: which source snapshot's rows it removed.
 REPLACED_SNAPSHOT_ID_KEY = "cdc.replaced-snapshot-id"
+
+T = TypeVar("T")
 
 WATERMARK_PREFIX = "cdc.watermark."
 _UUID_SUFFIX = ".source-uuid"
@@ -128,12 +131,22 @@ def ensure_sink_table(
             catalog.create_namespace_if_not_exists(namespace)
         try:
             return catalog.create_table(
-                sink_identifier, schema=sink_schema_for(source_schema), properties=dict(properties or {})
+                sink_identifier,
+                schema=_named(sink_identifier, sink_schema_for, source_schema),
+                properties=dict(properties or {}),
             )
         except TableAlreadyExistsError:
             table = catalog.load_table(sink_identifier)
-    evolve_sink_schema(table, source_schema)
+    _named(sink_identifier, evolve_sink_schema, table, source_schema)
     return table
+
+
+def _named(sink_identifier: str, function: Callable[..., T], *args: object) -> T:
+    """``function(*args)``, with a SinkSchemaError's message saying which sink table it is about."""
+    try:
+        return function(*args)
+    except SinkSchemaError as exc:
+        raise SinkSchemaError(f"sink table {sink_identifier}: {exc}") from None
 
 
 def summary_properties(snapshot: Snapshot) -> Mapping[str, str]:

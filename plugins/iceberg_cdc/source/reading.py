@@ -7,10 +7,18 @@ agree. Iceberg resolves columns by *field id*, never by name, so this module
 does what pyiceberg's own scan does: read the file's schema with its field ids
 (``pyarrow_to_schema``, falling back to the table's name mapping for files
 without ids), select the columns the target schema still has, and project
-each batch with pyiceberg's ``_to_requested_schema`` — renamed columns come
-out under their new name, added columns as nulls (or their initial default),
+each batch with pyiceberg's projection visitor — renamed columns come out
+under their new name, added columns as nulls (or their initial default),
 promoted types (int -> long, float -> double, decimal precision) cast, dropped
 columns gone.
+
+**Null lists and maps stay null.** pyiceberg 0.12's projection rebuilds a
+``list<struct>`` and a ``map<_, struct>`` from its offsets and children without
+the validity bitmap, so a null list or map comes out as an empty one
+(apache/iceberg-python#3833; the same loss hits pyiceberg's own scans and
+writes). A change feed must not turn null into ``[]``: the projection here is
+pyiceberg's visitor with the parent's nulls carried over
+(:class:`_NullKeepingProjection`).
 
 Why not ``ArrowScan`` / ``_task_to_record_batches`` as a whole: they need the
 table metadata (absent on executors) and read through a dataset scanner that
@@ -39,8 +47,14 @@ from collections.abc import Iterator, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO, load_file_io
-from pyiceberg.io.pyarrow import _to_requested_schema, prune_columns, pyarrow_to_schema, schema_to_pyarrow
-from pyiceberg.schema import Schema
+from pyiceberg.io.pyarrow import (
+    ArrowAccessor,
+    ArrowProjectionVisitor,
+    prune_columns,
+    pyarrow_to_schema,
+    schema_to_pyarrow,
+)
+from pyiceberg.schema import Schema, visit_with_partner
 from pyiceberg.table.name_mapping import NameMapping
 from pyiceberg.types import ListType, MapType, TimestampNanoType, TimestamptzNanoType
 
@@ -78,6 +92,44 @@ def _projected_field_ids(schema: Schema) -> set[int]:
     return {i for i in schema.field_ids if not isinstance(schema.find_type(i), (MapType, ListType))}
 
 
+class _NullKeepingProjection(ArrowProjectionVisitor):
+    """pyiceberg's projection, except that null lists and maps stay null instead of becoming empty."""
+
+    def list(
+        self, list_type: ListType, list_array: pa.Array | None, value_array: pa.Array | None
+    ) -> pa.Array | None:
+        result = super().list(list_type, list_array, value_array)
+        if result is None or list_array is None or list_array.null_count == result.null_count:
+            return result
+        return type(result).from_arrays(
+            result.offsets, result.values, type=result.type, mask=list_array.is_null()
+        )
+
+    def map(
+        self,
+        map_type: MapType,
+        map_array: pa.Array | None,
+        key_result: pa.Array | None,
+        value_result: pa.Array | None,
+    ) -> pa.Array | None:
+        result = super().map(map_type, map_array, key_result, value_result)
+        if result is None or map_array is None or map_array.null_count == result.null_count:
+            return result
+        return pa.MapArray.from_arrays(
+            result.offsets, result.keys, result.items, type=result.type, mask=map_array.is_null()
+        )
+
+
+def _project(schema: Schema, file_schema: Schema, batch: pa.RecordBatch, downcast_ns: bool) -> pa.RecordBatch:
+    """``batch`` (columns of ``file_schema``) in ``schema``'s shape, resolved by field id."""
+    visitor = _NullKeepingProjection(
+        file_schema, downcast_ns_timestamp_to_us=downcast_ns, allow_timestamp_tz_mismatch=True
+    )
+    return pa.RecordBatch.from_struct_array(
+        visit_with_partner(schema, batch, visitor, ArrowAccessor(file_schema))
+    )
+
+
 def read_data_file(
     io: FileIO,
     path: str,
@@ -113,13 +165,7 @@ def read_data_file(
         for batch in parquet.iter_batches(batch_size=batch_size, columns=columns, use_threads=False):
             if batch.num_rows == 0:
                 continue
-            projected = _to_requested_schema(
-                schema,
-                file_projection,
-                batch,
-                downcast_ns_timestamp_to_us=downcast_ns,
-                allow_timestamp_tz_mismatch=True,
-            )
+            projected = _project(schema, file_projection, batch, downcast_ns)
             if not projected.schema.equals(target, check_metadata=True):
                 projected = projected.cast(target)
             yield projected
