@@ -5,6 +5,8 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# pytest-xdist workers: the Airflow/Spark end-to-end modules run beside the in-process tests.
+TEST_WORKERS ?= 2
 
 .PHONY: help prereqs setup test demo demo-engine sync airflow lint format bench clean
 
@@ -48,7 +50,7 @@ test: setup
 	@$(MAKE) --no-print-directory prereqs
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/python scripts/demo.py
@@ -64,7 +66,8 @@ airflow: setup
 	$(BIN)/python scripts/airflow_ui.py
 
 bench: setup
-	$(BIN)/python bench/engine_bench.py $(if $(QUICK),--quick,)
+	@$(MAKE) --no-print-directory prereqs
+	$(BIN)/python bench/run.py $(if $(QUICK),--quick,)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -78,3 +78,13 @@ def s3_store(s3_bucket: str, s3_properties: dict[str, str]) -> ObjectStore:
 @pytest.fixture
 def local_store(tmp_path) -> LocalObjectStore:
     return LocalObjectStore(tmp_path / "store")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the slow end-to-end modules first.
+
+    With ``make test``'s two xdist workers (``--dist loadfile``, collection
+    order kept), the Airflow/Spark modules then start at once on different
+    workers, while the in-process tests fill the time beside them.
+    """
+    items.sort(key=lambda item: 0 if item.get_closest_marker("e2e") else 1)
