@@ -25,13 +25,9 @@ from typing import Any
 
 import boto3
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import yaml
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
-from pyiceberg.table.snapshots import Operation
-from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
 
 from iceberg_cdc.config import load_config
@@ -61,7 +57,7 @@ from iceberg_cdc.sink.table import (
 )
 from iceberg_cdc.watermark import Watermark
 from tests.support.iceberg_tables import (
-    _AddDeleteFiles,
+    add_equality_deletes,
     add_position_deletes,
     cow_rewrite,
     live_files,
@@ -182,30 +178,6 @@ def test_identifier_column_that_does_not_exist(tmp_path):
 
 
 # -- 2. merge-on-read delete files ---------------------------------------------------------------------
-
-
-def add_equality_deletes(table, ids: list[int]) -> tuple[int, str]:
-    """A merge-on-read DELETE by key: one equality delete file on ``id``, as Flink or Spark write it."""
-    path = f"{table.location()}/data/eq-deletes-{uuid.uuid4().hex}.parquet"
-    local = path.removeprefix("file://")
-    pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), local)
-    delete_file = DataFile.from_args(
-        content=DataFileContent.EQUALITY_DELETES,
-        file_path=path,
-        file_format=FileFormat.PARQUET,
-        partition=Record(),
-        record_count=len(ids),
-        file_size_in_bytes=Path(local).stat().st_size,
-        equality_ids=[table.schema().find_field("id").field_id],
-    )
-    delete_file.spec_id = table.metadata.default_spec_id
-    with (
-        table.transaction() as tx,
-        _AddDeleteFiles([delete_file], operation=Operation.DELETE, transaction=tx, io=table.io),
-    ):
-        pass
-    table.refresh()
-    return table.current_snapshot().snapshot_id, path
 
 
 @pytest.mark.parametrize("kind", ["position", "equality"])

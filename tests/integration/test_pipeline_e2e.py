@@ -21,40 +21,21 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from pyiceberg.partitioning import PartitionField, PartitionSpec
-from pyiceberg.schema import Schema
-from pyiceberg.transforms import IdentityTransform
-from pyiceberg.types import LongType, NestedField, StringType
 
 from iceberg_cdc.devtools.airflow_env import dags_test
 from iceberg_cdc.devtools.cow import cow_merge
 from iceberg_cdc.devtools.sync import sync
 from tests.support.airflow_pipeline import DAG_ID, AirflowPipeline
 from tests.support.iceberg_tables import live_files, replace_files
+from tests.support.orders import BY_REGION, SCHEMA, rows
 from tests.support.replay import assert_replay, changes_of
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
-SCHEMA = Schema(
-    NestedField(1, "id", LongType(), required=True),
-    NestedField(2, "region", StringType(), required=False),
-    NestedField(3, "status", StringType(), required=False),
-    identifier_field_ids=[1],
-)
-
-
-def rows(ids, region="us", status="new") -> pa.Table:
-    ids = list(ids)
-    regions = region if isinstance(region, list) else [region] * len(ids)
-    return pa.Table.from_pydict(
-        {"id": ids, "region": regions, "status": [status] * len(ids)}, schema=SCHEMA.as_arrow()
-    )
-
 
 class Pipeline(AirflowPipeline):
     def __init__(self, tmp: Path, s3) -> None:
-        spec = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "region"))
-        super().__init__(tmp, s3, SCHEMA, partition_spec=spec)
+        super().__init__(tmp, s3, SCHEMA, partition_spec=BY_REGION)
 
     def changes_of(self, snapshot_id: int) -> pa.Table:
         return changes_of(self.sink(), snapshot_id)

@@ -154,24 +154,21 @@ class _AddDeleteFiles(_FastAppendFiles):
         return [*manifests, writer.to_manifest_file()]
 
 
-def add_position_deletes(table: Table, data_file_path: str, positions: list[int]) -> tuple[int, str]:
-    """A merge-on-read DELETE: one position delete file for ``data_file_path``. Returns (snapshot id, path)."""
-    path = f"{table.location()}/data/pos-deletes-{uuid.uuid4().hex}.parquet"
-    deletes = pa.table(
-        {
-            "file_path": pa.array([data_file_path] * len(positions), pa.string()),
-            "pos": pa.array(positions, pa.int64()),
-        }
-    )
+def _commit_delete_file(
+    table: Table, prefix: str, rows: pa.Table, content: DataFileContent, **extra
+) -> tuple[int, str]:
+    """Write ``rows`` as one delete file and commit it in a delete manifest. Returns (snapshot id, path)."""
+    path = f"{table.location()}/data/{prefix}-{uuid.uuid4().hex}.parquet"
     local = path.removeprefix("file://")
-    pq.write_table(deletes, local)
+    pq.write_table(rows, local)
     delete_file = DataFile.from_args(
-        content=DataFileContent.POSITION_DELETES,
+        content=content,
         file_path=path,
         file_format=FileFormat.PARQUET,
         partition=Record(),
-        record_count=len(positions),
+        record_count=rows.num_rows,
         file_size_in_bytes=Path(local).stat().st_size,
+        **extra,
     )
     delete_file.spec_id = table.metadata.default_spec_id
     with table.transaction() as tx:
@@ -179,3 +176,25 @@ def add_position_deletes(table: Table, data_file_path: str, positions: list[int]
         with producer:
             pass
     return current_id(table), path
+
+
+def add_position_deletes(table: Table, data_file_path: str, positions: list[int]) -> tuple[int, str]:
+    """A merge-on-read DELETE: one position delete file for ``data_file_path``. Returns (snapshot id, path)."""
+    deletes = pa.table(
+        {
+            "file_path": pa.array([data_file_path] * len(positions), pa.string()),
+            "pos": pa.array(positions, pa.int64()),
+        }
+    )
+    return _commit_delete_file(table, "pos-deletes", deletes, DataFileContent.POSITION_DELETES)
+
+
+def add_equality_deletes(table: Table, ids: list[int], column: str = "id") -> tuple[int, str]:
+    """A merge-on-read DELETE by key: one equality delete file on ``column``, as Flink or Spark write it."""
+    return _commit_delete_file(
+        table,
+        "eq-deletes",
+        pa.table({column: pa.array(ids, pa.int64())}),
+        DataFileContent.EQUALITY_DELETES,
+        equality_ids=[table.schema().find_field(column).field_id],
+    )

@@ -5,35 +5,16 @@ from __future__ import annotations
 from collections import Counter
 
 import pyarrow as pa
-from pyiceberg.partitioning import PartitionField, PartitionSpec
-from pyiceberg.schema import Schema
-from pyiceberg.transforms import IdentityTransform
-from pyiceberg.types import LongType, NestedField, StringType
 
 from iceberg_cdc.devtools.cow import cow_merge
 from tests.support.inline_pipeline import InlinePipeline
+from tests.support.orders import BY_REGION, SCHEMA, rows
 from tests.support.replay import assert_replay
-
-SCHEMA = Schema(
-    NestedField(1, "id", LongType(), required=True),
-    NestedField(2, "region", StringType(), required=False),
-    NestedField(3, "status", StringType(), required=False),
-    identifier_field_ids=[1],
-)
-
-
-def rows(ids, region="us", status="new") -> pa.Table:
-    ids = list(ids)
-    regions = region if isinstance(region, list) else [region] * len(ids)
-    return pa.Table.from_pydict(
-        {"id": ids, "region": regions, "status": [status] * len(ids)}, schema=SCHEMA.as_arrow()
-    )
 
 
 def test_history_through_every_path(tmp_path):
     pipeline = InlinePipeline(tmp_path)
-    spec = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "region"))
-    source = pipeline.create_source(SCHEMA, partition_spec=spec)
+    source = pipeline.create_source(SCHEMA, partition_spec=BY_REGION)
     source.append(rows(range(100), "us"))
     merge = cow_merge(
         source,
