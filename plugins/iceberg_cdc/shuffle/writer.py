@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from iceberg_cdc.shuffle.codec import encode_block
 from iceberg_cdc.shuffle.layout import BLOCK_HEADER, MapOutputIndex, data_key, index_key
@@ -68,6 +69,13 @@ def release_memory() -> None:
     pa.default_memory_pool().release_unused()
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+def _flush(out: ObjectWriter, pending: bytearray) -> None:
+    """Hand the buffered bytes to ``out`` without another copy, then empty the buffer."""
+    with memoryview(pending) as view:
+        out.write(view)
+    pending.clear()
 
 
 @dataclass
@@ -174,7 +182,7 @@ class MapOutputWriter:
         keys = partitions.astype(np.uint16) if num_partitions <= 1 << 16 else partitions
         order = np.argsort(keys, kind="stable")
         counts = np.bincount(partitions, minlength=num_partitions)
-        ordered = run.take(pa.array(order))
+        ordered = pc.take(run, pa.array(order), boundscheck=False)  # a permutation: always in bounds
         del run, order
         rows_per_block = max(1, int(ordered.num_rows * self.block_bytes / max(ordered.nbytes, 1)))
         start = 0  # first row of the current partition in `ordered`
@@ -235,10 +243,9 @@ class MapOutputWriter:
                 for blob in blocks:
                     pending += blob
                 if len(pending) >= _COPY_CHUNK:
-                    out.write(bytes(pending))
-                    pending.clear()
+                    _flush(out, pending)
             if pending:
-                out.write(bytes(pending))
+                _flush(out, pending)
 
     def close(self) -> None:
         """Release buffers and spill files (idempotent)."""

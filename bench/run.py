@@ -1,0 +1,408 @@
+"""make bench: the pipeline against Spark's own shuffle, side by side, on the same two cores.
+
+Workload (``workload.py``): an Iceberg table of N rows (default 5 M) and one
+copy-on-write snapshot that updates 10% of rows (a fifth of them move
+partition), deletes 1% and rewrites every data file.
+
+Runs, in this one invocation, all on Spark ``local[2]``:
+
+* the pipeline, phase by phase through the Spark jobs the DAG submits, with
+  the shuffle on ``file://`` and on the local S3 server (requests per phase
+  counted on the server);
+* the Spark-native baseline: one PySpark job, Spark's shuffle, same input
+  files, same changelog -- checked row for row against the pipeline's sink;
+* the floor: read every input file, write as many rows, no shuffle;
+* scaling: the same at N / 10;
+* task memory and per-core speed of the pipeline's own task functions in
+  child processes, at both sizes (input files 10x apart);
+* small-snapshot latency: a real ``airflow dags test`` run after a one-row
+  update;
+* the engine-only figures of ``engine_bench.py``.
+
+Writes ``bench/results/pipeline.{json,txt,png,md}`` and ends with the line
+``bench: pipeline X s, spark-native Y s, floor Z s, ratio=R`` (R = X / Y, both
+with the shuffle on local disk).
+
+    python bench/run.py            # N = 5 M, about 10-15 minutes
+    python bench/run.py --quick    # N = 100 k, 1-2 minutes: the side-by-side runs only (S3 in process)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "plugins"))
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import report  # noqa: E402
+import workload as wl  # noqa: E402
+import yaml  # noqa: E402
+from latency import one_row_latency  # noqa: E402
+from pipeline_run import PipelineSetup, breakdown, expected_reads, run_pipeline, sink_changes  # noqa: E402
+from probes import probe  # noqa: E402
+from s3log import RequestLog  # noqa: E402
+from sparkrun import dag_conf, spark_submit  # noqa: E402
+
+from iceberg_cdc.config import CdcConfig, parse_config  # noqa: E402
+from iceberg_cdc.local_s3 import LocalS3Server  # noqa: E402
+
+MiB = 1 << 20
+PARTITIONS = 64
+SHUFFLE_BUCKET = "bench-shuffle"
+RESULTS = ROOT / "bench" / "results"
+SPARK_SQL_CONF = {
+    # As the pipeline stages its files (zstd) and as Iceberg stores timestamps (micros).
+    "spark.sql.parquet.compression.codec": "zstd",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.shuffle.partitions": str(PARTITIONS),
+}
+NATIVE_DRIVER_MEMORY = "4g"  # local mode: Spark's executors live in the driver JVM
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# --- configs -------------------------------------------------------------------------------------
+
+
+class Bench:
+    """The work directory, catalog and the configs of every run."""
+
+    def __init__(self, work: Path, quick: bool) -> None:
+        self.work = work
+        self.quick = quick
+        self.logs = work / "logs"
+        self.catalog = wl.open_catalog(work)
+        self.write_task_size = 0  # set from the main workload's input size
+        self.s3: LocalS3Server | None = None
+        self.request_log: RequestLog | None = None
+
+    def config(
+        self, label: str, source: str, sink: str, shuffle: str = "file"
+    ) -> tuple[Path, dict[str, Any], CdcConfig]:
+        if shuffle == "s3":
+            assert self.s3 is not None
+            uri, extra = f"s3://{SHUFFLE_BUCKET}/{label}", dict(self.s3.properties)
+        else:
+            uri, extra = (self.work / "shuffle" / label).as_uri(), {}
+        raw = {
+            "catalog": wl.catalog_properties(self.work),
+            "shuffle": {
+                "uri": uri,
+                "partitions": PARTITIONS,
+                "write_task_size": self.write_task_size,
+                **extra,
+            },
+            "spark": {"parallel_jobs": 1},
+            "tables": [{"source": source, "sink": sink}],
+        }
+        path = self.work / f"{label}.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        return path, raw, parse_config(raw)
+
+    def pipeline(
+        self, label: str, workload: wl.Workload, shuffle: str, inline: bool = False
+    ) -> dict[str, Any]:
+        sink = f"{workload.table}_changes_{label.replace('-', '_')}"
+        wl.start_sink_at_parent(self.catalog, workload, sink)
+        path, _, config = self.config(label, workload.table, sink, shuffle)
+        setup = PipelineSetup(
+            label,
+            path,
+            config,
+            workload.table,
+            self.logs,
+            request_log=self.request_log if shuffle == "s3" else None,
+            inline=inline,
+        )
+        result = run_pipeline(setup)
+        result["breakdown"] = breakdown(result)
+        result["expected_reads"] = expected_reads(result)
+        result["sink"] = sink
+        result["mode"] = "in-process (no Spark)" if inline else "spark-submit local[2]"
+        return result
+
+    def spark_app(self, label: str, mode: str, workload: wl.Workload | None, *extra: str) -> dict[str, Any]:
+        args = ["--mode", mode, "--out", str(self.work / f"{label}-out")]
+        args += ["--result", str(self.work / f"{label}-result.json")]
+        if workload is not None:
+            inputs = self.work / f"{label}-inputs.json"
+            inputs.write_text(json.dumps({"removed": workload.removed, "added": workload.added}))
+            args += ["--inputs", str(inputs)]
+        submit = spark_submit(
+            label,
+            ROOT / "bench" / "spark_native.py",
+            [*args, *extra],
+            logs=self.logs,
+            conf={**dag_conf(), **SPARK_SQL_CONF},
+            driver_memory=NATIVE_DRIVER_MEMORY,
+            event_dir=self.work / "events" / label,
+        )
+        inner = json.loads((self.work / f"{label}-result.json").read_text())
+        rows = pq.ParquetDataset(self.work / f"{label}-out").read().num_rows if mode != "noop" else 0
+        return {
+            "wall_seconds": submit.seconds,
+            "session_seconds": inner["session_seconds"],
+            "job_seconds": inner["job_seconds"],
+            "stop_seconds": inner["stop_seconds"],
+            "fixed_seconds": round(submit.seconds - inner["job_seconds"], 3),
+            "exchanges": inner["exchanges"],
+            "rows_written": rows,
+            "stages": submit.stages,
+            "shuffle_write_bytes": sum(s.get("shuffle_write_bytes", 0) for s in submit.stages),
+            "plan": inner["plan"],
+            "out": str(self.work / f"{label}-out"),
+        }
+
+
+# --- checks --------------------------------------------------------------------------------------
+
+
+def _normalized(table: pa.Table, like: pa.Schema) -> pa.Table:
+    schema = pa.schema([pa.field(f.name, f.type, nullable=True) for f in like])
+    return table.select(like.names).cast(schema)
+
+
+def same_rows(expected: pa.Table, actual: pa.Table) -> dict[str, Any]:
+    """Multiset equality of two changelogs (every column and the change type), with counts per type."""
+    a = _normalized(expected, expected.schema)
+    b = _normalized(actual, expected.schema)
+    keys = [(name, "ascending") for name in a.column_names]
+    a, b = a.sort_by(keys).combine_chunks(), b.sort_by(keys).combine_chunks()
+    equal = a.num_rows == b.num_rows and a.equals(b)
+    result: dict[str, Any] = {
+        "equal": equal,
+        "rows": [a.num_rows, b.num_rows],
+        "by_type": [_by_type(a), _by_type(b)],
+    }
+    if not equal and a.num_rows == b.num_rows:
+        for name in a.column_names:
+            if not a.column(name).equals(b.column(name)):
+                result["first_differing_column"] = name
+                break
+    return result
+
+
+def _by_type(table: pa.Table) -> dict[str, int]:
+    counts = table.column("_change_type").value_counts().to_pylist()
+    return {c["values"]: c["counts"] for c in sorted(counts, key=lambda c: c["values"])}
+
+
+# --- floors --------------------------------------------------------------------------------------
+
+
+def pyarrow_floor(workload: wl.Workload, keep_fraction: float, out: Path) -> dict[str, Any]:
+    """Read every input file whole and write ``keep_fraction`` of its rows: one process, Arrow's threads."""
+    started = time.perf_counter()
+    read = written = 0
+    writer = None
+    for uri in [*workload.removed, *workload.added]:
+        table = pq.read_table(uri.removeprefix("file://"))
+        read += table.num_rows
+        keep = table.slice(0, round(table.num_rows * keep_fraction))
+        if writer is None:
+            writer = pq.ParquetWriter(out, keep.schema, compression="zstd")
+        writer.write_table(keep)
+        written += keep.num_rows
+    if writer is not None:
+        writer.close()
+    return {
+        "wall_seconds": round(time.perf_counter() - started, 3),
+        "rows_read": read,
+        "rows_written": written,
+        "threads": pa.cpu_count(),
+    }
+
+
+# --- runs ----------------------------------------------------------------------------------------
+
+
+def build_workloads(bench: Bench, rows: int, appends: int, quick: bool) -> dict[str, wl.Workload]:
+    workloads = {}
+    log(f"building the source table: {rows:,} rows in {appends} appends, then the copy-on-write snapshot")
+    workloads["main"] = wl.build_source(bench.catalog, "orders", rows, appends)
+    log(f"building the N/10 table: {rows // 10:,} rows")
+    workloads["small"] = wl.build_source(bench.catalog, "orders_small", rows // 10, appends)
+    if not quick:
+        workloads["tiny"] = wl.build_one_row_update(bench.catalog, "tiny", 10_000)
+    main = workloads["main"]
+    # About 4 write tasks per core: the bin packing's target, from the snapshot's input size.
+    bench.write_task_size = max(MiB, (main.removed_bytes + main.added_bytes) // 8 + 1)
+    return workloads
+
+
+def run_side_by_side(bench: Bench, workloads: dict[str, wl.Workload], results: dict[str, Any]) -> None:
+    main = workloads["main"]
+    if not bench.quick:
+        log("fixed cost of one Spark application (a two-task job)")
+        results["spark_app_fixed_cost"] = bench.spark_app("spark-noop", "noop", None)
+    log("pipeline, shuffle on file:// (spark-submit per phase)")
+    results["pipeline"] = {"file": bench.pipeline("file", main, "file")}
+    pipeline_rows = sink_changes(
+        bench.catalog, results["pipeline"]["file"]["sink"], main.snapshot_id, wl.COLUMNS
+    )
+    log("Spark-native baseline (one PySpark job, Spark's shuffle)")
+    native = bench.spark_app("spark-native", "native", main)
+    native_rows = pq.ParquetDataset(native.pop("out")).read()
+    results["spark_native"] = native
+    results["checks"] = {"spark_native_vs_pipeline": same_rows(pipeline_rows, native_rows)}
+    del native_rows
+    keep = pipeline_rows.num_rows / max(main.rows * 2, 1)
+    log("floor: read every input and write as many rows, no shuffle (Spark, then pyarrow)")
+    results["floor"] = {
+        "spark": bench.spark_app("spark-floor", "floor", main, "--keep-fraction", f"{keep:.6f}")
+    }
+    results["floor"]["spark"].pop("out")
+    results["floor"]["pyarrow"] = pyarrow_floor(main, keep, bench.work / "floor-pyarrow.parquet")
+    log("pipeline, shuffle on the local S3 server" + (" (in process, no Spark)" if bench.quick else ""))
+    results["pipeline"]["s3"] = bench.pipeline("s3", main, "s3", inline=bench.quick)
+    s3_rows = sink_changes(bench.catalog, results["pipeline"]["s3"]["sink"], main.snapshot_id, wl.COLUMNS)
+    results["checks"]["s3_vs_file"] = same_rows(pipeline_rows, s3_rows)
+    expected = wl.expected_counts(main.rows)
+    got = results["pipeline"]["file"]["breakdown"]["rows"]
+    results["checks"]["generator_counts"] = {
+        "expected": expected,
+        "pipeline": {"updates": got["updates"], "deletes": got["deletes"], "inserts": got["inserts"]},
+        "equal": expected == {"updates": got["updates"], "deletes": got["deletes"]} and got["inserts"] == 0,
+    }
+
+
+def run_scaling(bench: Bench, workloads: dict[str, wl.Workload], results: dict[str, Any]) -> None:
+    small = workloads["small"]
+    scaling: dict[str, Any] = {"rows": [small.rows, workloads["main"].rows]}
+    if not bench.quick:
+        log(f"scaling: pipeline (file://) and Spark-native at N/10 = {small.rows:,} rows")
+        scaling["pipeline_small"] = bench.pipeline("file-small", small, "file")
+        native = bench.spark_app("spark-native-small", "native", small)
+        native.pop("out")
+        scaling["spark_native_small"] = native
+    sizes = ("main",) if bench.quick else ("small", "main")
+    log("task memory and per-core speed: unit functions in child processes, " + " then ".join(sizes))
+    memory = {}
+    for key in sizes:
+        workload = workloads[key]
+        sink = f"{workload.table}_changes_probe"
+        wl.start_sink_at_parent(bench.catalog, workload, sink)
+        _, raw, config = bench.config(f"probe-{key}", workload.table, sink, "file")
+        memory[key] = {"rows": workload.rows, **probe(raw, config, workload.table)}
+    results["scaling"] = scaling
+    results["memory"] = memory
+
+
+def run_latency(bench: Bench, workloads: dict[str, wl.Workload], results: dict[str, Any]) -> None:
+    tiny = workloads["tiny"]
+    sink = f"{tiny.table}_changes"
+    wl.start_sink_at_parent(bench.catalog, tiny, sink)
+    path, _, _ = bench.config("tiny", tiny.table, sink, "s3")
+    log("small-snapshot latency: airflow dags test after a one-row update (takes about a minute)")
+    home = ROOT / ".cdc" / "bench-airflow"
+    latency = one_row_latency(home, path, "cdc__bench__tiny", bench.logs / "airflow-one-row.log")
+    row_changes = sink_changes(bench.catalog, sink, tiny.snapshot_id, wl.COLUMNS)
+    latency["changes"] = _by_type(row_changes)
+    latency["commit_summary_seconds"] = {
+        k.removeprefix("cdc.seconds."): float(v)
+        for k, v in _commit_summary(bench, sink, tiny.snapshot_id).items()
+        if k.startswith("cdc.seconds.")
+    }
+    results["latency"] = latency
+
+
+def _commit_summary(bench: Bench, sink: str, snapshot_id: int) -> dict[str, str]:
+    table = bench.catalog.load_table(sink)
+    for snapshot in table.snapshots():
+        summary = snapshot.summary.additional_properties if snapshot.summary else {}
+        if summary.get("cdc.source-snapshot-id") == str(snapshot_id):
+            return summary
+    return {}
+
+
+def run_engine_bench(quick: bool, out_dir: Path) -> dict[str, Any]:
+    log("engine-only figures (engine_bench.py, generated input, file://)")
+    out = out_dir / "engine.json"
+    command = [sys.executable, str(ROOT / "bench" / "engine_bench.py"), "--no-s3", "--out", str(out)]
+    with open(out_dir / "engine.txt", "w") as text:
+        subprocess.run([*command, *(["--quick"] if quick else [])], check=True, stdout=text)
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="N = 100 k, about a minute")
+    parser.add_argument("--rows", type=int, default=None, help="N (default 5 M; 100 k with --quick)")
+    parser.add_argument("--skip-engine", action="store_true", help="leave engine_bench.py out (--quick does)")
+    parser.add_argument("--skip-airflow", action="store_true", help="leave the one-row Airflow run out")
+    args = parser.parse_args()
+    rows = args.rows or (100_000 if args.quick else 5_000_000)
+    started = time.perf_counter()
+    work = ROOT / ".cdc" / "bench"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    bench = Bench(work, args.quick)
+    results: dict[str, Any] = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "pyarrow": pa.__version__,
+            "spark_master": "local[2]",
+        },
+        "quick": args.quick,
+    }
+    workloads = build_workloads(bench, rows, 5, args.quick)
+    results["workloads"] = {k: report.describe_workload(w) for k, w in workloads.items()}
+    results["config"] = {
+        "partitions": PARTITIONS,
+        "write_task_size": bench.write_task_size,
+        "target_partition_size": 64 * MiB,
+        "parallel_jobs": 1,
+        "spark_native_driver_memory": NATIVE_DRIVER_MEMORY,
+        "spark_sql_conf": SPARK_SQL_CONF,
+    }
+    bench.s3 = LocalS3Server(log_path=work / "s3.log").start()
+    try:
+        bench.s3.client().create_bucket(Bucket=SHUFFLE_BUCKET)
+        bench.request_log = RequestLog(work / "s3.log")
+        run_side_by_side(bench, workloads, results)
+        run_scaling(bench, workloads, results)
+        if not args.quick and not args.skip_airflow:
+            run_latency(bench, workloads, results)
+    finally:
+        bench.s3.stop()
+    # A quick run must not overwrite the committed figures of a full one.
+    out_dir = work / "results" if args.quick else RESULTS
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not args.skip_engine and not args.quick:
+        results["engine"] = run_engine_bench(args.quick, out_dir)
+    results["bench_wall_seconds"] = round(time.perf_counter() - started, 1)
+    results["headline"] = report.headline(results)
+    (out_dir / "pipeline.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    report.write_all(results, out_dir, None if args.quick else ROOT / "bench" / "README.md")
+    print(report.summary_text(results))
+    print(f"\nresults: {out_dir}/pipeline.{{json,txt,png,md}}")
+    h = results["headline"]
+    ok = all(check.get("equal", False) for check in results["checks"].values())
+    if not ok:
+        print("bench: CHECK FAILED: the pipeline and a comparison run disagree; see pipeline.json 'checks'")
+    print(
+        f"bench: pipeline {h['pipeline_s']:.1f} s, spark-native {h['spark_native_s']:.1f} s, "
+        f"floor {h['floor_s']:.1f} s, ratio={h['ratio']:.2f}"
+    )
+    if not ok:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
