@@ -16,7 +16,7 @@ help:
 	@echo "make airflow start Airflow (standalone) on the demo config, to watch runs in the UI"
 	@echo "make demo-engine   only the shuffle engine, on one generated snapshot (seconds)"
 	@echo "make test    install into .venv/ when missing, lint, run the test suite"
-	@echo "make bench   engine throughput and memory figures (QUICK=1 for a short run)"
+	@echo "make bench   the pipeline vs a Spark-native job and the floor, memory, S3 requests (QUICK=1: short)"
 	@echo "make setup   create .venv/ with everything installed (idempotent)"
 
 prereqs:
