@@ -1,10 +1,9 @@
 """spark-submit as the DAG runs it, timed; and Spark's event log read back for per-stage figures.
 
-The pipeline's phases are submitted with the options of
-``iceberg_cdc.orchestration.dag_factory.spark_options`` (the same application,
-``--py-files`` archive and ``--conf``), copied here rather than imported:
-importing the DAG factory imports Airflow, which costs seconds and sets up an
-Airflow home. Every application of the benchmark (pipeline phases, the
+The pipeline's phases are submitted as the DAG submits them: the same
+application, ``--py-files`` archive and ``--conf``
+(``iceberg_cdc.orchestration.submit_conf``, shared with the DAG factory
+without importing Airflow). Every application of the benchmark (pipeline phases, the
 Spark-native baseline, the floor) runs on the same master, ``local[2]``.
 """
 
@@ -17,6 +16,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from iceberg_cdc.orchestration.submit_conf import submit_conf
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -45,12 +46,8 @@ def spark_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def dag_conf() -> dict[str, str]:
-    """``--conf`` of the DAG's SparkSubmitOperator (dag_factory.spark_options, empty ``spark.conf``)."""
-    return {
-        "spark.pyspark.python": sys.executable,
-        "spark.pyspark.driver.python": sys.executable,
-        "spark.ui.enabled": "false",
-    }
+    """``--conf`` of the DAG's SparkSubmitOperator with an empty ``spark.conf``."""
+    return submit_conf()
 
 
 def event_log_conf(directory: Path) -> dict[str, str]:

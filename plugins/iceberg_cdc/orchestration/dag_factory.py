@@ -13,7 +13,6 @@ the UI as the mapped tasks' names.
 from __future__ import annotations
 
 import os
-import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.orchestration import steps
 from iceberg_cdc.orchestration.pyfiles import package_zip
 from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
+from iceberg_cdc.orchestration.submit_conf import submit_conf
 
 SENSOR_MODE_ENV = "CDC_SENSOR_MODE"  # "poke" for `airflow dags test`, else reschedule
 _REPO_APPLICATION = Path(__file__).resolve().parents[3] / "spark_jobs" / "cdc_phase.py"
@@ -54,18 +54,11 @@ def spark_application() -> str:
 
 
 def spark_options(config: CdcConfig) -> dict[str, Any]:
-    conf = {
-        # Executors run the same interpreter as the driver unless the config says otherwise.
-        "spark.pyspark.python": sys.executable,
-        "spark.pyspark.driver.python": sys.executable,
-        "spark.ui.enabled": "false",
-        **config.spark.conf,
-    }
     return {
         "application": spark_application(),
         "conn_id": config.spark.conn_id,
         "py_files": package_zip(),
-        "conf": conf,
+        "conf": submit_conf(config.spark.conf),
         "driver_memory": config.spark.driver_memory,
         "executor_memory": config.spark.executor_memory,
         "verbose": False,
