@@ -230,7 +230,7 @@ def framing_task(args: dict) -> dict:
 
     batch = table_batch(0, args["rows"], 1)
     started = time.perf_counter()
-    usize, compressed = encode_block(batch)
+    usize, compressed = encode_block(batch, "bench")
     decode_block("bench", RawBlock(0, usize, memoryview(compressed)), batch.schema)
     arrow_s = time.perf_counter() - started
 

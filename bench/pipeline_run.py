@@ -94,7 +94,7 @@ def _submit_groups(setup: PipelineSetup, phase: str, jobs: list[list[str]]) -> l
 def _figures(ctx: steps.Context, plan: SnapshotPlan) -> dict[str, Any]:
     """What the phases left in the shuffle store: group documents, ranges, map output sizes."""
     store = ctx.runtime.store()
-    paths = SnapshotPaths(plan.source, plan.snapshot_id)
+    paths = plan.paths
     groups: dict[str, list[dict[str, Any]]] = {"write": [], "read": []}
     for info in store.list(paths.prefix + "stats/"):
         document = json.loads(store.get(info.key))

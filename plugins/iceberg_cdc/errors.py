@@ -70,3 +70,46 @@ class SinkSchemaError(CdcError):
 
 class LeaseHeldError(CdcError):
     """Another run holds the table's lease; two runs of one table never overlap."""
+
+
+class LeaseLostError(LeaseHeldError):
+    """This run no longer holds the table's lease (of its epoch): another run took the table over.
+
+    The run must stop without committing or deleting anything shared; the
+    holder, or the next run, processes the snapshot.
+    """
+
+
+class ConservationError(CdcError):
+    """Rows do not add up between the snapshot's files, the shuffle and the staged changes.
+
+    Raised before anything is committed; the message names the stage, the
+    object or task and both counts.
+    """
+
+
+class TransientStorageError(StorageError):
+    """A storage request kept failing with transient errors (5xx, throttling, dropped or cut
+    connections, timeouts) until its retries ran out.
+
+    The message names the object, the operation and the attempts. ``retry_safe``
+    says whether re-running the DAG run is safe: true for reads (nothing was
+    written) and for writes the pipeline repeats identically or only uses once
+    a commit references them; false only where an unknown outcome needs a look
+    first. Defaults keep the exception picklable (Spark ships it to the driver).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_safe: bool = True,
+        location: str = "",
+        operation: str = "",
+        attempts: int = 0,
+    ) -> None:
+        super().__init__(message)
+        self.retry_safe = retry_safe
+        self.location = location
+        self.operation = operation
+        self.attempts = attempts

@@ -44,7 +44,6 @@ from iceberg_cdc.errors import (
 from iceberg_cdc.local_s3 import LocalS3Server
 from iceberg_cdc.orchestration import steps
 from iceberg_cdc.pipeline import executor_tasks
-from iceberg_cdc.pipeline.paths import SnapshotPaths
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.shuffle.layout import data_key, index_key
 from iceberg_cdc.shuffle.reader import read_index
@@ -373,7 +372,7 @@ def run_with_damage(pipeline: InlinePipeline, damage: Callable[[steps.Context, S
         assert steps.missing_map_outputs(ctx, detected) == ([], {})  # the barrier passes
         damage(ctx, plan)
         steps.coalesce(ctx, detected)
-        ranges = json.loads(store.get(SnapshotPaths(SOURCE, plan.snapshot_id).ranges))["ranges"]
+        ranges = json.loads(store.get(plan.paths.ranges))["ranges"]
         for read_range in ranges:
             executor_tasks.run_read_task(plan, ctx.runtime, read_range)
         steps.commit(ctx, detected)
@@ -384,7 +383,7 @@ def run_with_damage(pipeline: InlinePipeline, damage: Callable[[steps.Context, S
 
 def _biggest_output(ctx: steps.Context, plan: SnapshotPlan) -> str:
     store = ctx.runtime.store()
-    paths = SnapshotPaths(plan.source, plan.snapshot_id)
+    paths = plan.paths
     sizes = {paths.map_output(t.task_id): 0 for t in plan.write_tasks}
     for info in store.list(paths.map_prefix):
         name = info.key.removesuffix(".data")

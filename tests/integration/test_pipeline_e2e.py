@@ -99,7 +99,10 @@ def test_replace_snapshot_is_skipped(pipeline: Pipeline):
 def test_failed_run_then_retry_loses_and_duplicates_nothing(pipeline: Pipeline):
     mark = pipeline.watermark()
     snapshot = cow_merge(pipeline.source, delete_keys=[1, 2, 3])
-    broken = {"AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "nowhere-master"})}
+    broken = {
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "nowhere-master"}),
+        "CDC_TASK_RETRIES": "0",  # retrying cannot reach a master that does not exist
+    }
     code = pipeline.run(env_overrides=broken)
     log = pipeline.last_log.read_text()
     assert code != 0 or "failed" in log.lower()

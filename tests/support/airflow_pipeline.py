@@ -7,6 +7,8 @@ on the S3 server, creates ``shop.orders`` and runs one DAG run per call to
 
 from __future__ import annotations
 
+import json
+
 import uuid
 from pathlib import Path
 from typing import Any
@@ -91,5 +93,10 @@ class AirflowPipeline:
         return [item["Key"] for item in listed.get("Contents", [])]
 
     def lease_exists(self) -> bool:
+        """Whether some run holds the table's lease (a released lease stays as a tombstone)."""
         listed = self.shuffle.list_objects_v2(Bucket=self.shuffle_bucket, Prefix="cdc/_leases/")
-        return bool(listed.get("Contents"))
+        for item in listed.get("Contents", []):
+            body = self.shuffle.get_object(Bucket=self.shuffle_bucket, Key=item["Key"])["Body"].read()
+            if not json.loads(body).get("released", False):
+                return True
+        return False

@@ -11,7 +11,8 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from iceberg_cdc.config import parse_config
 from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
 from iceberg_cdc.orchestration.steps import Context, missing_map_outputs
-from iceberg_cdc.pipeline.paths import SnapshotPaths
+from iceberg_cdc.orchestration.run_lease import take
+from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name
 
 SNAPSHOT = 42
 TASKS = ["aaa", "bbb", "ccc"]
@@ -29,9 +30,23 @@ def setup(tmp_path, monkeypatch):
     monkeypatch.setenv("CDC_CONFIG", str(path))
     ctx = Context.of(parse_config(raw), "shop.orders")
     store = ctx.runtime.store()
-    paths = SnapshotPaths("shop.orders", SNAPSHOT)
-    detected = {"action": "shuffle", "snapshot_id": SNAPSHOT, "write_task_ids": TASKS}
+    held = take(ctx, "run-1")
+    paths = SnapshotPaths("shop.orders", SNAPSHOT, attempt_name(held.epoch))
+    detected = {
+        "action": "shuffle",
+        "source": "shop.orders",
+        "snapshot_id": SNAPSHOT,
+        "write_task_ids": TASKS,
+        "run_id": "run-1",
+        "epoch": held.epoch,
+        "lease_ttl": 60,
+    }
     return ctx, store, paths, detected
+
+
+def _commit(store, paths, task):
+    store.put(paths.map_output(task) + ".index", b"x")
+    store.put(paths.written(task), b"{}")
 
 
 class _TaskInstance:
@@ -43,13 +58,31 @@ class _TaskInstance:
         return self.detected
 
 
-def test_missing_outputs_are_those_without_an_index(setup):
+def test_missing_outputs_are_those_without_a_row_record(setup):
     ctx, store, paths, detected = setup
     store.put(paths.map_output("aaa") + ".data", b"x")
-    store.put(paths.map_output("aaa") + ".index", b"x")
+    _commit(store, paths, "aaa")
     store.put(paths.map_output("bbb") + ".data", b"x")  # data without index: not committed
+    store.put(paths.map_output("ccc") + ".index", b"x")  # index without row record: not yet
     missing, failed = missing_map_outputs(ctx, detected)
     assert missing == ["bbb", "ccc"] and failed == {}
+
+
+def test_outputs_of_another_epoch_do_not_count(setup):
+    ctx, store, paths, detected = setup
+    other = SnapshotPaths("shop.orders", SNAPSHOT, attempt_name(detected["epoch"] + 1))
+    for task in TASKS:
+        _commit(store, other, task)
+    assert missing_map_outputs(ctx, detected)[0] == TASKS
+
+
+def test_sensor_fails_when_the_run_lost_its_lease(setup):
+    ctx, _, _, detected = setup
+    ctx.lease().release("run-1")
+    take(ctx, "run-2")
+    sensor = MapOutputBarrierSensor(task_id="barrier", source="shop.orders")
+    with pytest.raises(AirflowFailException, match="has lost the lease"):
+        sensor.poke({"ti": _TaskInstance(detected)})
 
 
 def test_sensor_pokes_until_every_index_exists(setup):
@@ -58,7 +91,7 @@ def test_sensor_pokes_until_every_index_exists(setup):
     context = {"ti": _TaskInstance(detected)}
     assert sensor.poke(context) is False
     for task in TASKS:
-        store.put(paths.map_output(task) + ".index", b"x")
+        _commit(store, paths, task)
     assert sensor.poke(context) is True
 
 

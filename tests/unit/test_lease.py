@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -12,7 +13,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from iceberg_cdc.coordination import LeaseInfo, TableLease, lease_key, probe_conditional_writes
-from iceberg_cdc.errors import LeaseHeldError, StorageError
+from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
+from iceberg_cdc.errors import LeaseHeldError, LeaseLostError, StorageError
 from iceberg_cdc.storage import LocalObjectStore, ObjectStore, open_store
 from iceberg_cdc.storage.s3 import S3ObjectStore
 from iceberg_cdc.storage.s3 import s3_client as make_s3_client
@@ -151,29 +153,33 @@ def test_probe_detects_a_store_that_ignores_conditions(tmp_path):
 def test_acquire_and_release(store):
     lease = TableLease(store, "shop.orders", clock=at(0))
     assert lease.current() is None
-    info = lease.acquire(RUN_A, ttl_seconds=3600)
-    assert (info.owner, info.table, info.acquired_at, info.expires_at) == (
+    info = lease.acquire(RUN_A, ttl_seconds=3600, dag_id="cdc__shop__orders", try_number=2)
+    assert (info.owner, info.table, info.acquired_at, info.expires_at, info.epoch) == (
         RUN_A,
         "shop.orders",
         T0,
         T0 + timedelta(hours=1),
+        1,
     )
+    assert (info.dag_id, info.try_number, info.released) == ("cdc__shop__orders", 2, False)
     assert lease.uri == store.describe("_leases/shop.orders.json")
-    assert lease.current() == info
+    assert lease.current() == info and lease.held() == info
 
     doc = json.loads(store.get("_leases/shop.orders.json"))
-    assert doc["owner"] == RUN_A and doc["host"]
+    assert doc["owner"] == RUN_A and doc["host"] and doc["epoch"] == 1
     assert doc["acquired_at"] == "2025-03-01T12:00:00.000+00:00"
     assert doc["expires_at"] == "2025-03-01T13:00:00.000+00:00"
 
-    assert lease.release(RUN_A) is True
-    assert lease.current() is None
+    assert lease.release(RUN_A, info.epoch) is True
+    tombstone = lease.current()
+    assert tombstone.released and tombstone.epoch == 1 and lease.held() is None
     assert lease.release(RUN_A) is False  # idempotent
-    assert TableLease(store, "shop.orders").acquire(RUN_B, 60).owner == RUN_B
+    again = TableLease(store, "shop.orders").acquire(RUN_B, 60)
+    assert again.owner == RUN_B and again.epoch == 2  # epochs only grow, across releases too
 
 
 def test_second_acquire_fails_with_a_helpful_message(store):
-    TableLease(store, "shop.orders", clock=at(0)).acquire(RUN_A, ttl_seconds=3600)
+    TableLease(store, "shop.orders", clock=at(0)).acquire(RUN_A, ttl_seconds=3600, dag_id="cdc__shop__orders")
     other = TableLease(store, "shop.orders", clock=at(600))
     with pytest.raises(LeaseHeldError) as caught:
         other.acquire(RUN_B, ttl_seconds=3600)
@@ -182,50 +188,78 @@ def test_second_acquire_fails_with_a_helpful_message(store):
         "'shop.orders'",
         RUN_A,
         RUN_B,
+        "of DAG cdc__shop__orders",
+        "epoch 1",
         "since 2025-03-01T12:00:00.000+00:00",
         "until 2025-03-01T13:00:00.000+00:00",
-        "expires at 2025-03-01T13:00:00.000+00:00",
         "Wait for that run to finish",
-        f"delete the lease object {other.uri} by hand",
+        "mark it failed in Airflow",
+        other.uri,
     ):
         assert part in message
     assert other.current().owner == RUN_A  # unchanged
     assert TableLease(store, "shop.customers").acquire(RUN_B, 60).owner == RUN_B  # other tables are free
 
 
-def test_same_run_acquires_again_and_extends(store):
+def test_same_run_acquires_again_with_a_new_epoch(store):
+    """A retried detect of the same run supersedes its earlier attempt: new epoch, old one fenced out."""
     first = TableLease(store, "t", clock=at(0)).acquire(RUN_A, 100)
     again = TableLease(store, "t", clock=at(50)).acquire(RUN_A, 100)
-    assert again.acquired_at == first.acquired_at == T0
+    assert again.epoch == first.epoch + 1
     assert again.expires_at == T0 + timedelta(seconds=150)
     assert again.version != first.version
+    with pytest.raises(LeaseLostError):
+        TableLease(store, "t", clock=at(60)).renew(RUN_A, first.epoch, 100)
 
 
 def test_expired_lease_is_taken_over(store):
     dead = TableLease(store, "shop.orders", clock=at(0))
-    dead.acquire(RUN_A, ttl_seconds=60)
+    old = dead.acquire(RUN_A, ttl_seconds=60)
     with pytest.raises(LeaseHeldError):
         TableLease(store, "shop.orders", clock=at(59)).acquire(RUN_B, 60)
 
     later = TableLease(store, "shop.orders", clock=at(60))
     info = later.acquire(RUN_B, ttl_seconds=60)
-    assert (info.owner, info.acquired_at, info.expires_at) == (
+    assert (info.owner, info.acquired_at, info.expires_at, info.epoch) == (
         RUN_B,
         T0 + timedelta(seconds=60),
         T0 + timedelta(seconds=120),
+        old.epoch + 1,
     )
 
     # the old holder comes back: it cannot release or renew the new owner's lease
-    assert dead.release(RUN_A) is False
-    with pytest.raises(LeaseHeldError, match="has lost the lease"):
-        dead.renew(RUN_A, 60)
+    assert dead.release(RUN_A, old.epoch) is False
+    with pytest.raises(LeaseLostError, match="has lost the lease"):
+        dead.renew(RUN_A, old.epoch, 60)
     assert later.current() == info
 
 
-def test_release_by_a_non_owner_does_not_delete(store):
+def test_takeover_asks_airflow_about_the_holder(store):
+    """Finished in Airflow: taken over at once. Running in Airflow: one more TTL of grace."""
+    TableLease(store, "t", clock=at(0)).acquire(RUN_A, 60, dag_id="cdc__t")
+    finished = TableLease(store, "t", clock=at(10)).acquire(RUN_B, 60, holder_state=lambda info: "finished")
+    assert finished.owner == RUN_B
+
+    running = lambda info: "running"  # noqa: E731
+    with pytest.raises(LeaseHeldError, match="Airflow still shows that run as running"):
+        TableLease(store, "t", clock=at(10 + 60 + 30)).acquire(RUN_C, 60, holder_state=running)
+    taken = TableLease(store, "t", clock=at(10 + 120)).acquire(RUN_C, 60, holder_state=running)
+    assert taken.owner == RUN_C
+
+    def broken(info):
+        raise RuntimeError("API server unreachable")
+
+    # Airflow cannot be asked: expiry alone decides
+    assert (
+        TableLease(store, "t", clock=at(10 + 120 + 60)).acquire(RUN_A, 60, holder_state=broken).owner == RUN_A
+    )
+
+
+def test_release_by_a_non_owner_does_not_release(store):
     lease = TableLease(store, "t")
     held = lease.acquire(RUN_A, 60)
     assert lease.release(RUN_B) is False
+    assert lease.release(RUN_A, held.epoch + 1) is False  # another epoch of the same run
     assert lease.current() == held
 
 
@@ -233,24 +267,24 @@ def test_renew_extends(store):
     lease = TableLease(store, "t", clock=at(0))
     held = lease.acquire(RUN_A, 60)
     lease._clock = at(50)
-    renewed = lease.renew(RUN_A, 60)
+    renewed = lease.renew(RUN_A, held.epoch, 60)
     assert renewed.expires_at == T0 + timedelta(seconds=110)
-    assert renewed.acquired_at == held.acquired_at
+    assert renewed.acquired_at == held.acquired_at and renewed.epoch == held.epoch
     assert renewed.version != held.version
     assert lease.current() == renewed
 
     lease._clock = at(200)  # expired, but nobody took it over: still ours
-    assert lease.renew(RUN_A, 60).expires_at == T0 + timedelta(seconds=260)
+    assert lease.renew(RUN_A, held.epoch, 60).expires_at == T0 + timedelta(seconds=260)
 
-    with pytest.raises(LeaseHeldError, match="has lost the lease"):
-        lease.renew(RUN_B, 60)
-    assert lease.release(RUN_A)
-    with pytest.raises(LeaseHeldError, match="no lease exists"):
-        lease.renew(RUN_A, 60)
+    with pytest.raises(LeaseLostError, match="has lost the lease"):
+        lease.renew(RUN_B, None, 60)
+    assert lease.release(RUN_A, held.epoch)
+    with pytest.raises(LeaseLostError, match="it was released"):
+        lease.renew(RUN_A, held.epoch, 60)
 
 
-def test_release_does_not_delete_a_lease_that_changed_after_reading(store):
-    """Between release's read and its delete the lease expired and was taken over."""
+def test_release_does_not_touch_a_lease_that_changed_after_reading(store):
+    """Between release's read and its write the lease expired and was taken over."""
     lease = TableLease(store, "t", clock=at(0))
     stale = lease.acquire(RUN_A, 10)
     taken = TableLease(store, "t", clock=at(20)).acquire(RUN_B, 60)
@@ -265,10 +299,28 @@ def test_hold_releases_on_exit_and_on_error(store):
     lease = TableLease(store, "t")
     with lease.hold(RUN_A, 60) as info:
         assert lease.current() == info
-    assert lease.current() is None
+    assert lease.held() is None
     with pytest.raises(RuntimeError), lease.hold(RUN_A, 60):
         raise RuntimeError("task failed")
-    assert lease.current() is None
+    assert lease.held() is None
+
+
+def test_heartbeat_renews_and_reports_a_lost_lease(store):
+    lease = TableLease(store, "t")
+    held = lease.acquire(RUN_A, 60)
+    lost = []
+    with LeaseHeartbeat(lease, RUN_A, held.epoch, 60, interval_seconds=0.05, on_lost=lost.append) as beat:
+        deadline = time.monotonic() + 10
+        while beat.renewals < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert beat.renewals >= 2
+        lease.release(RUN_A, held.epoch)
+        TableLease(store, "t").acquire(RUN_B, 60)
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert lost and isinstance(lost[0], LeaseLostError)
+    with pytest.raises(LeaseLostError):
+        beat.check()
 
 
 def test_a_write_whose_answer_was_lost_still_counts(store, monkeypatch):
@@ -282,8 +334,9 @@ def test_a_write_whose_answer_was_lost_still_counts(store, monkeypatch):
 
         monkeypatch.setattr(store, name, lost)
     lease = TableLease(store, "t", clock=at(0))
-    assert lease.acquire(RUN_A, 60).owner == RUN_A  # via put_if_absent
-    assert lease.renew(RUN_A, 60).owner == RUN_A  # via put_if_version
+    held = lease.acquire(RUN_A, 60)
+    assert held.owner == RUN_A  # via put_if_absent
+    assert lease.renew(RUN_A, held.epoch, 60).owner == RUN_A  # via put_if_version
     taken = TableLease(store, "t", clock=at(100)).acquire(RUN_B, 60)  # takeover via put_if_version
     assert taken.owner == RUN_B and lease.current() == taken
 

@@ -68,22 +68,30 @@ def test_write_staged_file_writes_zstd_parquet_with_field_ids(tmp_path):
     assert pq.read_table(local).to_pylist() == table.to_pylist()
 
 
-def test_write_staged_file_streams_batches_and_overwrites_on_retry(tmp_path):
+def test_write_staged_file_streams_batches_and_never_overwrites(tmp_path):
     io = PyArrowFileIO()
     table = _sink_rows_arrow(range(30))
     path = f"file://{tmp_path}/s/x.parquet"
     batches = iter(table.to_batches(max_chunksize=7))
     first = write_staged_file(io, path, batches)  # schema from the first batch
     assert first.record_count == 30
-    # a retried task writes its file again: the old content is replaced, not appended to
-    retry = write_staged_file(io, path, iter(table.slice(0, 5).to_batches()), schema=table.schema)
-    assert retry.record_count == 5
-    assert pq.read_table(path.removeprefix("file://")).num_rows == 5
-    assert retry.file_size == len(open(path.removeprefix("file://"), "rb").read())  # noqa: SIM115
+    assert first.file_size == len(open(path.removeprefix("file://"), "rb").read())  # noqa: SIM115
+    # a staged file may already be committed: writing it again is refused, the file stays
+    with pytest.raises(FileExistsError):
+        write_staged_file(io, path, iter(table.slice(0, 5).to_batches()), schema=table.schema)
+    assert pq.read_table(path.removeprefix("file://")).num_rows == 30
     # nothing at all but a schema: an empty file that commits as nothing
-    assert write_staged_file(io, path, iter([]), schema=table.schema).record_count == 0
+    empty = f"file://{tmp_path}/s/empty.parquet"
+    assert write_staged_file(io, empty, iter([]), schema=table.schema).record_count == 0
     with pytest.raises(ValueError, match="no batches and no schema"):
-        write_staged_file(io, path, iter([]))
+        write_staged_file(io, f"file://{tmp_path}/s/none.parquet", iter([]))
+
+
+def test_staged_paths_live_in_the_attempt_directory(sink):
+    path = staged_file_path(sink.location(), 1001, "range-00001-abc", attempt="epoch-7")
+    assert path.endswith("/data/_staged/snapshot=1001/epoch-7/range-00001-abc.parquet")
+    with pytest.raises(ValueError):
+        staged_file_path(sink.location(), 1001, "x", attempt="a/b")
 
 
 def test_list_staged_lists_one_snapshot(sink):

@@ -13,6 +13,7 @@ from iceberg_cdc.source.history import (
     Watermark,
     current_ancestry,
     next_snapshot,
+    pending_count,
     table_uuid,
     validate_manual_snapshot,
 )
@@ -149,14 +150,42 @@ def test_earliest_with_an_expired_first_parent_loads_the_oldest_state(catalog):
 
 def test_manual_snapshot_must_be_in_the_current_ancestry(catalog):
     table = create_table(catalog, "t")
-    _, b, c = appended(table, 3)
-    assert validate_manual_snapshot(table, b) == PendingSnapshot(b, 2, False, 1)
+    a, b, c = appended(table, 3)
+    assert validate_manual_snapshot(table, b, Watermark(table_uuid(table), a, 1)) == PendingSnapshot(
+        b, 2, False, 1
+    )
     table.manage_snapshots().rollback_to_snapshot(b).commit()
     with pytest.raises(SourceHistoryError, match="rolled back") as raised:
         validate_manual_snapshot(table, c)
     assert str(c) in str(raised.value)
     with pytest.raises(SourceHistoryError, match="does not exist"):
         validate_manual_snapshot(table, 12345)
+
+
+def test_manual_snapshot_on_a_fresh_sink_is_only_the_next_pending_one(catalog):
+    """With no watermark, only the snapshot the next run would pick: anything later skips history."""
+    table = create_table(catalog, "t")
+    a, b, c = appended(table, 3)
+    assert validate_manual_snapshot(table, a) == next_snapshot(table, None, "earliest")
+    for later in (b, c):
+        with pytest.raises(SourceHistoryError, match=rf"must process snapshot {a}.*never reach the sink"):
+            validate_manual_snapshot(table, later)
+    # start: latest loads the current state: the current snapshot, as an initial load
+    assert validate_manual_snapshot(table, c, None, "latest") == PendingSnapshot(c, 3, True, 0)
+    with pytest.raises(SourceHistoryError, match=rf"must process snapshot {c}"):
+        validate_manual_snapshot(table, a, None, "latest")
+
+
+def test_manual_reprocess_of_an_initial_load_loads_the_full_state(catalog):
+    table = create_table(catalog, "t")
+    _, b, c = appended(table, 3)
+    watermark = Watermark(table_uuid(table), c, 3)
+    assert validate_manual_snapshot(table, c, watermark).is_initial_load is False
+    assert validate_manual_snapshot(table, c, watermark, loaded_in_full=True).is_initial_load is True
+    # remaining counts from the watermark, not from the reprocessed snapshot
+    assert validate_manual_snapshot(table, b, watermark).remaining == 0
+    assert pending_count(table, watermark) == 0
+    assert pending_count(table, Watermark(table_uuid(table), b, 2)) == 1
 
 
 def test_manual_snapshot_ordinal_follows_the_watermark(catalog):

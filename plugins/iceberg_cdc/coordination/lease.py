@@ -1,42 +1,52 @@
-"""A per-table lease, so that two DAG runs of one table never overlap.
+"""A per-table lease with a fencing token, so that two DAG runs of one table never overlap.
 
 Airflow's ``max_active_runs`` does not cover every case: ``airflow backfill
 create`` runs ignore it against scheduled runs (measured), and manual runs
-race scheduled ones. So each run takes the table's lease first and gives it
+race scheduled ones. So each run takes the table's lease in detect, renews it
+at every step (and from a heartbeat while a Spark phase runs), and gives it
 back in its cleanup teardown. The lease is one small JSON object in the
 shuffle store, ``<shuffle uri>/_leases/<table>.json``::
 
-    {"table": "shop.orders", "owner": "<Airflow run id>",
-     "acquired_at": "2025-01-01T00:00:00.000+00:00",
-     "expires_at": "2025-01-01T02:00:00.000+00:00",
+    {"table": "shop.orders", "owner": "<Airflow run id>", "dag_id": "cdc__shop__orders",
+     "try_number": 1, "epoch": 7, "released": false,
+     "acquired_at": "...", "renewed_at": "...", "expires_at": "...",
      "host": "worker-1", "pid": 4242, "token": "<random, new on every write>"}
+
+**Fencing.** Every acquisition gets an ``epoch`` one above the previous
+holder's, and the object is never deleted (release leaves a ``released``
+tombstone that keeps the epoch), so epochs only grow. A run names everything
+it writes after its epoch and proves, with a conditional write
+(:meth:`TableLease.renew`), that it still holds *that* epoch before it commits
+or cleans up. A run that was overtaken (it stalled past its TTL and another
+run took over) therefore fails with :class:`~iceberg_cdc.errors.LeaseLostError`
+instead of committing or deleting what the new holder works on.
 
 Every change is a conditional write against the store (see
 ``ObjectStore.put_if_absent`` and friends), so it is atomic:
 
 * **acquire** creates the object only if it does not exist (S3
-  ``If-None-Match: *``; ``link(2)`` on a file system). Two runs racing for a
-  free table: exactly one wins.
-* **takeover** of an *expired* lease (its holder died without cleanup)
-  replaces the object only if it still has the version (ETag) that was read
-  and found expired (S3 ``If-Match``). Two runs racing to take over: exactly
-  one wins; the other sees the winner's fresh lease and fails.
-* **renew** extends the expiry the same way, only while we still hold it.
-* **release** deletes the object only if it is still ours, with the version
-  we read (S3 ``DELETE`` with ``If-Match``); it never deletes another run's
-  lease and is idempotent.
+  ``If-None-Match: *``; ``link(2)`` on a file system), or replaces a released,
+  expired or finished holder's object only if it still has the version (ETag)
+  that was read (S3 ``If-Match``). Two runs racing: exactly one wins.
+* **renew** extends the expiry the same way, only while the epoch is ours.
+* **release** writes the tombstone the same way; it never touches another
+  run's (or another epoch's) lease and is idempotent.
 
 The random token makes every write's content, hence its version, unique: a
 stale version can never match a later write (no A-B-A), and a write whose
 answer was lost (retried after a dropped connection) is recognised as ours.
 
+**Dead holders.** A holder that stops renewing is presumed dead once its
+lease expires (default TTL: minutes, see the config's ``lease_ttl``). Where
+the caller can ask Airflow (``holder_state``), a holder whose run is known to
+be finished is taken over at once, and one whose run Airflow still shows as
+running gets one more TTL of grace before it is taken over.
+
 Limits: expiry is judged by the reader's clock, so hosts' clocks must agree
-to well within the TTL (NTP); a holder that outlives its TTL without renewing
-can be taken over while still running (choose the TTL above the longest run,
-or renew). ``file://`` stores coordinate one machine only. The store must
-evaluate conditional requests atomically: AWS S3 does; moto does not under
-concurrency (see ``storage.s3``); an S3-compatible store that ignores the
-headers is caught by :func:`probe_conditional_writes`.
+to well within the TTL (NTP). ``file://`` stores coordinate one machine only.
+The store must evaluate conditional requests atomically: AWS S3 does; moto
+does not under concurrency (see ``storage.s3``); an S3-compatible store that
+ignores the headers is caught by :func:`probe_conditional_writes`.
 """
 
 from __future__ import annotations
@@ -55,7 +65,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from iceberg_cdc.errors import LeaseHeldError, StorageError
+from iceberg_cdc.errors import LeaseHeldError, LeaseLostError, StorageError
 from iceberg_cdc.storage import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
@@ -99,12 +109,15 @@ def _duration(delta: timedelta) -> str:
     return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
 
 
+HolderState = str  # "running", "finished" or "unknown": what Airflow says of a holder's run
+
+
 @dataclass(frozen=True)
 class LeaseInfo:
     """A lease as read from (or just written to) the store."""
 
     table: str
-    owner: str
+    owner: str  # the holder's Airflow run id
     acquired_at: datetime
     expires_at: datetime
     host: str
@@ -112,16 +125,39 @@ class LeaseInfo:
     token: str
     version: str  # the store's version of the object (S3 ETag), for conditional writes
     uri: str  # where the lease object is, for messages
+    epoch: int = 0  # fencing token: grows with every acquisition, never reused
+    dag_id: str = ""
+    try_number: int | None = None
+    released: bool = False
+    renewed_at: datetime | None = None
 
     def expired(self, now: datetime) -> bool:
         return _utc(now) >= self.expires_at
+
+    def free(self, now: datetime) -> bool:
+        return self.released or self.expired(now)
+
+    def holder(self) -> str:
+        """The holder as people name it: run, DAG, try, epoch, host."""
+        parts = [f"run {self.owner!r}"]
+        if self.dag_id:
+            parts.append(f"of DAG {self.dag_id}")
+        if self.try_number is not None:
+            parts.append(f"try {self.try_number}")
+        parts.append(f"epoch {self.epoch}, host {self.host}, pid {self.pid}")
+        return " ".join(parts[:-1]) + f" ({parts[-1]})"
 
     def to_json(self) -> bytes:
         return json.dumps(
             {
                 "table": self.table,
                 "owner": self.owner,
+                "dag_id": self.dag_id,
+                "try_number": self.try_number,
+                "epoch": self.epoch,
+                "released": self.released,
                 "acquired_at": _iso(self.acquired_at),
+                "renewed_at": _iso(self.renewed_at or self.acquired_at),
                 "expires_at": _iso(self.expires_at),
                 "host": self.host,
                 "pid": self.pid,
@@ -134,6 +170,8 @@ class LeaseInfo:
     def from_json(cls, data: bytes, *, version: str, uri: str, table: str) -> LeaseInfo:
         try:
             doc: dict[str, Any] = json.loads(data)
+            renewed = doc.get("renewed_at")
+            try_number = doc.get("try_number")
             return cls(
                 table=str(doc.get("table", table)),
                 owner=str(doc["owner"]),
@@ -144,6 +182,11 @@ class LeaseInfo:
                 token=str(doc.get("token", "")),
                 version=version,
                 uri=uri,
+                epoch=int(doc.get("epoch", 0)),
+                dag_id=str(doc.get("dag_id") or ""),
+                try_number=int(try_number) if try_number is not None else None,
+                released=bool(doc.get("released", False)),
+                renewed_at=_utc(datetime.fromisoformat(renewed)) if renewed else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise StorageError(
@@ -156,11 +199,12 @@ class TableLease:
     """The lease of one source table in one store::
 
         lease = TableLease.open(shuffle_uri, s3_properties, "shop.orders")
-        with lease.hold(run_id, ttl_seconds=6 * 3600):
-            ...
+        with lease.hold(run_id, ttl_seconds=300) as held:
+            ...  # held.epoch fences everything written here
 
     or, across the tasks of a DAG run: ``acquire(run_id, ttl)`` in the first
-    task, ``renew`` in long tasks, ``release(run_id)`` in the cleanup teardown.
+    task, ``renew(run_id, epoch, ttl)`` at every later step and from
+    heartbeats, ``release(run_id, epoch)`` in the cleanup teardown.
 
     ``clock`` (returning an aware datetime) is for tests.
     """
@@ -193,37 +237,68 @@ class TableLease:
     # reading
 
     def current(self) -> LeaseInfo | None:
-        """The lease as it is in the store now (expired or not), or None."""
+        """The lease as it is in the store now (expired or released or not), or None."""
         found = self.store.get_with_version(self.key)
         if found is None:
             return None
         data, version = found
         return LeaseInfo.from_json(data, version=version, uri=self.uri, table=self.table)
 
+    def held(self) -> LeaseInfo | None:
+        """The lease if some run holds it now (not released, not expired), else None."""
+        current = self.current()
+        return None if current is None or current.free(self.now()) else current
+
     # changing
 
-    def _new(self, owner: str, acquired_at: datetime, now: datetime, ttl_seconds: float) -> LeaseInfo:
+    def _new(
+        self,
+        previous: LeaseInfo | None,
+        *,
+        owner: str,
+        epoch: int,
+        acquired_at: datetime,
+        now: datetime,
+        ttl_seconds: float,
+        released: bool = False,
+    ) -> LeaseInfo:
         info = LeaseInfo(
             table=self.table,
             owner=owner,
             acquired_at=acquired_at,
-            expires_at=now + timedelta(seconds=ttl_seconds),
+            expires_at=now if released else now + timedelta(seconds=ttl_seconds),
             host=socket.gethostname(),
             pid=os.getpid(),
             token=uuid.uuid4().hex,
             version="",
             uri=self.uri,
+            epoch=epoch,
+            dag_id=previous.dag_id if previous is not None and previous.owner == owner else "",
+            try_number=previous.try_number if previous is not None and previous.owner == owner else None,
+            released=released,
+            renewed_at=now,
         )
         # what is stored has millisecond times: hand back exactly that
         return LeaseInfo.from_json(info.to_json(), version="", uri=self.uri, table=self.table)
 
-    def acquire(self, owner: str, ttl_seconds: float) -> LeaseInfo:
-        """Take the table's lease for run ``owner`` for ``ttl_seconds``.
+    def acquire(
+        self,
+        owner: str,
+        ttl_seconds: float,
+        *,
+        dag_id: str = "",
+        try_number: int | None = None,
+        holder_state: Callable[[LeaseInfo], HolderState] | None = None,
+    ) -> LeaseInfo:
+        """Take the table's lease for run ``owner`` for ``ttl_seconds``, with a new epoch.
 
-        Succeeds when the table is free, when ``owner`` already holds the
-        lease (a retried task of the same run: the expiry is extended), or
-        when the lease has expired (its holder died: taken over atomically).
-        Raises :class:`LeaseHeldError` naming the holder otherwise.
+        Succeeds when the table is free (no lease, or released), when
+        ``owner`` itself holds it (a retried detect of the same run: the new
+        epoch supersedes its earlier attempt), when the holder's run is known
+        to be finished (``holder_state`` returns ``"finished"``), or when the
+        lease has expired -- after one more TTL of grace if ``holder_state``
+        says the holder's run is still running. Raises
+        :class:`LeaseHeldError` naming the holder otherwise.
         """
         _check(owner, ttl_seconds)
         mine: set[str] = set()  # tokens we wrote: a write whose answer was lost is still ours
@@ -232,45 +307,85 @@ class TableLease:
             current = self.current()
             if current is not None and current.token in mine:
                 return current
+            if current is not None:
+                reason = self._takeover_reason(owner, current, now, ttl_seconds, holder_state)
+                if reason is None:
+                    raise LeaseHeldError(self._held_message(owner, current, now, holder_state))
+            new = dataclasses.replace(
+                self._new(
+                    None,
+                    owner=owner,
+                    epoch=(current.epoch + 1) if current is not None else 1,
+                    acquired_at=now,
+                    now=now,
+                    ttl_seconds=ttl_seconds,
+                ),
+                dag_id=dag_id,
+                try_number=try_number,
+            )
+            new = LeaseInfo.from_json(new.to_json(), version="", uri=self.uri, table=self.table)
+            mine.add(new.token)
             if current is None:
-                new = self._new(owner, now, now, ttl_seconds)
-                mine.add(new.token)
                 version = self.store.put_if_absent(self.key, new.to_json())
-                if version is not None:
-                    log.info("run %r took the lease of %s until %s", owner, self.table, _iso(new.expires_at))
-                    return _with_version(new, version)
-                continue  # someone was faster: look again
-            if current.owner == owner or current.expired(now):
-                takeover = current.owner != owner
-                new = self._new(owner, now if takeover else current.acquired_at, now, ttl_seconds)
-                mine.add(new.token)
+            else:
                 version = self.store.put_if_version(self.key, new.to_json(), current.version)
-                if version is not None:
-                    if takeover:
-                        log.warning(
-                            "run %r took over the expired lease of %s from run %r (host %s, held since %s, "
-                            "expired at %s)",
-                            owner,
-                            self.table,
-                            current.owner,
-                            current.host,
-                            _iso(current.acquired_at),
-                            _iso(current.expires_at),
-                        )
-                    return _with_version(new, version)
-                continue  # changed since we read it: look again
-            raise LeaseHeldError(self._held_message(owner, current, now))
+            if version is None:
+                continue  # someone was faster: look again
+            if current is not None and reason not in ("free", "own"):
+                log.warning(
+                    "run %r took over the lease of %s (epoch %d) from %s: %s",
+                    owner,
+                    self.table,
+                    new.epoch,
+                    current.holder(),
+                    reason,
+                )
+            else:
+                log.info(
+                    "run %r took the lease of %s (epoch %d) until %s",
+                    owner,
+                    self.table,
+                    new.epoch,
+                    _iso(new.expires_at),
+                )
+            return _with_version(new, version)
         raise LeaseHeldError(
             f"run {owner!r} could not take the lease of table {self.table!r} in {self.max_attempts} "
             f"attempts: it kept changing under us ({self.uri}); another run is starting now; retry later"
         )
 
-    def renew(self, owner: str, ttl_seconds: float) -> LeaseInfo:
-        """Extend ``owner``'s lease to ``ttl_seconds`` from now (long runs call this periodically).
+    def _takeover_reason(
+        self,
+        owner: str,
+        current: LeaseInfo,
+        now: datetime,
+        ttl_seconds: float,
+        holder_state: Callable[[LeaseInfo], HolderState] | None,
+    ) -> str | None:
+        """Why ``owner`` may replace ``current`` (a phrase for the log), or None when it may not."""
+        if current.released:
+            return "free"
+        if current.owner == owner:
+            return "own"
+        state = _ask(holder_state, current)
+        if state == "finished":
+            return f"Airflow reports its run {current.owner!r} finished"
+        if not current.expired(now):
+            return None
+        if state == "running" and now < current.expires_at + timedelta(seconds=ttl_seconds):
+            return None  # alive in Airflow's eyes: one more TTL before it is presumed stuck
+        return (
+            f"its lease expired at {_iso(current.expires_at)} ({_duration(now - current.expires_at)} ago) "
+            "without renewal"
+        )
 
-        Raises :class:`LeaseHeldError` when ``owner`` no longer holds the
-        lease (it expired and another run took it over, or it was deleted):
-        the run must stop, another may be running.
+    def renew(self, owner: str, epoch: int | None, ttl_seconds: float) -> LeaseInfo:
+        """Extend ``owner``'s lease of ``epoch`` to ``ttl_seconds`` from now; proves we still hold it.
+
+        ``epoch`` None accepts any epoch of ``owner`` (for callers that never
+        fence). Raises :class:`LeaseLostError` when the lease is no longer
+        ``owner``'s epoch (another run took it over, or it was released): the
+        run must stop without committing or deleting anything shared.
         """
         _check(owner, ttl_seconds)
         mine: set[str] = set()
@@ -279,8 +394,9 @@ class TableLease:
             current = self.current()
             if current is not None and current.token in mine:
                 return current
-            if current is None or current.owner != owner:
-                raise LeaseHeldError(self._lost_message(owner, current, now))
+            if not _is_ours(current, owner, epoch):
+                raise LeaseLostError(self._lost_message(owner, epoch, current))
+            assert current is not None
             if current.expired(now):
                 log.warning(
                     "run %r renews its lease of %s after it expired at %s (nobody took it over)",
@@ -288,41 +404,62 @@ class TableLease:
                     self.table,
                     _iso(current.expires_at),
                 )
-            new = self._new(owner, current.acquired_at, now, ttl_seconds)
+            new = dataclasses.replace(
+                self._new(
+                    current,
+                    owner=owner,
+                    epoch=current.epoch,
+                    acquired_at=current.acquired_at,
+                    now=now,
+                    ttl_seconds=ttl_seconds,
+                )
+            )
             mine.add(new.token)
             version = self.store.put_if_version(self.key, new.to_json(), current.version)
             if version is not None:
                 return _with_version(new, version)
-        raise LeaseHeldError(
+        raise LeaseLostError(
             f"run {owner!r} could not renew its lease of table {self.table!r} in {self.max_attempts} "
             f"attempts: it kept changing under us ({self.uri})"
         )
 
-    def release(self, owner: str) -> bool:
-        """Give ``owner``'s lease back; True when this call deleted it.
+    def release(self, owner: str, epoch: int | None = None) -> bool:
+        """Give ``owner``'s lease (of ``epoch``, when given) back; True when this call released it.
 
-        Idempotent: with no lease, or another run's lease, nothing is deleted
-        and False comes back (another run's lease is logged as a warning).
+        The object stays as a ``released`` tombstone that keeps the epoch, so
+        the next holder's epoch is higher. Idempotent: with no lease, a
+        released one, or another run's (or epoch's) lease, nothing changes and
+        False comes back (another holder is logged as a warning).
         """
         for _ in range(self.max_attempts):
             current = self.current()
-            if current is None:
+            if current is None or current.released:
                 log.info("run %r: no lease of %s to release", owner, self.table)
                 return False
-            if current.owner != owner:
+            if not _is_ours(current, owner, epoch):
                 log.warning(
-                    "run %r does not release the lease of %s: it is held by run %r (host %s) since %s",
+                    "run %r (epoch %s) does not release the lease of %s: it is held by %s since %s",
                     owner,
+                    epoch,
                     self.table,
-                    current.owner,
-                    current.host,
+                    current.holder(),
                     _iso(current.acquired_at),
                 )
                 return False
-            if self.store.delete_if_version(self.key, current.version):
-                log.info("run %r released the lease of %s", owner, self.table)
+            now = self.now()
+            tombstone = self._new(
+                current,
+                owner=owner,
+                epoch=current.epoch,
+                acquired_at=current.acquired_at,
+                now=now,
+                ttl_seconds=0,
+                released=True,
+            )
+            if self.store.put_if_version(self.key, tombstone.to_json(), current.version) is not None:
+                log.info("run %r released the lease of %s (epoch %d)", owner, self.table, current.epoch)
                 return True
-            # changed between our read and the delete (a concurrent renew or takeover): look again
+            # changed between our read and the write (a concurrent renew or takeover): look again
         log.warning("run %r: the lease of %s kept changing; not released", owner, self.table)
         return False
 
@@ -334,39 +471,73 @@ class TableLease:
             yield info
         except BaseException:
             try:
-                self.release(owner)
+                self.release(owner, info.epoch)
             except Exception:
                 log.exception("run %r could not release the lease of %s", owner, self.table)
             raise
-        self.release(owner)
+        self.release(owner, info.epoch)
 
     # messages
 
-    def _held_message(self, owner: str, current: LeaseInfo, now: datetime) -> str:
-        return (
-            f"table {self.table!r} is in use by another run, so run {owner!r} must not start: "
-            f"run {current.owner!r} (host {current.host}, pid {current.pid}) holds its lease since "
-            f"{_iso(current.acquired_at)} ({_duration(now - current.acquired_at)} ago) until "
-            f"{_iso(current.expires_at)} (in {_duration(current.expires_at - now)}). Two runs of one "
-            f"table must never overlap. Wait for that run to finish (its cleanup releases the lease) "
-            f"and retry. If that run is dead, its lease expires at {_iso(current.expires_at)} and the "
-            f"next run after that takes it over; if you are sure no run of {self.table!r} is active, "
-            f"delete the lease object {current.uri} by hand."
-        )
-
-    def _lost_message(self, owner: str, current: LeaseInfo | None, now: datetime) -> str:
-        if current is None:
-            what = "no lease exists any more (it was released or deleted by hand)"
+    def _held_message(
+        self,
+        owner: str,
+        current: LeaseInfo,
+        now: datetime,
+        holder_state: Callable[[LeaseInfo], HolderState] | None,
+    ) -> str:
+        if current.expired(now):
+            timing = (
+                f"its lease expired at {_iso(current.expires_at)}, but Airflow still shows that run as "
+                "running, so it gets one more TTL of grace before it is presumed stuck"
+            )
         else:
-            what = (
-                f"run {current.owner!r} (host {current.host}) holds it since {_iso(current.acquired_at)} "
-                f"until {_iso(current.expires_at)}"
+            timing = (
+                f"it holds the lease since {_iso(current.acquired_at)} "
+                f"({_duration(now - current.acquired_at)} ago) until {_iso(current.expires_at)} "
+                f"(in {_duration(current.expires_at - now)}, renewed while it works)"
             )
         return (
-            f"run {owner!r} has lost the lease of table {self.table!r} ({self.uri}): {what}. Another run "
-            f"may have processed the table meanwhile; stop this run and let the next one start from the "
-            f"watermark. Renew more often, or use a TTL longer than the longest run."
+            f"table {self.table!r} is in use by another run, so run {owner!r} must not start: "
+            f"{current.holder()}; {timing}. Two runs of one table must never overlap. Wait for that "
+            f"run to finish (its cleanup releases the lease) and retry. If that run is dead, mark it "
+            f"failed in Airflow (the next run then takes over at once) or wait until its lease expires; "
+            f"the lease object is {current.uri}."
         )
+
+    def _lost_message(self, owner: str, epoch: int | None, current: LeaseInfo | None) -> str:
+        if current is None:
+            what = "no lease exists any more (it was deleted by hand)"
+        elif current.released:
+            what = f"it was released (epoch {current.epoch})"
+        else:
+            what = f"{current.holder()} holds it since {_iso(current.acquired_at)} until {_iso(current.expires_at)}"
+        return (
+            f"run {owner!r} (epoch {epoch}) has lost the lease of table {self.table!r} ({self.uri}): {what}. "
+            "Another run took over the table, so this run stops without committing or deleting anything "
+            "the other run uses; nothing is lost, the holder (or the next run) processes the snapshot. "
+            "If this happens often, the run stalls longer than the lease TTL between renewals "
+            "(tables[].lease_ttl / shuffle.lease_ttl)."
+        )
+
+
+def _is_ours(current: LeaseInfo | None, owner: str, epoch: int | None) -> bool:
+    return (
+        current is not None
+        and not current.released
+        and current.owner == owner
+        and (epoch is None or current.epoch == epoch)
+    )
+
+
+def _ask(holder_state: Callable[[LeaseInfo], HolderState] | None, current: LeaseInfo) -> HolderState:
+    if holder_state is None:
+        return "unknown"
+    try:
+        return holder_state(current)
+    except Exception as exc:  # Airflow unreachable: fall back to expiry alone
+        log.warning("could not ask Airflow about the lease holder %s: %s", current.holder(), exc)
+        return "unknown"
 
 
 def _check(owner: str, ttl_seconds: float) -> None:

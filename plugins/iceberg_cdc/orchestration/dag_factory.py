@@ -12,7 +12,9 @@ the UI as the mapped tasks' names.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,10 +22,18 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, TriggerRule, task
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
-from iceberg_cdc.errors import LeaseHeldError
+from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
+from iceberg_cdc.errors import (
+    ConfigError,
+    ConservationError,
+    CorruptShuffleError,
+    LeaseHeldError,
+    LeaseLostError,
+    SourceHistoryError,
+)
 from iceberg_cdc.orchestration import steps
 from iceberg_cdc.orchestration.pyfiles import package_zip
 from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
@@ -47,6 +57,41 @@ snapshot of the current history (its rows in the sink are replaced).
 * **watermark** — confirms progress; **trigger_next_run** starts the next run at once when more is pending
 * **cleanup** — teardown: shuffle objects, uncommitted files, the lease
 """
+
+
+TASK_RETRIES_ENV = "CDC_TASK_RETRIES"  # retries of every task (default 2)
+# Errors that a retry of the same task cannot fix: the run must stop (the next run starts afresh).
+_FINAL_ERRORS = (LeaseLostError, ConservationError, CorruptShuffleError, ConfigError, SourceHistoryError)
+
+
+def task_retries() -> int:
+    """Retries of every task: ``CDC_TASK_RETRIES`` (default 2)."""
+    return int(os.environ.get(TASK_RETRIES_ENV, "2"))
+
+
+@contextlib.contextmanager
+def final_errors() -> Iterator[None]:
+    """Turn errors no retry can fix into AirflowFailException (no retries), message first."""
+    try:
+        yield
+    except _FINAL_ERRORS as exc:
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
+
+def airflow_holder_state(ti: Any) -> Callable[[LeaseInfo], HolderState] | None:
+    """Ask Airflow whether a lease holder's DAG run is still running (for a faster, safer takeover)."""
+    if ti is None or not hasattr(ti, "get_dagrun_state"):
+        return None
+
+    def state(holder: LeaseInfo) -> HolderState:
+        if not holder.dag_id:
+            return "unknown"
+        value = str(ti.get_dagrun_state(holder.dag_id, holder.owner)).lower().rsplit(".", 1)[-1]
+        if value in ("success", "failed"):
+            return "finished"
+        return "running" if value in ("running", "queued") else "unknown"
+
+    return state
 
 
 def spark_application() -> str:
@@ -89,19 +134,31 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
                 description="Reprocess this snapshot of the current history (replacing its rows in the sink).",
             ),
             "trigger_next": Param(
-                True,
-                type="boolean",
-                description="Start the next run at once when more snapshots are pending.",
+                None,
+                type=["null", "boolean"],
+                description="Start the next run at once when more snapshots are pending "
+                "(default: yes, except for a reprocess of one snapshot_id).",
             ),
         },
-        default_args={"retries": 0},
+        # Transient failures (an S3 blip, a killed worker) are retried where they happen: every
+        # step is idempotent within the run's lease epoch. Errors a retry cannot fix fail at once.
+        default_args={"retries": task_retries(), "retry_delay": timedelta(seconds=15)},
     ) as dag:
 
         @task(task_id="detect")
-        def detect(params: dict[str, Any] | None = None, run_id: str | None = None) -> dict[str, Any]:
+        def detect(
+            params: dict[str, Any] | None = None, run_id: str | None = None, ti=None
+        ) -> dict[str, Any]:
             requested = (params or {}).get("snapshot_id")
             try:
-                return steps.detect(context(), run_id or "manual", requested)
+                return steps.detect(
+                    context(),
+                    run_id or "manual",
+                    requested,
+                    dag_id=table.dag_id,
+                    try_number=getattr(ti, "try_number", None),
+                    holder_state=airflow_holder_state(ti),
+                )
             except LeaseHeldError as exc:
                 raise AirflowSkipException(str(exc)) from None
 
@@ -132,7 +189,8 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
 
         @task(task_id="coalesce")
         def coalesce(detected: dict[str, Any]) -> list[list[str]]:
-            return steps.coalesce(context(), detected)
+            with final_errors():
+                return steps.coalesce(context(), detected)
 
         ranges = coalesce(detected)
 
@@ -148,7 +206,8 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         def commit(ti=None) -> dict[str, Any]:
             # Pulled, not passed: an argument would make commit a direct downstream of the
             # setup task, which Airflow allows only with trigger rule ALL_SUCCESS.
-            return steps.commit(context(), ti.xcom_pull(task_ids="detect"))
+            with final_errors():
+                return steps.commit(context(), ti.xcom_pull(task_ids="detect"))
 
         @task(task_id="watermark")
         def watermark(detected: dict[str, Any], committed: dict[str, Any]) -> dict[str, Any]:
@@ -156,7 +215,12 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
 
         @task.short_circuit(task_id="more_pending")
         def more_pending(mark: dict[str, Any], params: dict[str, Any] | None = None) -> bool:
-            return bool(mark["remaining"]) and bool((params or {}).get("trigger_next", True))
+            # A manual reprocess (snapshot_id) does not chain unless asked to: it is about one snapshot.
+            params = params or {}
+            chain = params.get("trigger_next")
+            if chain is None:
+                chain = params.get("snapshot_id") is None
+            return bool(mark["remaining"]) and bool(chain)
 
         trigger_next = TriggerDagRunOperator(
             task_id="trigger_next_run", trigger_dag_id=table.dag_id, wait_for_completion=False

@@ -1,8 +1,9 @@
 """Barrier sensor: every planned map output committed before any read starts.
 
-One LIST of the snapshot's prefix per poke (not one request per output)
-shows both committed outputs (their index objects) and failure markers left
-by write jobs. A marker fails the run at once; a timeout names the outputs
+One LIST of the run's namespace per poke (not one request per output)
+shows both committed outputs (their row records, written after the index)
+and failure markers left by write jobs. Each poke also renews the run's lease
+(so a long wait keeps the table), and fails the run if it was overtaken. A marker fails the run at once; a timeout names the outputs
 still missing.
 """
 
@@ -14,7 +15,10 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
 from iceberg_cdc.config import load_config
-from iceberg_cdc.orchestration.steps import Context, missing_map_outputs
+from iceberg_cdc.errors import LeaseLostError
+from iceberg_cdc.orchestration.context import Context
+from iceberg_cdc.orchestration.run_lease import confirm
+from iceberg_cdc.orchestration.shuffle_steps import missing_map_outputs
 
 _NAMED = 20
 
@@ -36,6 +40,10 @@ class MapOutputBarrierSensor(BaseSensorOperator):
     def poke(self, context) -> bool:
         detected = self._detected(context)
         ctx = Context.of(load_config(), self.source)
+        try:
+            confirm(ctx, detected)
+        except LeaseLostError as exc:
+            raise AirflowFailException(str(exc)) from None
         missing, failed = missing_map_outputs(ctx, detected)
         if failed:
             task_id, error = next(iter(failed.items()))
@@ -58,6 +66,6 @@ class MapOutputBarrierSensor(BaseSensorOperator):
             named = ", ".join(missing[:_NAMED]) + (" ..." if len(missing) > _NAMED else "")
             raise AirflowSensorTimeout(
                 f"timed out waiting for {len(missing)} map output(s) of {self.source}: {named}. "
-                "Their write tasks neither committed (NAME.index) nor recorded a failure: check the "
+                "Their write tasks neither committed (NAME.index and written/<task>.json) nor recorded a failure: check the "
                 "shuffle_write task logs and the Spark application."
             ) from None

@@ -6,6 +6,12 @@ range of every map output -> merged changes -> one staged sink file), or an
 insert task (added files -> INSERT rows staged, no shuffle). They return
 small JSON-able dicts of figures and leave their results in storage, so a
 retried Spark task simply redoes and overwrites its own output.
+
+Each unit also checks that rows are conserved across it -- rows of its input
+files (the manifests' record counts) = rows it wrote to the shuffle; rows a
+read range's map outputs hold for it = rows it fetched = carryover + change
+rows it staged -- and records the counts, so commit can check the whole
+snapshot before anything reaches the sink (:mod:`iceberg_cdc.pipeline.conservation`).
 """
 
 from __future__ import annotations
@@ -16,16 +22,18 @@ import resource
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from iceberg_cdc.changelog.merge import CHANGE_TYPE_COLUMN, MergeStats, merge_changes
-from iceberg_cdc.pipeline.paths import SnapshotPaths
+from iceberg_cdc.errors import CorruptShuffleError
+from iceberg_cdc.pipeline.conservation import check_merge, check_written
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import Runtime
-from iceberg_cdc.shuffle.fetch import MapOutputSpan, fetch_spans
+from iceberg_cdc.shuffle.fetch import MapOutputSpan, fetch_spans_counted
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.rows import Op, shuffle_schema
 from iceberg_cdc.shuffle.writer import MapOutputWriter
@@ -93,7 +101,8 @@ def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[s
     source_schema, _ = _schemas(plan)
     io = runtime.file_io(plan.sink_location)
     partitioner = HashPartitioner(plan.partitions, plan.identifier_columns)
-    name = SnapshotPaths(plan.source, plan.snapshot_id).map_output(task_id)
+    paths = plan.paths
+    name = paths.map_output(task_id)
     with (
         tempfile.TemporaryDirectory(prefix="cdc-spill-") as spill_dir,
         MapOutputWriter(
@@ -106,6 +115,16 @@ def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[s
                 writer.write(batch, Op[file.op])
         committing = time.perf_counter()
         stats = writer.commit()
+    check_written(plan, task, stats.rows)
+    written = {
+        "task_id": task_id,
+        "epoch": plan.epoch,
+        "rows": stats.rows,
+        "partition_rows": stats.partition_rows,
+        "data_bytes": stats.data_bytes,
+    }
+    # Written after the index: with it the map output counts as committed (barrier, coalesce).
+    runtime.store().put(paths.written(task_id), json.dumps(written).encode())
     done = time.perf_counter()
     return {
         "task_id": task_id,
@@ -126,8 +145,16 @@ def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[s
 
 
 def _staged_path(plan: SnapshotPlan, part: str) -> str:
-    # The run's token in the name: a reprocess never overwrites files the sink already references.
-    return staged_file_path(plan.sink_location, plan.snapshot_id, f"{part}-{plan.attempt}")
+    """A name no write ever used: the run's epoch directory and a random suffix per task attempt.
+
+    A committed file must never be written again (Java readers find the footer
+    from the size in the manifest), and a retried task, a cleared run or a
+    reprocess must never overwrite one; the staged record names the file that
+    counts, and cleanup deletes the others.
+    """
+    return staged_file_path(
+        plan.sink_location, plan.snapshot_id, f"{part}-{uuid.uuid4().hex[:12]}", attempt=plan.attempt
+    )
 
 
 def _record(plan: SnapshotPlan, runtime: Runtime, part: str, staged, stats: dict[str, Any]) -> dict[str, Any]:
@@ -137,10 +164,8 @@ def _record(plan: SnapshotPlan, runtime: Runtime, part: str, staged, stats: dict
         files.append(
             {"path": staged.path, "record_count": staged.record_count, "file_size": staged.file_size}
         )
-    record = {"part": part, "files": files, "stats": stats}
-    runtime.store().put(
-        SnapshotPaths(plan.source, plan.snapshot_id).staged(part), json.dumps(record).encode()
-    )
+    record = {"part": part, "epoch": plan.epoch, "files": files, "stats": stats}
+    runtime.store().put(plan.paths.staged(part), json.dumps(record).encode())
     return record
 
 
@@ -150,12 +175,16 @@ def run_read_task(plan: SnapshotPlan, runtime: Runtime, range_doc: dict[str, Any
     started_at, started = time.time(), time.perf_counter()
     source_schema, _ = _schemas(plan)
     spans = [MapOutputSpan.from_dict(span) for span in range_doc["spans"]]
-    rows = fetch_spans(runtime.store(), spans, shuffle_schema(output_schema(source_schema)))
+    rows, span_rows = fetch_spans_counted(
+        runtime.store(), spans, shuffle_schema(output_schema(source_schema))
+    )
+    _check_span_rows(plan, range_doc, spans, span_rows)
     fetched = time.perf_counter()
     changes, merge_stats = merge_changes(
         rows, plan.identifier_columns, emit_unpaired=plan.duplicate_keys == "emit_unpaired"
     )
-    arrow_bytes = rows.nbytes
+    check_merge(plan, range_doc["index"], merge_stats, changes.num_rows)
+    arrow_bytes, rows_read = rows.nbytes, rows.num_rows
     del rows
     merged = time.perf_counter()
     part = f"range-{range_doc['index']:05d}"
@@ -167,6 +196,7 @@ def run_read_task(plan: SnapshotPlan, runtime: Runtime, range_doc: dict[str, Any
     done = time.perf_counter()
     stats = {
         **vars(merge_stats),
+        "rows_read": rows_read,
         "shuffle_bytes": sum(span.size for span in spans),
         "arrow_bytes": arrow_bytes,
         "fetch_seconds": round(fetched - started, 3),
@@ -199,6 +229,28 @@ def run_insert_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[
     staged = write_staged_file(
         io, _staged_path(plan, part), sink_batches(), schema=sink_arrow_schema(sink_schema)
     )
+    check_written(plan, task, {"DELETE": 0, "INSERT": staged.record_count})
     stats = {**vars(MergeStats(input_rows=staged.record_count, inserts=staged.record_count))}
+    stats["rows_read"] = staged.record_count
     stats["seconds"] = round(time.perf_counter() - started, 3)
     return _record(plan, runtime, part, staged, stats)
+
+
+def _check_span_rows(
+    plan: SnapshotPlan, range_doc: dict[str, Any], spans: list[MapOutputSpan], span_rows: list[int]
+) -> None:
+    """Each map output gave this range exactly the rows its writer recorded for these partitions."""
+    expected = range_doc.get("span_rows")
+    if expected is None:
+        raise CorruptShuffleError(
+            f"read range {range_doc['index']} of snapshot {plan.snapshot_id} has no expected row counts: "
+            "its ranges.json was not written by this release's coalesce"
+        )
+    for span, want, got in zip(spans, expected, span_rows, strict=True):
+        if want != got:
+            raise CorruptShuffleError(
+                f"map output {span.name!r} gave {got} rows for partitions [{span.first_partition}, "
+                f"{span.first_partition + len(span.offsets) - 1}) of read range {range_doc['index']}, but its "
+                f"write task recorded {want}: the object was replaced, emptied or truncated after it "
+                "was written."
+            )

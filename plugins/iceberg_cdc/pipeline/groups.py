@@ -8,6 +8,7 @@ units with the same functions and leave the same figures for commit.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +31,7 @@ def units_of(phase: str, plan: SnapshotPlan, group: int, store: ObjectStore) -> 
     """Write/insert groups list task ids (from the plan); read groups list range documents (from coalesce)."""
     if phase in ("write", "insert"):
         return list(plan.groups[group].task_ids)
-    paths = SnapshotPaths(plan.source, plan.snapshot_id)
+    paths = plan.paths
     ranges = json.loads(store.get(paths.ranges))
     wanted = set(ranges["groups"][group])
     return [r for r in ranges["ranges"] if r["index"] in wanted]
@@ -38,7 +39,7 @@ def units_of(phase: str, plan: SnapshotPlan, group: int, store: ObjectStore) -> 
 
 def read_group_count(plan: SnapshotPlan, store: ObjectStore) -> int:
     """How many read groups coalesce planned."""
-    paths = SnapshotPaths(plan.source, plan.snapshot_id)
+    paths = plan.paths
     return len(json.loads(store.get(paths.ranges))["groups"])
 
 
@@ -46,6 +47,23 @@ def record_group(
     store: ObjectStore, plan: SnapshotPlan, phase: str, group: int, seconds: float, results: list[Any]
 ) -> None:
     """The group's wall time and unit figures, summed into the commit's ``cdc.seconds.*``."""
-    paths = SnapshotPaths(plan.source, plan.snapshot_id)
+    paths = plan.paths
     document = {"phase": phase, "group": group, "seconds": round(seconds, 3), "units": results}
     store.put(paths.stats(f"{phase}-{group:04d}"), json.dumps(document).encode())
+
+
+def record_phase(
+    store: ObjectStore, paths: SnapshotPaths, phase: str, started: float, **figures: Any
+) -> None:
+    """Seconds (since ``started``, a ``perf_counter`` value) and figures of one non-Spark step."""
+    document = {"phase": phase, "seconds": round(time.perf_counter() - started, 3), **figures}
+    store.put(paths.stats(phase), json.dumps(document).encode())
+
+
+def phase_seconds(store: ObjectStore, paths: SnapshotPaths) -> dict[str, float]:
+    """Seconds per phase of one attempt, from every stats record (groups of a phase add up)."""
+    seconds: dict[str, float] = {}
+    for info in store.list(paths.prefix + "stats/"):
+        document = json.loads(store.get(info.key))
+        seconds[document["phase"]] = seconds.get(document["phase"], 0.0) + float(document.get("seconds", 0))
+    return {k: round(v, 2) for k, v in seconds.items()}

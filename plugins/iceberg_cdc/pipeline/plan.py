@@ -7,15 +7,17 @@ resolve those from their own environment and config.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from iceberg_cdc.coordination.lease import TableLease
+from iceberg_cdc.errors import CdcError, LeaseLostError, ObjectNotFoundError
+from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name
 from iceberg_cdc.source.planning import WriteTask
 from iceberg_cdc.storage.base import ObjectStore
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 Kind = Literal["with_deletes", "insert_only"]
 
 
@@ -82,13 +84,26 @@ class SnapshotPlan:
     initial_load: bool = False
     replace_existing: bool = False  # manual reprocess: replace the snapshot's rows in the sink
     run_id: str = ""
+    epoch: int = 0  # the run's lease epoch: its fencing token and the namespace of its objects
+    lease_ttl_seconds: float = 300.0
+    name_mapping_json: str | None = None  # the source's schema.name-mapping.default, for files without ids
     version: int = PLAN_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def attempt(self) -> str:
-        """Short token of the run that planned this, for names no other run uses."""
-        return hashlib.sha256(self.run_id.encode()).hexdigest()[:10]
+        """The namespace of the run that planned this (its lease epoch): names no other run uses."""
+        return attempt_name(self.epoch)
+
+    @property
+    def paths(self) -> SnapshotPaths:
+        """Where this attempt's objects live in the shuffle store."""
+        return SnapshotPaths(self.source, self.snapshot_id, self.attempt)
+
+    @property
+    def input_records(self) -> int:
+        """Rows of every planned input file, from the manifests' record counts."""
+        return sum(task.record_count for task in self.write_tasks)
 
     @property
     def phase(self) -> str:
@@ -124,4 +139,25 @@ class SnapshotPlan:
 
     @classmethod
     def load(cls, store: ObjectStore, key: str) -> SnapshotPlan:
-        return cls.from_json(store.get(key).decode())
+        """The plan at ``key``; a plan that is gone because another run took the table over says so."""
+        try:
+            return cls.from_json(store.get(key).decode())
+        except ObjectNotFoundError:
+            raise _plan_gone(store, key) from None
+
+
+def _plan_gone(store: ObjectStore, key: str) -> CdcError:
+    """Why a plan is missing: swept by a run that took the table over (LeaseLostError), or otherwise."""
+    table, _, rest = key.partition("/snapshot-")
+    holder = TableLease(store, table).current() if table and rest else None
+    epoch = rest.split("/")[1] if rest.count("/") >= 2 else ""
+    if holder is not None and epoch.startswith("epoch-") and epoch != f"epoch-{holder.epoch}":
+        return LeaseLostError(
+            f"the plan {store.describe(key)} is gone: the run that made it ({epoch}) lost the lease of "
+            f"{table}, and {holder.holder()} has taken the table over and swept that run's objects. This "
+            "run stops; nothing of it was committed, and the new holder processes the snapshot."
+        )
+    return ObjectNotFoundError(
+        f"the plan {store.describe(key)} does not exist: the run's objects were deleted (cleanup, a "
+        "lifecycle rule, or by hand). Nothing was committed; rerun the DAG run from detect."
+    )

@@ -7,6 +7,10 @@ and collects small figures; executors read and write storage themselves.
 
 When a write unit finally fails, the driver leaves a failure marker for each
 of the group's unfinished tasks, so the barrier fails fast and names them.
+
+The driver proves at start that its run still holds the table's lease (the
+plan's epoch) and renews it from a heartbeat while the job runs; if another
+run takes the table over meanwhile, the heartbeat cancels the job.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import time
 import traceback
 
 from iceberg_cdc.config import load_config
+from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
+from iceberg_cdc.coordination.lease import TableLease
+from iceberg_cdc.errors import LeaseLostError
 from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS, record_group, units_of
-from iceberg_cdc.pipeline.paths import SnapshotPaths
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import runtime_from_config
 
@@ -44,7 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     runtime = runtime_from_config(config)
     store = runtime.store()
     plan = SnapshotPlan.load(store, args.plan)
-    paths = SnapshotPaths(plan.source, plan.snapshot_id)
+    paths = plan.paths
+    lease = TableLease(store, plan.source)
+    try:
+        lease.renew(plan.run_id, plan.epoch, plan.lease_ttl_seconds)
+    except LeaseLostError as exc:
+        log.error("%s", exc)
+        return 1
     units = units_of(args.phase, plan, args.group, store)
     function = PHASE_FUNCTIONS[args.phase]
 
@@ -67,17 +79,26 @@ def main(argv: list[str] | None = None) -> int:
         plan.source,
         plan.snapshot_id,
     )
+    heartbeat = LeaseHeartbeat(
+        lease,
+        plan.run_id,
+        plan.epoch,
+        plan.lease_ttl_seconds,
+        on_lost=lambda _: spark.sparkContext.cancelAllJobs(),
+    )
     try:
-        results = (
-            spark.sparkContext.parallelize(units, max(1, len(units)))
-            .map(lambda unit: function(plan, runtime, unit))
-            .collect()
-        )
+        with heartbeat:
+            results = (
+                spark.sparkContext.parallelize(units, max(1, len(units)))
+                .map(lambda unit: function(plan, runtime, unit))
+                .collect()
+            )
+        heartbeat.check()
     except Exception as exc:
         if args.phase == "write":
             reason = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-4000:]
             for task_id in units:
-                if not store.list(paths.map_output(task_id) + ".index"):
+                if not store.list(paths.written(task_id)):
                     store.put(
                         paths.failed(task_id), json.dumps({"task_id": task_id, "error": reason}).encode()
                     )

@@ -62,6 +62,17 @@ def fetch_spans(
     threads: int = DEFAULT_FETCH_THREADS,
 ) -> pa.Table:
     """All rows of the spans, one ranged GET each (empty spans cost nothing), as one table."""
+    return fetch_spans_counted(store, spans, schema, threads=threads)[0]
+
+
+def fetch_spans_counted(
+    store: ObjectStore,
+    spans: Sequence[MapOutputSpan],
+    schema: pa.Schema,
+    *,
+    threads: int = DEFAULT_FETCH_THREADS,
+) -> tuple[pa.Table, list[int]]:
+    """:func:`fetch_spans` and the rows each span gave, in the order of ``spans`` (for conservation)."""
     wanted = [span for span in spans if span.size > 0]
 
     def one(span: MapOutputSpan) -> list[pa.RecordBatch]:
@@ -72,7 +83,11 @@ def fetch_spans(
     else:
         with ThreadPoolExecutor(max_workers=min(threads, len(wanted))) as pool:
             parts = list(pool.map(one, wanted))
-    return pa.Table.from_batches([batch for part in parts for batch in part], schema=schema)
+    rows = {
+        span.name: sum(batch.num_rows for batch in part) for span, part in zip(wanted, parts, strict=True)
+    }
+    table = pa.Table.from_batches([batch for part in parts for batch in part], schema=schema)
+    return table, [rows.get(span.name, 0) for span in spans]
 
 
 def fetch_range(

@@ -89,6 +89,7 @@ class MapOutputStats:
     sort_runs: int = 0
     spills: int = 0
     partition_sizes: list[int] = field(default_factory=list)
+    partition_rows: list[int] = field(default_factory=list)  # rows per partition: read tasks check them
 
 
 @dataclass
@@ -132,6 +133,7 @@ class MapOutputWriter:
         self._run_bytes = 0
         self._blocks: list[list[bytes]] = [[] for _ in range(num_partitions)]
         self._block_sizes = np.zeros(num_partitions, dtype=np.int64)
+        self._partition_rows = np.zeros(num_partitions, dtype=np.int64)
         self._spills: list[_SpillFile] = []
         self._closed = False
 
@@ -182,6 +184,7 @@ class MapOutputWriter:
         keys = partitions.astype(np.uint16) if num_partitions <= 1 << 16 else partitions
         order = np.argsort(keys, kind="stable")
         counts = np.bincount(partitions, minlength=num_partitions)
+        self._partition_rows += counts
         ordered = pc.take(run, pa.array(order), boundscheck=False)  # a permutation: always in bounds
         del run, order
         rows_per_block = max(1, int(ordered.num_rows * self.block_bytes / max(ordered.nbytes, 1)))
@@ -191,7 +194,7 @@ class MapOutputWriter:
             for block_start in range(start, end, rows_per_block):
                 piece = ordered.slice(block_start, min(rows_per_block, end - block_start))
                 for batch in piece.to_batches():
-                    usize, compressed = encode_block(batch)
+                    usize, compressed = encode_block(batch, self.name)
                     self._blocks[partition].append(BLOCK_HEADER.pack(usize, len(compressed)))
                     self._blocks[partition].append(compressed)
                     self._block_sizes[partition] += BLOCK_HEADER.size + len(compressed)
@@ -226,6 +229,7 @@ class MapOutputWriter:
             self.store.put(index_key(self.name), index.to_bytes())
             self.stats.data_bytes = index.data_size
             self.stats.partition_sizes = sizes.tolist()
+            self.stats.partition_rows = self._partition_rows.tolist()
             return self.stats
         finally:
             self.close()

@@ -175,11 +175,15 @@ def commit_changes(
     replace_existing: bool = False,
     summary: Mapping[str, str] | None = None,
     max_attempts: int = DEFAULT_ATTEMPTS,
+    data_files: Sequence[DataFile] | None = None,
 ) -> CommitResult:
     """Commit one source snapshot's staged files and watermark in one atomic Iceberg commit.
 
     ``summary`` adds figures of the run (counts, seconds per phase) to the
     sink snapshot's summary, so they stay with the data they describe.
+    ``data_files``: the staged files' metadata when the caller already read
+    their footers (:func:`~iceberg_cdc.sink.datafiles.data_files_from_parquet`
+    of ``staged_paths``), so they are read once.
 
     Files with no rows are left out (cleanup deletes them). With no files left
     only the watermark moves. ``sink_table`` ends up at the metadata the commit
@@ -195,7 +199,8 @@ def commit_changes(
     if len(set(staged_paths)) != len(staged_paths):
         raise ValueError("staged_paths contains duplicates")
     target = Watermark(source_uuid, snapshot_id, ordinal)
-    data_files: list[DataFile] | None = None
+    if data_files is not None:
+        data_files = [f for f in data_files if f.record_count > 0]
     for attempt in range(max_attempts):
         if attempt:
             _backoff(attempt)

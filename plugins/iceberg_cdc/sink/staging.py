@@ -4,14 +4,14 @@ Read tasks run on Spark executors that have FileIO properties but no catalog,
 so a staged file is written through pyiceberg's ``FileIO`` (``s3://`` and
 ``file://`` alike) straight into the sink table's data location::
 
-    <sink location>/data/_staged/snapshot=<source snapshot id>/<name>.parquet
+    <sink location>/data/_staged/snapshot=<source snapshot id>/<attempt>/<name>.parquet
 
-The commit then adds these very files to the sink -- no copy. Names are chosen
-by the caller and must be deterministic per (DAG run, read task): a retried
-task overwrites its own file instead of leaving a second copy. They must *not*
-repeat across runs of one snapshot (a reprocess with ``replace_existing``, or a
-run cleared after its commit), because a committed file must never be
-overwritten; put something unique to the run in the name.
+The commit then adds these very files to the sink -- no copy. ``<attempt>`` is
+the run's lease epoch and names are unique per task attempt: a committed file
+must never be written again (Java readers locate the footer from the size the
+manifest records), so no retry, cleared run or reprocess may reuse a name;
+:func:`write_staged_file` refuses to overwrite. A retried task leaves its
+earlier file behind unreferenced, and cleanup deletes it.
 
 Cleanup (:func:`delete_uncommitted_staged`) deletes the staged files of a
 snapshot that no sink snapshot references. Because they sit under the table's
@@ -21,6 +21,7 @@ crash leaves behind.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, cast
@@ -59,11 +60,15 @@ def staged_prefix(sink_location: str, source_snapshot_id: int) -> str:
     return f"{staging_root(sink_location)}/snapshot={source_snapshot_id}/"
 
 
-def staged_file_path(sink_location: str, source_snapshot_id: int, name: str) -> str:
-    """Where the staged file ``name`` of a source snapshot goes."""
-    if not name or "/" in name:
-        raise ValueError(f"staged file name {name!r} must be non-empty and contain no '/'")
-    return f"{staged_prefix(sink_location, source_snapshot_id)}{name}.parquet"
+def staged_file_path(
+    sink_location: str, source_snapshot_id: int, name: str, *, attempt: str | None = None
+) -> str:
+    """Where the staged file ``name`` of a source snapshot goes (in the run's ``attempt`` directory)."""
+    for part in (name, attempt):
+        if part is not None and (not part or "/" in part):
+            raise ValueError(f"staged file name part {part!r} must be non-empty and contain no '/'")
+    directory = f"{attempt}/" if attempt else ""
+    return f"{staged_prefix(sink_location, source_snapshot_id)}{directory}{name}.parquet"
 
 
 def write_staged_file(
@@ -77,8 +82,7 @@ def write_staged_file(
     ``data`` is a table or an iterable of record batches; batches are written
     as they come, so a task never needs all its rows in memory (``schema`` is
     then required unless the first batch may define it). An existing file at
-    ``path`` is overwritten: that is how a retried task replaces its own output.
-    The Arrow schema's field ids become the Parquet field ids, which the commit
+    ``path`` is an error: committed files must never be rewritten. The Arrow schema's field ids become the Parquet field ids, which the commit
     relies on.
     """
     if isinstance(data, pa.Table):
@@ -94,7 +98,7 @@ def write_staged_file(
             raise ValueError(f"nothing to write to {path}: no batches and no schema")
         schema = first.schema
     records = 0
-    stream = io.new_output(path).create(overwrite=True)
+    stream = io.new_output(path).create(overwrite=False)
     try:
         writer = pq.ParquetWriter(
             cast(IO[Any], stream),
@@ -149,6 +153,7 @@ def list_staged(
     *,
     store: ObjectStore | None = None,
     properties: Mapping[str, str] | None = None,
+    attempt: str | None = None,
 ) -> list[StagedFile]:
     """Every staged file of one source snapshot, as full paths in the table location's form.
 
@@ -161,13 +166,25 @@ def list_staged(
     root = staging_root(sink_location)
     return [
         StagedFile(path=f"{root}/{info.key}", record_count=-1, file_size=info.size)
-        for info in store.list(_snapshot_dir(source_snapshot_id))
+        for info in store.list(_snapshot_dir(source_snapshot_id, attempt))
         if info.key.endswith(".parquet")
     ]
 
 
-def _snapshot_dir(source_snapshot_id: int) -> str:
-    return f"snapshot={source_snapshot_id}/"
+def _snapshot_dir(source_snapshot_id: int, attempt: str | None = None) -> str:
+    return f"snapshot={source_snapshot_id}/" + (f"{attempt}/" if attempt else "")
+
+
+def staged_snapshot_ids(sink_location: str, properties: Mapping[str, str] | None = None) -> set[int]:
+    """Source snapshots with anything left in the sink's staging directory (for the leftover sweep)."""
+    store = staging_store(sink_location, properties)
+    found: set[int] = set()
+    for info in store.list(""):
+        head = info.key.split("/", 1)[0]
+        if head.startswith("snapshot="):
+            with contextlib.suppress(ValueError):
+                found.add(int(head[len("snapshot=") :]))
+    return found
 
 
 def delete_uncommitted_staged(
@@ -176,8 +193,9 @@ def delete_uncommitted_staged(
     *,
     store: ObjectStore | None = None,
     properties: Mapping[str, str] | None = None,
+    attempt: str | None = None,
 ) -> list[str]:
-    """Delete the staged files of a snapshot that no sink snapshot references; return their paths.
+    """Delete the staged files of a snapshot (of one ``attempt``, or all) that no sink snapshot references.
 
     Files added by a sink commit are kept while any retained sink snapshot
     references them (time travel; Iceberg's snapshot expiry deletes them when
@@ -189,14 +207,14 @@ def delete_uncommitted_staged(
     store = store or staging_store(
         location, properties if properties is not None else sink_table.io.properties
     )
-    staged = list_staged(location, source_snapshot_id, store=store)
+    staged = list_staged(location, source_snapshot_id, store=store, attempt=attempt)
     if not staged:
         return []
     sink_table.refresh()  # after listing: any commit that made a listed file live is seen
     referenced = referenced_staged_paths(sink_table, source_snapshot_id, {f.path for f in staged})
     doomed = [f.path for f in staged if f.path not in referenced]
     if len(doomed) == len(staged):
-        store.delete_prefix(_snapshot_dir(source_snapshot_id))  # the whole directory, markers too
+        store.delete_prefix(_snapshot_dir(source_snapshot_id, attempt))  # the whole directory, markers too
         return doomed
     root_length = len(staging_root(location)) + 1
     keys = [f.path[root_length:] for f in staged]

@@ -50,6 +50,9 @@ CHANGE_ORDINAL_KEY = "cdc.change-ordinal"
 REPLACE_KEY = "cdc.replace"
 # On the delete snapshot of a reprocess: which source snapshot's rows it removed.
 REPLACED_SNAPSHOT_ID_KEY = "cdc.replaced-snapshot-id"
+# Set ("true") on a commit that holds a snapshot's whole state as INSERTs (an initial load):
+# a reprocess of that snapshot must load the whole state again, not its diff.
+INITIAL_LOAD_KEY = "cdc.initial-load"
 
 T = TypeVar("T")
 
@@ -195,6 +198,30 @@ def find_commit(
         if ordinal is not None and _ends_search(snapshot, source_identifier, ordinal, source_uuid):
             return None
     return None
+
+
+def loaded_in_full(sink_table: Table, source_identifier: str, snapshot_id: int, *, start: str) -> bool:
+    """Whether the sink holds source snapshot ``snapshot_id`` as an initial load (its whole state).
+
+    Commits since this marker existed carry :data:`INITIAL_LOAD_KEY`. An older
+    sink's initial load is recognised as the oldest commit of the source in the
+    sink when the table starts at ``latest``.
+    """
+    found = find_commit(sink_table, source_identifier, snapshot_id)
+    if found is None:
+        return False
+    summary = summary_properties(found)
+    if INITIAL_LOAD_KEY in summary:
+        return summary[INITIAL_LOAD_KEY] == "true"
+    if start != "latest":
+        return False
+    metadata = sink_table.metadata
+    ours = [
+        s
+        for s in ancestors_of(sink_table.current_snapshot(), metadata)
+        if summary_properties(s).get(SOURCE_TABLE_KEY) == source_identifier
+    ]
+    return bool(ours) and ours[-1].snapshot_id == found.snapshot_id
 
 
 def _ends_search(snapshot: Snapshot, source_identifier: str, ordinal: int, source_uuid: str | None) -> bool:

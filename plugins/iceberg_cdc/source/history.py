@@ -228,17 +228,31 @@ def next_snapshot(table: Table, watermark: Watermark | None, start: StartPositio
     )
 
 
+def pending_count(table: Table, watermark: Watermark | None, start: StartPosition = "earliest") -> int:
+    """How many snapshots the sink still has to process after its watermark (0 when caught up)."""
+    pending = next_snapshot(table, watermark, start)
+    return 0 if pending is None else pending.remaining + 1
+
+
 def validate_manual_snapshot(
-    table: Table, snapshot_id: int, watermark: Watermark | None = None
+    table: Table,
+    snapshot_id: int,
+    watermark: Watermark | None = None,
+    start: StartPosition = "earliest",
+    *,
+    loaded_in_full: bool = False,
 ) -> PendingSnapshot:
     """Check a snapshot given for a manual reprocess, and give it its ordinal.
 
     It must be in the current ancestry (a rolled-back snapshot never happened
-    for readers of the table) and, when the sink has a watermark, at most the
-    next pending snapshot: a later one would carry the watermark past
-    snapshots that were never processed. Its ordinal is its 1-based position in the
-    ancestry, or, with the sink's watermark, counted from the watermark so it
-    matches the ordinals the sink already holds.
+    for readers of the table) and at most the next pending snapshot: a later
+    one would carry the watermark past snapshots that were never processed.
+    With no watermark (a fresh sink) that means exactly the snapshot the next
+    scheduled run would pick, with the same ordinal and initial-load flag.
+    ``loaded_in_full``: the sink holds this snapshot as an initial load (its
+    whole state as INSERTs, ``start: latest``), so a reprocess loads the whole
+    state again instead of replacing it with the snapshot's own diff.
+    ``remaining`` counts the snapshots pending after the watermark.
     """
     ancestry = current_ancestry(table)
     position = _position(ancestry, snapshot_id)
@@ -254,24 +268,33 @@ def validate_manual_snapshot(
             f"{ancestry[-1].snapshot_id if ancestry else None} and the oldest one still available is "
             f"{ancestry[0].snapshot_id if ancestry else None}."
         )
-    ordinal = position + 1
-    if watermark is not None:
-        marked = _check_watermark(table, watermark, ancestry)
-        if position > marked + 1:
-            # Committing it would move the watermark past the snapshots in between: lost for good.
+    if watermark is None:
+        first = next_snapshot(table, None, start)
+        if first is None or first.snapshot_id != snapshot_id:
             raise SourceHistoryError(
-                f"Cannot process snapshot {snapshot_id} of table {name} on its own: the sink's watermark "
-                f"is at snapshot {watermark.snapshot_id}, and the {position - marked - 1} snapshot(s) "
-                f"between them (the next one is {ancestry[marked + 1].snapshot_id}) are not processed "
-                "yet; committing this one would move the watermark past them and their changes would "
-                "never reach the sink. Nothing was run. Trigger the DAG without snapshot_id to process "
-                "the pending snapshots in order; snapshot_id is for reprocessing a snapshot the sink "
-                "already holds (or the next pending one)."
+                f"Cannot process snapshot {snapshot_id} of table {name} on its own: the sink has no "
+                f"watermark yet, so the first run must process snapshot {first and first.snapshot_id} "
+                f"(start: {start}); committing {snapshot_id} first would set the watermark there and the "
+                "snapshots before it would never reach the sink. Nothing was run. Trigger the DAG without "
+                "snapshot_id to process the pending snapshots in order."
             )
-        ordinal = watermark.ordinal + position - marked
+        return first
+    marked = _check_watermark(table, watermark, ancestry)
+    if position > marked + 1:
+        # Committing it would move the watermark past the snapshots in between: lost for good.
+        raise SourceHistoryError(
+            f"Cannot process snapshot {snapshot_id} of table {name} on its own: the sink's watermark "
+            f"is at snapshot {watermark.snapshot_id}, and the {position - marked - 1} snapshot(s) "
+            f"between them (the next one is {ancestry[marked + 1].snapshot_id}) are not processed "
+            "yet; committing this one would move the watermark past them and their changes would "
+            "never reach the sink. Nothing was run. Trigger the DAG without snapshot_id to process "
+            "the pending snapshots in order; snapshot_id is for reprocessing a snapshot the sink "
+            "already holds (or the next pending one)."
+        )
+    is_first = position == 0 and not is_table_first_snapshot(ancestry[0])
     return PendingSnapshot(
         snapshot_id=snapshot_id,
-        ordinal=ordinal,
-        is_initial_load=position == 0 and not is_table_first_snapshot(ancestry[0]),
-        remaining=len(ancestry) - position - 1,
+        ordinal=watermark.ordinal + position - marked,
+        is_initial_load=loaded_in_full or is_first,
+        remaining=len(ancestry) - max(position, marked) - 1,
     )

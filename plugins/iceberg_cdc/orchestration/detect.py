@@ -1,0 +1,236 @@
+"""detect: take the table, find the snapshot to process, sweep leftovers, plan the work.
+
+The first step of every DAG run. It takes the table's lease with a new epoch
+(the run's fencing token), so everything it plans lives in the epoch's own
+namespace of the shuffle store and the sink's staging directory. Holding the
+lease, it also repairs what dead or overtaken runs left behind: their shuffle
+namespaces and their staged files that no sink commit references.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
+from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.orchestration import run_lease
+from iceberg_cdc.orchestration.context import Context
+from iceberg_cdc.pipeline.groups import record_phase
+from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_key, table_prefix
+from iceberg_cdc.pipeline.plan import SnapshotPlan, group_tasks
+from iceberg_cdc.sink.schema import evolve_sink_schema
+from iceberg_cdc.sink.staging import delete_uncommitted_staged, staged_snapshot_ids
+from iceberg_cdc.sink.table import ensure_sink_table, loaded_in_full, read_watermark
+from iceberg_cdc.source.changes import initial_load_changes, require_supported, snapshot_changes
+from iceberg_cdc.source.history import next_snapshot, validate_manual_snapshot
+from iceberg_cdc.source.planning import plan_write_tasks
+
+log = logging.getLogger("iceberg_cdc")
+
+
+def _identifier_columns(ctx: Context, schema) -> list[str] | None:
+    """The configured identifier columns, else the table's identifier fields; checked to exist."""
+    names = ctx.table.identifier_columns or sorted(schema.identifier_field_names()) or None
+    if names:
+        present = {field.name for field in schema.fields}
+        missing = [name for name in names if name not in present]
+        if missing:
+            raise ConfigError(
+                f"table {ctx.table.source}: identifier column(s) {missing} do not exist in the source "
+                f"schema (columns: {sorted(present)}). Fix tables[].identifier_columns in the config, "
+                "or leave it out to use the table's identifier fields."
+            )
+    return names
+
+
+def detect(
+    ctx: Context,
+    run_id: str,
+    snapshot_id: int | None = None,
+    *,
+    dag_id: str = "",
+    try_number: int | None = None,
+    holder_state: Callable[[LeaseInfo], HolderState] | None = None,
+) -> dict[str, Any]:
+    """Take the lease, find the snapshot to process, plan it, and say which path the run takes.
+
+    The cleanup teardown releases the lease, but it only runs when detect
+    succeeded; so a detect that fails after taking the lease releases it itself.
+    """
+    held = run_lease.take(ctx, run_id, dag_id=dag_id, try_number=try_number, holder_state=holder_state)
+    try:
+        return _detect(ctx, run_id, snapshot_id, held)
+    except BaseException:
+        run_lease.give_back(ctx, run_id, held.epoch)
+        raise
+
+
+def sweep_leftovers(ctx: Context, sink, keep_attempt: str) -> dict[str, int]:
+    """Delete what earlier runs of this table left behind; only ever called while holding the lease.
+
+    * every shuffle namespace of the table except ``keep_attempt`` (the
+      caller's): they belong to finished, dead or overtaken runs, none of which
+      may use them any more (an overtaken run fails its next lease check);
+    * staged files in the sink's staging directory that no sink commit
+      references (a committed file is referenced and kept).
+
+    ``retain_files`` keeps shuffle namespaces, as it does for cleanup.
+    """
+    store = ctx.runtime.store()
+    table = ctx.table.source
+    attempts: set[tuple[int, str]] = set()
+    if not ctx.config.shuffle.retain_files:
+        for info in store.list(table_prefix(table)):
+            found = attempt_of_key(table, info.key)
+            if found is not None and found[1] != keep_attempt:
+                attempts.add(found)
+    removed = 0
+    for snapshot_id, attempt in sorted(attempts):
+        removed += store.delete_prefix(SnapshotPaths(table, snapshot_id, attempt).prefix)
+    staged = 0
+    for snapshot_id in sorted(staged_snapshot_ids(sink.location(), ctx.runtime.io_properties)):
+        staged += len(delete_uncommitted_staged(sink, snapshot_id, properties=ctx.runtime.io_properties))
+    if attempts or staged:
+        log.warning(
+            "%s: swept leftovers of earlier runs: %d shuffle objects in %d namespace(s), %d uncommitted "
+            "staged file(s)",
+            table,
+            removed,
+            len(attempts),
+            staged,
+        )
+    return {"namespaces": len(attempts), "shuffle_objects": removed, "staged_files": staged}
+
+
+def _detect(ctx: Context, run_id: str, snapshot_id: int | None, held: LeaseInfo) -> dict[str, Any]:
+    started = time.perf_counter()
+    catalog = ctx.catalog()
+    source = catalog.load_table(ctx.table.source)
+    sink = ensure_sink_table(catalog, ctx.table.sink, source.schema())
+    watermark = read_watermark(sink, ctx.table.source)
+    if snapshot_id is not None:
+        pending = validate_manual_snapshot(
+            source,
+            snapshot_id,
+            watermark,
+            ctx.table.start,
+            loaded_in_full=watermark is not None
+            and loaded_in_full(sink, ctx.table.source, snapshot_id, start=ctx.table.start),
+        )
+    else:
+        pending = next_snapshot(source, watermark, ctx.table.start)
+    attempt = attempt_name(held.epoch)
+    swept = sweep_leftovers(ctx, sink, attempt)
+    base = {
+        "source": ctx.table.source,
+        "sink": ctx.table.sink,
+        "run_id": run_id,
+        "epoch": held.epoch,
+        "lease_ttl": run_lease.lease_ttl_seconds(),
+        "manual": snapshot_id is not None,
+        "swept": swept,
+    }
+    if pending is None:
+        log.info(
+            "%s is caught up: nothing after snapshot %s",
+            ctx.table.source,
+            watermark and watermark.snapshot_id,
+        )
+        return {**base, "action": "caught_up", "remaining": 0, "write_args": [], "insert_args": []}
+
+    changes = (
+        initial_load_changes(source, pending.snapshot_id)
+        if pending.is_initial_load
+        else snapshot_changes(source, pending.snapshot_id)
+    )
+    require_supported(changes)
+    paths = SnapshotPaths(ctx.table.source, pending.snapshot_id, attempt)
+    base.update(
+        snapshot_id=pending.snapshot_id,
+        ordinal=pending.ordinal,
+        operation=changes.operation,
+        remaining=pending.remaining,
+        source_uuid=str(source.metadata.table_uuid),
+        plan=paths.plan,
+        initial_load=pending.is_initial_load,
+    )
+    if changes.kind in ("replace", "empty"):
+        log.info(
+            "snapshot %s of %s is a %s snapshot (%s): no logical change, skipped",
+            pending.snapshot_id,
+            ctx.table.source,
+            changes.operation,
+            changes.kind,
+        )
+        return {**base, "action": "skip", "reason": changes.kind, "write_args": [], "insert_args": []}
+
+    schema = source.schemas()[changes.schema_id] if changes.schema_id in source.schemas() else source.schema()
+    if schema.schema_id != source.schema().schema_id:
+        # The rows are written in the snapshot's schema: the sink must also hold its columns that
+        # were renamed or dropped since (a sink created from the current schema lacks them).
+        evolve_sink_schema(sink, schema)
+    identifiers = _identifier_columns(ctx, schema)
+    store = ctx.runtime.store()
+    kind = "with_deletes" if changes.kind == "with_deletes" else "insert_only"
+    tasks = plan_write_tasks(changes, ctx.config.shuffle.write_task_size)
+    groups = group_tasks(tasks, ctx.config.spark.parallel_jobs)
+    plan = SnapshotPlan(
+        source=ctx.table.source,
+        sink=ctx.table.sink,
+        source_uuid=base["source_uuid"],
+        snapshot_id=pending.snapshot_id,
+        parent_id=changes.parent_id,
+        ordinal=pending.ordinal,
+        operation=changes.operation,
+        kind=kind,
+        schema_json=schema.model_dump_json(),
+        sink_schema_json=sink.schema().model_dump_json(),
+        identifier_columns=identifiers,
+        partitions=ctx.config.shuffle.partitions,
+        duplicate_keys=ctx.table.duplicate_keys,
+        sink_location=sink.location(),
+        write_tasks=tasks,
+        groups=groups,
+        initial_load=pending.is_initial_load,
+        replace_existing=snapshot_id is not None,
+        run_id=run_id,
+        epoch=held.epoch,
+        lease_ttl_seconds=base["lease_ttl"],
+    )
+    plan.save(store, paths.plan)
+    phase = plan.phase
+    args = [
+        ["--phase", phase, "--plan", paths.plan, "--group", str(g.index), "--label", label]
+        for g, label in zip(groups, plan.group_labels(), strict=True)
+    ]
+    record_phase(
+        store, paths, "detect", started, files_deleted=len(changes.deleted), files_added=len(changes.added)
+    )
+    log.info(
+        "snapshot %s of %s (%s, ordinal %s%s): %d deleted + %d added data files (%d rows) -> %d %s tasks in "
+        "%d Spark job(s); %d more pending; lease epoch %d",
+        pending.snapshot_id,
+        ctx.table.source,
+        changes.operation,
+        pending.ordinal,
+        ", initial load" if pending.is_initial_load else "",
+        len(changes.deleted),
+        len(changes.added),
+        plan.input_records,
+        len(tasks),
+        phase,
+        len(groups),
+        pending.remaining,
+        held.epoch,
+    )
+    return {
+        **base,
+        "action": "shuffle" if kind == "with_deletes" else "insert",
+        "identifier_columns": identifiers,
+        "write_args": args if kind == "with_deletes" else [],
+        "insert_args": args if kind == "insert_only" else [],
+        "write_task_ids": [t.task_id for t in tasks] if kind == "with_deletes" else [],
+    }

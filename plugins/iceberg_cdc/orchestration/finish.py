@@ -1,0 +1,85 @@
+"""The last steps of a run: confirm the watermark, and clean up (the teardown).
+
+Cleanup touches only the run's own namespace (its lease epoch) and its own
+staged files, so it is safe even after the run was overtaken; it releases the
+lease only if the epoch is still the run's. When the commit's outcome is
+unknown (``commit-pending`` left by the commit step), the staged files stay:
+a commit that lands late references them, and a later run's sweep deletes
+them if none did.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from iceberg_cdc.errors import CdcError
+from iceberg_cdc.orchestration import run_lease
+from iceberg_cdc.orchestration.context import Context
+from iceberg_cdc.orchestration.shuffle_steps import attempt_paths
+from iceberg_cdc.sink.staging import delete_uncommitted_staged
+from iceberg_cdc.sink.table import read_watermark
+from iceberg_cdc.source.history import pending_count
+
+log = logging.getLogger("iceberg_cdc")
+
+
+def watermark(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
+    """Check the sink's watermark reached this snapshot; count what is pending after it, afresh."""
+    if detected["action"] == "caught_up":
+        return {"snapshot_id": None, "remaining": 0}
+    catalog = ctx.catalog()
+    sink = catalog.load_table(ctx.table.sink)
+    mark = read_watermark(sink, ctx.table.source)
+    if not detected.get("manual") and (mark is None or mark.ordinal < detected["ordinal"]):
+        raise CdcError(
+            f"the watermark of {ctx.table.source} in {ctx.table.sink} is at "
+            f"{mark and mark.snapshot_id}, not at snapshot {detected['snapshot_id']} after commit"
+        )
+    remaining = pending_count(catalog.load_table(ctx.table.source), mark, ctx.table.start)
+    log.info(
+        "watermark of %s: snapshot %s (ordinal %s); %d more snapshot(s) pending",
+        ctx.table.source,
+        mark and mark.snapshot_id,
+        mark and mark.ordinal,
+        remaining,
+    )
+    return {"snapshot_id": mark and mark.snapshot_id, "remaining": remaining}
+
+
+def cleanup(ctx: Context, detected: dict[str, Any] | None, run_id: str) -> dict[str, Any]:
+    """Delete the run's shuffle namespace and its uncommitted staged files; release its lease."""
+    removed = 0
+    kept_staged = False
+    epoch = int(detected["epoch"]) if detected and detected.get("epoch") is not None else None
+    try:
+        if detected and detected.get("snapshot_id") is not None and epoch is not None:
+            paths = attempt_paths(detected)
+            store = ctx.runtime.store()
+            kept_staged = bool(store.list(paths.commit_pending))
+            if ctx.config.shuffle.retain_files:
+                log.info("retain_files is set: keeping %s", store.describe(paths.prefix))
+            elif kept_staged:
+                # Keep the marker with the namespace's other objects gone: the next sweep decides.
+                removed = sum(
+                    store.delete_prefix(info.key)
+                    for info in store.list(paths.prefix)
+                    if info.key != paths.commit_pending
+                )
+            else:
+                removed = store.delete_prefix(paths.prefix)
+            if kept_staged:
+                log.warning(
+                    "the sink commit of snapshot %s had an unknown outcome: its staged files are kept "
+                    "(a late commit references them); the next run's sweep removes them if unused",
+                    detected["snapshot_id"],
+                )
+            else:
+                sink = ctx.catalog().load_table(ctx.table.sink)
+                delete_uncommitted_staged(
+                    sink, detected["snapshot_id"], properties=ctx.runtime.io_properties, attempt=paths.attempt
+                )
+    finally:
+        released = run_lease.give_back(ctx, run_id, epoch) if epoch is not None else False
+    log.info("cleanup: %d shuffle objects deleted; lease %s", removed, "released" if released else "not held")
+    return {"shuffle_objects_deleted": removed, "lease_released": bool(released), "staged_kept": kept_staged}

@@ -1,0 +1,68 @@
+"""A DAG run's hold on its table: taken in detect, proven at every step, given back in cleanup.
+
+The lease (:mod:`iceberg_cdc.coordination.lease`) carries an epoch, the run's
+fencing token; detect hands it on in its XCom. Every later step that acts on
+shared state -- coalesce, commit, cleanup, the barrier, the Spark drivers --
+first renews the lease *with that epoch*, a conditional write that fails with
+:class:`~iceberg_cdc.errors.LeaseLostError` when another run has taken the
+table over. Renewing at every step also keeps the lease alive with a short TTL,
+so a dead run blocks its table for one TTL (plus one more when Airflow still
+shows its run as running), not hours.
+
+The TTL is ``CDC_LEASE_TTL_SECONDS`` (default 300 s): long enough to ride out
+an S3 outage of a minute or two between renewals, short enough that a crashed
+run is overtaken within minutes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
+from iceberg_cdc.orchestration.context import Context
+
+log = logging.getLogger("iceberg_cdc")
+
+LEASE_TTL_ENV = "CDC_LEASE_TTL_SECONDS"
+DEFAULT_LEASE_TTL_SECONDS = 300.0
+
+
+def lease_ttl_seconds() -> float:
+    """The lease TTL in seconds (``CDC_LEASE_TTL_SECONDS``, default 300)."""
+    raw = os.environ.get(LEASE_TTL_ENV)
+    if not raw:
+        return DEFAULT_LEASE_TTL_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(f"{LEASE_TTL_ENV}={raw!r} must be a positive number of seconds")
+    return value
+
+
+def take(
+    ctx: Context,
+    run_id: str,
+    *,
+    dag_id: str = "",
+    try_number: int | None = None,
+    holder_state: Callable[[LeaseInfo], HolderState] | None = None,
+) -> LeaseInfo:
+    """Take the table's lease for this run with a new epoch (detect)."""
+    return ctx.lease().acquire(
+        run_id, lease_ttl_seconds(), dag_id=dag_id, try_number=try_number, holder_state=holder_state
+    )
+
+
+def confirm(ctx: Context, detected: dict[str, Any]) -> LeaseInfo:
+    """Prove this run still holds its epoch of the lease, and extend it (every later step)."""
+    return ctx.lease().renew(detected["run_id"], int(detected["epoch"]), float(detected["lease_ttl"]))
+
+
+def give_back(ctx: Context, run_id: str, epoch: int | None) -> bool:
+    """Release the run's lease of ``epoch`` (never another run's or epoch's)."""
+    return ctx.lease().release(run_id, epoch)
