@@ -5,8 +5,11 @@ every value, including struct, list and map values that Arrow's hash kernels
 (``dictionary_encode``, ``group_by``, ``equal``) do not accept. This module
 gives each column a *comparable form*:
 
-* primitive columns stay as they are (floats are viewed as their bit
-  patterns, so NaN equals NaN and copied rows compare equal bit for bit);
+* primitive columns stay as they are, except floats, which become the
+  integers of their bit patterns with every NaN rewritten to one canonical
+  NaN: equality is then Spark's (Java's ``Double.equals``) -- every NaN equals
+  every NaN whatever its payload and sign, ``-0.0`` differs from ``0.0`` --
+  which IEEE comparison (NaN != NaN, -0.0 == 0.0) gets wrong on both counts;
 * dictionary columns are decoded, extension columns (uuid) use their storage;
 * nested columns become a binary column holding an injective byte encoding
   of each value: equal values, equal bytes; different values, different bytes.
@@ -42,6 +45,38 @@ def plain(array: pa.Array | pa.ChunkedArray) -> pa.Array:
     return array
 
 
+def _field_path(fields: list[pa.Field], name: str) -> list[int] | None:
+    """Child indices that lead to ``name``: an exact field name first, else ``struct.rest`` recursively."""
+    for index, field in enumerate(fields):
+        if field.name == name:
+            return [index]
+    for index, field in enumerate(fields):
+        if pa.types.is_struct(field.type) and name.startswith(field.name + "."):
+            rest = _field_path(list(field.type), name[len(field.name) + 1 :])
+            if rest is not None:
+                return [index, *rest]
+    return None
+
+
+def column_at(data: pa.Table | pa.RecordBatch, name: str) -> pa.Array | pa.ChunkedArray:
+    """The column ``name`` of ``data``, or the struct field a dotted path names.
+
+    Iceberg allows identifier fields inside structs and names them by their
+    full path (``k.a``: field ``a`` of struct column ``k``), so key columns
+    are resolved here instead of with ``data.column(name)``. A column whose
+    own name contains a dot wins over a path (its name is exact). A null
+    parent struct gives a null value (``struct_field`` carries its validity).
+    Raises ``KeyError`` naming the column when nothing matches.
+    """
+    path = _field_path(list(data.schema), name)
+    if path is None:
+        raise KeyError(name)
+    column = data.column(path[0])
+    for index in path[1:]:
+        column = pc.struct_field(column, [index])
+    return column
+
+
 def comparable(array: pa.Array | pa.ChunkedArray) -> pa.Array:
     """The column's comparable form (see the module docstring)."""
     array = plain(array)
@@ -55,13 +90,30 @@ def comparable(array: pa.Array | pa.ChunkedArray) -> pa.Array:
     return array
 
 
+# Java's Float.NaN / Double.NaN bit patterns (and the half-float quiet NaN): what
+# Float.floatToIntBits / Double.doubleToLongBits map every NaN to.
+_CANONICAL_NAN_BITS = {16: 0x7E00, 32: 0x7FC00000, 64: 0x7FF8000000000000}
+_BITS_DTYPE = {16: np.uint16, 32: np.uint32, 64: np.uint64}
+
+
 def _float_bits(array: pa.Array) -> pa.Array:
-    """Float column as integers of its bit pattern; nulls stay null."""
-    width = {16: np.uint16, 32: np.uint32, 64: np.uint64}[array.type.bit_width]
+    """Float column as unsigned integers of its bit pattern, every NaN canonical; nulls stay null.
+
+    Bits rather than values so that ``-0.0`` and ``0.0`` stay distinct and the
+    hash kernels can group them; NaNs canonicalized so that a NaN written by
+    one engine (any payload, any sign) equals a NaN written by another, as in
+    Spark's carryover removal.
+    """
+    width = array.type.bit_width
+    dtype = _BITS_DTYPE[width]
     values = array.to_numpy(zero_copy_only=False)
-    if values.dtype.kind == "O":  # nulls present in a half-float column
+    if values.dtype.kind == "O":  # nulls present in a half-float column (older pyarrow)
         values = np.asarray(array.fill_null(0).to_numpy(), dtype=array.type.to_pandas_dtype())
-    bits = np.ascontiguousarray(values).view(width)
+    values = np.ascontiguousarray(values)
+    bits = values.view(dtype)
+    nan = np.isnan(values)
+    if nan.any():
+        bits = np.where(nan, dtype(_CANONICAL_NAN_BITS[width]), bits)
     mask = None if array.null_count == 0 else np.asarray(array.is_null())
     return pa.array(bits, mask=mask)
 
@@ -206,7 +258,7 @@ def _encode_parts(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         payload[~valid] = 0
         return _fixed(tag, payload)
 
-    # Fixed-width primitives: integers, floats (as bits), dates, times, timestamps, durations.
+    # Fixed-width primitives: integers, floats (as canonical bits), dates, times, timestamps, durations.
     if pa.types.is_floating(typ):
         array = _float_bits(array)
         typ = array.type

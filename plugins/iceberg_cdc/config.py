@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from iceberg_cdc.errors import ConfigError
 
@@ -54,15 +62,36 @@ def parse_size(value: Any) -> int:
     return size
 
 
+def format_size(size: int) -> str:
+    """``67108864`` -> ``64MB``: the largest binary unit that divides it, as :func:`parse_size` reads it."""
+    for suffix, unit in (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if size >= unit and size % unit == 0:
+            return f"{size // unit}{suffix}"
+    return f"{size} bytes"
+
+
 def is_secret_key(key: str) -> bool:
     return any(hint in key.lower() for hint in _SECRET_HINTS)
 
 
-class _Strict(BaseModel):
+class _Redacting(BaseModel):
+    """``repr()`` and ``str()`` (and pydantic's pretty printers) with every secret value replaced.
+
+    A config object ends up in tracebacks, logs and debugger output: its
+    printed form must never carry a credential. The values themselves stay
+    as they are (``model_dump`` is what connects to the catalog).
+    """
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, _redact(value, name or "")
+
+
+class _Strict(_Redacting):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-class CatalogConfig(BaseModel):
+class CatalogConfig(_Redacting):
     """``load_catalog(name, **properties)``: every key but ``name`` is a catalog property."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
@@ -75,7 +104,7 @@ class CatalogConfig(BaseModel):
         return {k: str(v) for k, v in (self.model_extra or {}).items()}
 
 
-class ShuffleConfig(BaseModel):
+class ShuffleConfig(_Redacting):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     uri: str
@@ -114,6 +143,25 @@ class ShuffleConfig(BaseModel):
                 )
         return raw
 
+    @model_validator(mode="after")
+    def _min_below_half_target(self) -> ShuffleConfig:
+        """Coalescing needs ``2 * min <= target`` (see :func:`iceberg_cdc.shuffle.coalesce.coalesce`).
+
+        Checked at load, so a bad value fails the config, not the coalesce step
+        of the first run that gets that far.
+        """
+        minimum, target = self.min_partition_size, self.target_partition_size
+        if minimum is not None and 2 * minimum > target:
+            raise ValueError(
+                f"min_partition_size ({format_size(minimum)}) is above half of target_partition_size "
+                f"({format_size(target)}): read ranges smaller than the minimum are merged into a "
+                "neighbour, which only stays near the target when the minimum is at most half of it. "
+                f"Set shuffle.min_partition_size to at most {format_size(target // 2)}, raise "
+                "shuffle.target_partition_size, or leave min_partition_size out (default: a fifth of the "
+                "target)."
+            )
+        return self
+
     @property
     def s3_properties(self) -> dict[str, str]:
         return {k: str(v) for k, v in (self.model_extra or {}).items()}
@@ -141,6 +189,20 @@ class TableConfig(_Strict):
         if not _IDENT.match(value):
             raise ValueError(f"{value!r} is not a table identifier like namespace.table")
         return value
+
+    @field_validator("sink")
+    @classmethod
+    def _not_the_source(cls, sink: str, info: ValidationInfo) -> str:
+        """A sink that is its source would capture its own output: each commit is a new source snapshot."""
+        source = info.data.get("source")
+        if source is not None and source.lower() == sink.lower():
+            raise ValueError(
+                f"{sink!r} is also this table's source ({source!r}): the pipeline would capture its own output (every "
+                "commit to the sink is a new snapshot of the source, processed again, without end). Set "
+                f"sink to another table, e.g. '{source}_changes' (identifiers compare without case, as "
+                "most catalogs treat them)."
+            )
+        return sink
 
     @field_validator("identifier_columns")
     @classmethod
@@ -189,12 +251,20 @@ class CdcConfig(_Strict):
         return _redact(self.model_dump(mode="json"))
 
 
+_URL_PASSWORD = re.compile(r"(://[^/:@\s]*:)[^/@\s]+@")
+
+
 def _redact(value: Any, key: str = "") -> Any:
+    """``value`` with secrets replaced: values of secret keys, and passwords inside URLs (``user:pw@host``)."""
     if isinstance(value, dict):
-        return {k: _redact(v, k) for k, v in value.items()}
-    if isinstance(value, list):
+        return {k: _redact(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
         return [_redact(v, key) for v in value]
-    return "***" if value is not None and is_secret_key(key) else value
+    if value is not None and is_secret_key(key):
+        return "***"
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(r"\1***@", value)
+    return value
 
 
 def dag_id_for(source: str) -> str:

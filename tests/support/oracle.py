@@ -6,6 +6,7 @@ the vectorized merge can be checked against it on random inputs.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -13,9 +14,14 @@ from typing import Any
 
 
 def freeze(value: Any) -> Any:
-    """A hashable, bit-exact form of a Python value from ``to_pylist``."""
+    """A hashable form of a Python value from ``to_pylist``, equal exactly when Spark's values are.
+
+    Floats compare by their bits (so ``-0.0`` differs from ``0.0``), except
+    that every NaN is one value whatever its payload or sign (Java's
+    ``Double.equals``; design notes, semantics rule 7).
+    """
     if isinstance(value, float):
-        return ("f", struct.pack(">d", value))
+        return ("f", "NaN") if math.isnan(value) else ("f", struct.pack(">d", value))
     if isinstance(value, dict):
         return ("d", tuple((k, freeze(v)) for k, v in value.items()))
     if isinstance(value, list):

@@ -122,3 +122,50 @@ def test_sizes():
 def test_dag_ids_follow_the_contract():
     assert dag_id_for("shop.orders") == "cdc__shop__orders"
     assert dag_id_for("a.b.c") == "cdc__a__b__c"
+
+
+@pytest.mark.parametrize("sink", ["shop.orders", "Shop.ORDERS"])
+def test_sink_that_is_the_source_is_refused(monkeypatch, sink):
+    monkeypatch.setenv("CDC_TEST_SECRET", "x")
+    config = yaml.safe_load(yaml.safe_dump(GOOD))
+    config["tables"][0]["sink"] = sink
+    with pytest.raises(
+        ConfigError, match=r"tables\[0\]\.sink: .*is also this table's source.*capture its own output"
+    ):
+        parse_config(config)
+
+
+def test_min_partition_size_above_half_the_target_is_refused_at_load(monkeypatch):
+    monkeypatch.setenv("CDC_TEST_SECRET", "x")
+    config = yaml.safe_load(yaml.safe_dump(GOOD))
+    config["shuffle"].update(target_partition_size="64MB", min_partition_size="40MB")
+    with pytest.raises(ConfigError) as raised:
+        parse_config(config)
+    message = str(raised.value)
+    assert "shuffle: min_partition_size (40MB) is above half of target_partition_size (64MB)" in message
+    assert "at most 32MB" in message
+    config["shuffle"]["min_partition_size"] = "32MB"  # exactly half is fine
+    assert parse_config(config).shuffle.min_partition_size == 32 * 2**20
+
+
+def test_no_secret_in_repr_or_str_of_any_config_object(monkeypatch):
+    secret = "pa55-w0rd-XYZ"
+    monkeypatch.setenv("CDC_TEST_SECRET", secret)
+    raw = yaml.safe_load(yaml.safe_dump(GOOD))
+    raw["catalog"]["uri"] = f"postgresql://cdc:{secret}@db.internal:5432/catalog"
+    raw["catalog"]["token"] = secret
+    raw["shuffle"]["s3.secret-access-key"] = secret
+    raw["shuffle"]["s3.session-token"] = secret
+    raw["spark"] = {"conf": {"spark.hadoop.fs.s3a.secret.key": secret, "spark.ui.port": "4040"}}
+    config = parse_config(raw)
+    objects = [config, config.catalog, config.shuffle, config.spark, *config.tables]
+    for obj in objects:
+        for text in (repr(obj), str(obj)):
+            assert secret not in text, type(obj).__name__
+    assert "***" in repr(config.catalog) and "spark.ui.port" in repr(config.spark)
+    assert "db.internal:5432" in repr(config.catalog), "only the password of a URL is hidden"
+    assert secret not in repr(config.redacted())
+    # the values themselves are intact: they are what connects to the catalog and S3
+    assert config.catalog.properties["s3.secret-access-key"] == secret
+    assert config.catalog.properties["uri"] == raw["catalog"]["uri"]
+    assert config.shuffle.s3_properties["s3.session-token"] == secret

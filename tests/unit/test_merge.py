@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -247,3 +248,164 @@ def check_replay(deleted, inserted, rows, names, ids=None):
         assert all(b["_change_type"] == UA for _, b in pairs)
         assert all(key(a) == key(b) for a, b in pairs)
         assert len(pairs) == sum(r["_change_type"] == UA for r in rows)
+
+
+# --- value equality for floats (design notes, semantics rule 7) ------------------------------------
+
+# NaNs that differ bit for bit: quiet, negative, with a payload, signalling.
+NAN_BITS = {
+    pa.float32(): [0x7FC00000, 0xFFC00000, 0x7FC00123, 0x7F800001],
+    pa.float64(): [0x7FF8000000000000, 0xFFF8000000000000, 0x7FF800000000BEEF, 0x7FF0000000000001],
+}
+_UINT = {pa.float32(): np.uint32, pa.float64(): np.uint64}
+
+
+def floats(typ: pa.DataType, bits: list[int]) -> pa.Array:
+    """A float column with exactly these bit patterns (no round trip through Python floats)."""
+    return pa.array(np.array(bits, dtype=_UINT[typ]).view(typ.to_pandas_dtype()), typ)
+
+
+def float_bits(typ: pa.DataType, value: float) -> int:
+    return int(np.array([value], dtype=typ.to_pandas_dtype()).view(_UINT[typ])[0])
+
+
+def nested_forms(column: pa.Array) -> dict[str, pa.Array]:
+    """``column`` (float values) top level and inside a struct, a list and a map, one value per row."""
+    n = len(column)
+    one_each = pa.array(np.arange(n + 1, dtype=np.int32))
+    return {
+        "top": column,
+        "struct": pa.StructArray.from_arrays([column, pa.array([7] * n, pa.int8())], ["f", "i"]),
+        "list": pa.ListArray.from_arrays(one_each, column),
+        "map": pa.MapArray.from_arrays(one_each, pa.array(["k"] * n), column),
+    }
+
+
+def float_rows(values: pa.Array, ops: list[int], ids: list[int]) -> pa.Table:
+    return pa.table(
+        {"id": pa.array(ids, pa.int64()), "v": values, OP_COLUMN: pa.array(ops, pa.int8())},
+    )
+
+
+@pytest.mark.parametrize("typ", [pa.float32(), pa.float64()], ids=str)
+@pytest.mark.parametrize("form", ["top", "struct", "list", "map"])
+@pytest.mark.parametrize("ids", [None, ["id"]], ids=["whole-row", "with-ids"])
+def test_nans_with_different_payloads_cancel_as_carryover(typ, form, ids):
+    bits = NAN_BITS[typ]
+    nans = floats(typ, bits)
+    assert len(set(nans.to_numpy().view(_UINT[typ]).tolist())) == len(bits), "the NaNs differ bit for bit"
+    # Each NaN deleted, then re-inserted as a different NaN (as another engine rewrites the file).
+    values = pa.concat_arrays([nans, floats(typ, bits[1:] + bits[:1])])
+    n = len(bits)
+    table = float_rows(nested_forms(values)[form], [0] * n + [1] * n, list(range(n)) * 2)
+    out, stats = merge_changes(table, ids)
+    assert out.num_rows == 0, out.to_pylist()
+    assert stats.carryover_rows == 2 * n
+
+
+@pytest.mark.parametrize("typ", [pa.float32(), pa.float64()], ids=str)
+@pytest.mark.parametrize("form", ["top", "struct", "list", "map"])
+def test_negative_zero_differs_from_zero(typ, form):
+    values = floats(typ, [float_bits(typ, -0.0), float_bits(typ, 0.0)])
+    table = float_rows(nested_forms(values)[form], [0, 1], [1, 1])
+    whole_row, _ = merge_changes(table, None)
+    assert whole_row.column("_change_type").to_pylist() == [D, I]
+    with_ids, stats = merge_changes(table, ["id"])
+    assert with_ids.column("_change_type").to_pylist() == [UB, UA]
+    assert stats.updates == 1 and stats.carryover_rows == 0
+
+
+@pytest.mark.parametrize("typ", [pa.float32(), pa.float64()], ids=str)
+def test_nans_cancel_by_multiplicity_among_duplicates(typ):
+    # 2 D + 3 I of the "same" NaN row (three payloads): one INSERT is left; the multi-row path.
+    bits = NAN_BITS[typ]
+    values = floats(typ, [bits[0], bits[1], bits[2], bits[3], bits[0]])
+    table = float_rows(values, [0, 0, 1, 1, 1], [5] * 5)
+    out, stats = merge_changes(table, None)
+    assert out.column("_change_type").to_pylist() == [I]
+    assert np.isnan(out.column("v").to_pylist()[0])
+    assert stats.carryover_rows == 4
+    keyed, keyed_stats = merge_changes(table, ["id"])
+    assert keyed.column("_change_type").to_pylist() == [I]
+    assert keyed_stats.carryover_rows == 4
+
+
+# --- identifier fields nested in structs, and errors that say where --------------------------------
+
+
+def struct_keyed(rows: list[tuple]) -> pa.Table:
+    """Rows of (tenant, id, data, op) with the identifier ``k.id`` inside the struct column ``k``."""
+    tenant, ids, data, ops = (list(c) for c in zip(*rows, strict=True))
+    key = pa.StructArray.from_arrays(
+        [pa.array(tenant, pa.string()), pa.array(ids, pa.int64())], ["tenant", "id"]
+    )
+    return pa.table(
+        {
+            "k": key,
+            "data": pa.array(data, pa.string()),
+            OP_COLUMN: pa.array([0 if o == D else 1 for o in ops], pa.int8()),
+        }
+    )
+
+
+def test_nested_identifier_field_pairs_updates():
+    rows = [
+        ("acme", 1, "old", D),
+        ("acme", 1, "new", I),  # update of k.id = 1 (tenant is not part of the key)
+        ("globex", 2, "same", D),
+        ("globex", 2, "same", I),  # carryover
+        ("acme", 3, "gone", D),
+        ("initech", 1, "moved", D),  # another row with k.id = 1: a second DELETE for that key...
+    ]
+    with pytest.raises(AmbiguousUpdateError, match=r"k\.id=1"):
+        merge_changes(struct_keyed(rows), ["k.id"])
+    out, stats = merge_changes(struct_keyed(rows[:5]), ["k.id"])
+    assert [(r["k"]["id"], r["data"], r["_change_type"]) for r in out.to_pylist()] == [
+        (3, "gone", D),
+        (1, "old", UB),
+        (1, "new", UA),
+    ]
+    assert stats.carryover_rows == 2
+    # two-field key with one nested part
+    out, _ = merge_changes(struct_keyed(rows), ["k.tenant", "k.id"])
+    assert Counter(r["_change_type"] for r in out.to_pylist()) == Counter({D: 2, UB: 1, UA: 1})
+
+
+def test_column_named_with_a_dot_wins_over_a_path():
+    table = pa.table(
+        {
+            "k.id": pa.array([1, 1], pa.int64()),  # a top-level column whose name holds a dot
+            "k": pa.StructArray.from_arrays([pa.array([5, 6], pa.int64())], ["id"]),
+            OP_COLUMN: pa.array([0, 1], pa.int8()),
+        }
+    )
+    out, _ = merge_changes(table, ["k.id"])
+    assert out.column("_change_type").to_pylist() == [UB, UA]
+
+
+def test_missing_nested_identifier_is_named():
+    with pytest.raises(KeyError, match=r"k\.nope"):
+        merge_changes(struct_keyed([("a", 1, "x", D)]), ["k.nope"])
+
+
+def test_ambiguous_update_error_names_table_and_snapshot():
+    rows = [(1, "a", "data", D), (1, "a", "data", D), (1, "a", "new", I), (1, "a", "new", I)]
+    where = "table shop.orders, snapshot 8744736658442914487"
+    with pytest.raises(AmbiguousUpdateError) as raised:
+        merge_changes(shuffled(rows), IDS, where=where)
+    assert str(raised.value).startswith(where + ": cannot pair updates for identifier (id=1, name='a')")
+    with pytest.raises(AmbiguousUpdateError, match=r"^cannot pair updates"):
+        merge_changes(shuffled(rows), IDS)
+
+
+def test_oracle_compares_floats_as_spark():
+    payload_nan = float(np.array([0x7FF800000000BEEF], np.uint64).view(np.float64)[0])
+    negative_nan = float(np.array([0xFFF8000000000000], np.uint64).view(np.float64)[0])
+    assert freeze(payload_nan) == freeze(negative_nan) == freeze(float("nan"))
+    assert freeze(-0.0) != freeze(0.0)
+    assert freeze({"a": [payload_nan]}) == freeze({"a": [float("nan")]})
+    names = ["id", "v"]
+    deleted, inserted = [{"id": 1, "v": payload_nan}], [{"id": 1, "v": negative_nan}]
+    assert expected_changes(deleted, inserted, names, ["id"]) == Counter()
+    zeros = expected_changes([{"id": 1, "v": -0.0}], [{"id": 1, "v": 0.0}], names, ["id"])
+    assert sorted(change for _, change in zeros) == [UA, UB]

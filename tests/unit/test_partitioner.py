@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import math
 import struct
 import uuid
 
@@ -23,7 +24,9 @@ from hypothesis import strategies as st
 from pyiceberg_core.transform import bucket
 
 from iceberg_cdc import canonical
+from iceberg_cdc.changelog.merge import group_ids, merge_changes
 from iceberg_cdc.shuffle.partitioner import NULL_HASH, HashPartitioner, column_hash, combined_hash
+from iceberg_cdc.shuffle.rows import OP_COLUMN
 
 # -- the Iceberg spec's hash values (Appendix B) ---------------------------------------------------
 
@@ -275,6 +278,10 @@ def _nan(bits: int) -> float:
     return struct.unpack("<d", struct.pack("<Q", bits))[0]
 
 
+# NaNs that differ bit for bit (quiet, negative, with a payload): equal values for the merge.
+_NANS = [float("nan"), _nan(0xFFF8000000000000), _nan(0x7FF800000000BEEF)]
+
+
 @pytest.mark.parametrize("typ", [pa.float32(), pa.float64()])
 def test_signed_zeros_and_nans_share_a_partition(typ):
     nans = [float("nan"), -float("nan"), _nan(0x7FF8000000000001), _nan(0xFFF0000000000F00)]
@@ -291,6 +298,56 @@ def test_signed_zeros_and_nans_share_a_partition(typ):
         assert partitions[0] == partitions[1], "-0.0 and 0.0"
         assert len(set(partitions[2:6])) == 1, "all NaNs"
     assert column_hash(array)[0] != column_hash(array)[2]
+
+
+_NAN_BITS = {
+    pa.float32(): (np.uint32, [0x7FC00000, 0xFFC00000, 0x7FC00123, 0x7F800001]),
+    pa.float64(): (
+        np.uint64,
+        [0x7FF8000000000000, 0xFFF8000000000000, 0x7FF800000000BEEF, 0x7FF0000000000001],
+    ),
+}
+
+
+def _nan_column(typ: pa.DataType) -> pa.Array:
+    """NaNs that differ bit for bit, built from their bits (a Python float would quiet a signalling NaN)."""
+    unsigned, bits = _NAN_BITS[typ]
+    return pa.array(np.array(bits, dtype=unsigned).view(typ.to_pandas_dtype()), typ)
+
+
+def _in_form(column: pa.Array, form: str) -> pa.Array:
+    n = len(column)
+    one_each = pa.array(np.arange(n + 1, dtype=np.int32))
+    if form == "struct":
+        return pa.StructArray.from_arrays([column, pa.array(["s"] * n)], ["f", "s"])
+    if form == "list":
+        return pa.ListArray.from_arrays(one_each, column)
+    if form == "map":
+        return pa.MapArray.from_arrays(one_each, pa.array(["k"] * n), column)
+    return column
+
+
+@pytest.mark.parametrize("typ", [pa.float32(), pa.float64()], ids=str)
+@pytest.mark.parametrize("form", ["top", "struct", "list", "map"])
+def test_whole_row_mode_sends_rows_with_different_nans_to_one_partition(typ, form):
+    # Whole-row mode hashes every column: rows the merge finds equal must meet in one read task,
+    # or a NaN row rewritten by another engine (other payload) would never cancel as carryover.
+    nans = _nan_column(typ)
+    n = len(nans)
+    rows = pa.table({"id": pa.array([3] * n, pa.int64()), "v": _in_form(nans, form)})
+    for partitioner in (HashPartitioner(10_000), HashPartitioner(10_000, ["id", "v"])):
+        assert len(set(partitioner.partitions(rows).tolist())) == 1, partitioner.key_columns
+
+    # End to end: each NaN row deleted and re-inserted with another payload, partitioned, merged per
+    # partition: everything is carryover.
+    deleted, inserted = rows, rows.take(pa.array(np.roll(np.arange(n), 1)))
+    both = pa.concat_tables([deleted, inserted]).append_column(
+        OP_COLUMN, pa.array([0] * n + [1] * n, pa.int8())
+    )
+    partitions = HashPartitioner(16).partitions(both.drop_columns([OP_COLUMN]))
+    for partition in np.unique(partitions):
+        out, _ = merge_changes(both.filter(pa.array(partitions == partition)))
+        assert out.num_rows == 0
 
 
 # -- distribution -------------------------------------------------------------------------------------------
@@ -325,6 +382,8 @@ _KEY_TYPES = [
     pa.list_(pa.string()),
     pa.struct([("a", pa.int64()), ("b", pa.string())]),
     pa.map_(pa.string(), pa.int32()),
+    pa.list_(pa.float32()),
+    pa.struct([("x", pa.float64())]),
 ]
 
 
@@ -336,7 +395,7 @@ def _column_values(typ: pa.DataType) -> st.SearchStrategy:
     elif pa.types.is_integer(typ):
         base = small
     elif pa.types.is_floating(typ):
-        base = st.sampled_from([0.0, -0.0, 1.5, float("nan"), float("inf")])
+        base = st.sampled_from([0.0, -0.0, 1.5, float("inf"), *_NANS])
     elif pa.types.is_string(typ):
         base = st.sampled_from(["", "a", "é", "日本"])
     elif pa.types.is_binary(typ):
@@ -351,8 +410,12 @@ def _column_values(typ: pa.DataType) -> st.SearchStrategy:
         base = st.sampled_from(
             [dt.datetime(2024, 1, 1, tzinfo=dt.UTC), dt.datetime(1969, 7, 20, tzinfo=dt.UTC)]
         )
+    elif pa.types.is_list(typ) and pa.types.is_floating(typ.value_type):
+        base = st.lists(st.none() | st.sampled_from([0.0, -0.0, *_NANS]), max_size=2)
     elif pa.types.is_list(typ):
         base = st.lists(st.none() | st.sampled_from(["x", "y"]), max_size=2)
+    elif pa.types.is_struct(typ) and typ.names == ["x"]:
+        base = st.fixed_dictionaries({"x": st.none() | st.sampled_from([0.0, -0.0, *_NANS])})
     elif pa.types.is_struct(typ):
         base = st.fixed_dictionaries({"a": st.none() | small, "b": st.none() | st.sampled_from(["p", "q"])})
     elif pa.types.is_map(typ):
@@ -421,6 +484,12 @@ def test_partitions_depend_only_on_the_row_values(case, data):
     seen: dict = {}
     for row, partition in zip(batch.select(key_names).to_pylist(), partitions.tolist(), strict=True):
         assert seen.setdefault(_freeze(row), partition) == partition
+    # ... equal as the merge sees them: its groups never straddle partitions
+    gids, groups = group_ids([batch.column(name) for name in key_names])
+    assert (np.bincount(gids, minlength=groups) > 0).all()
+    first = np.full(groups, -1)
+    first[gids[::-1]] = partitions[::-1]
+    assert (first[gids] == partitions).all()
 
 
 def test_null_keys_are_deterministic():
@@ -443,9 +512,9 @@ def test_null_keys_are_deterministic():
 
 
 def _freeze(value):
-    """Exact, hashable form of a to_pylist value: floats by their bits (NaN == NaN, -0.0 != 0.0)."""
+    """Exact, hashable form of a to_pylist value: floats by their bits (-0.0 != 0.0), every NaN one value."""
     if isinstance(value, float):
-        return ("float", struct.pack("<d", value))
+        return ("float", "NaN") if math.isnan(value) else ("float", struct.pack("<d", value))
     if isinstance(value, dict):
         return tuple((k, _freeze(v)) for k, v in value.items())
     if isinstance(value, list | tuple):
@@ -492,7 +561,7 @@ def _nested_values(typ: pa.DataType) -> st.SearchStrategy:
     elif pa.types.is_integer(typ):
         inner = st.integers(-1, 1)
     elif pa.types.is_floating(typ):
-        inner = st.sampled_from([0.0, -0.0, 1.0, float("nan")])
+        inner = st.sampled_from([0.0, -0.0, 1.0, *_NANS])
     elif pa.types.is_string(typ):
         inner = st.sampled_from(["", "a", "\x00"])
     elif pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
@@ -594,3 +663,34 @@ def test_uuid_extension_hashes_like_its_storage():
     assert HashPartitioner(64, ["id", "u"]).partitions(as_ext).tolist() == (
         HashPartitioner(64, ["id", "u"]).partitions(as_fixed).tolist()
     )
+
+
+# -- identifier fields nested in structs ---------------------------------------------------------------
+
+
+def test_nested_identifier_partitions_like_the_same_values_at_top_level():
+    ids = pa.array([1, 2, None, 2**40, -7], pa.int64())
+    tenants = pa.array(["a", "b", "c", None, ""], pa.string())
+    nested = pa.table(
+        {
+            "k": pa.StructArray.from_arrays([tenants, ids], ["tenant", "id"]),
+            "v": pa.array([0.5] * 5),
+        }
+    )
+    flat = pa.table({"tenant": tenants, "id": ids})
+    assert (
+        HashPartitioner(97, ["k.id"]).partitions(nested).tolist()
+        == HashPartitioner(97, ["id"]).partitions(flat).tolist()
+    )
+    assert (
+        HashPartitioner(97, ["k.tenant", "k.id"]).partitions(nested.to_batches()[0]).tolist()
+        == HashPartitioner(97, ["tenant", "id"]).partitions(flat).tolist()
+    )
+    # a null parent struct gives a null key, which has one fixed partition
+    null_parent = pa.table(
+        {"k": pa.StructArray.from_arrays([ids], ["id"], mask=pa.array([True, False, False, False, True]))}
+    )
+    partitions = HashPartitioner(97, ["k.id"]).partitions(null_parent).tolist()
+    assert partitions[0] == partitions[4] == int(NULL_HASH) % 97
+    with pytest.raises(KeyError, match=r"k\.nope"):
+        HashPartitioner(4, ["k.nope"]).partitions(nested)

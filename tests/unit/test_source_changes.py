@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 from pyiceberg.manifest import ManifestEntryStatus
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import _OverwriteFiles
+from pyiceberg.transforms import BucketTransform, IdentityTransform
+from pyiceberg.types import ListType, LongType, NestedField, StringType, StructType
 
-from iceberg_cdc.errors import SourceHistoryError, UnsupportedSnapshotError
+from iceberg_cdc.changelog.merge import merge_changes
+from iceberg_cdc.config import TableConfig
+from iceberg_cdc.errors import ConfigError, SourceHistoryError, UnsupportedSnapshotError
+from iceberg_cdc.shuffle.partitioner import HashPartitioner
+from iceberg_cdc.shuffle.rows import OP_COLUMN, Op
 from iceberg_cdc.source.changes import (
     DataFileRef,
     SnapshotChanges,
@@ -17,6 +26,8 @@ from iceberg_cdc.source.changes import (
     require_supported,
     snapshot_changes,
 )
+from iceberg_cdc.source.reading import read_data_file
+from iceberg_cdc.source.tables import load_source_table, resolve_identifier_columns
 from tests.support.iceberg_tables import (
     add_position_deletes,
     cow_rewrite,
@@ -286,3 +297,164 @@ def test_json_round_trip():
     assert SnapshotChanges.from_dict(json.loads(json.dumps(changes.to_dict()))) == changes
     ref = changes.added[0]
     assert DataFileRef.from_dict(json.loads(json.dumps(ref.to_dict()))) == ref
+
+
+def test_json_round_trip_with_partition_values_and_old_documents():
+    ref = DataFileRef("s3://b/a.parquet", 10, 2, 1, {4: "US", 5: 19723})
+    document = json.loads(json.dumps(ref.to_dict()))
+    assert document["partition_values"] == {"4": "US", "5": 19723}
+    assert DataFileRef.from_dict(document) == ref
+    old = {"path": "s3://b/a.parquet", "size": 10, "record_count": 2, "spec_id": 1}
+    assert DataFileRef.from_dict(old).partition_values is None
+    assert "partition_values" not in DataFileRef.from_dict(old).to_dict()
+    changes = _changes(added=(ref,), deleted=(DataFileRef.from_dict(old),))
+    assert SnapshotChanges.from_dict(json.loads(json.dumps(changes.to_dict()))) == changes
+
+
+def test_identity_partition_values_come_from_the_file_spec(catalog):
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=False),
+        NestedField(2, "region", StringType(), required=False),
+    )
+    spec = PartitionSpec(
+        PartitionField(2, 1000, IdentityTransform(), "region"),
+        PartitionField(1, 1001, BucketTransform(2), "id_bucket"),  # not a column's value: left out
+    )
+    table = catalog.create_table("db.parts", schema=schema, partition_spec=spec)
+    table.append(pa.table({"id": pa.array([1, 2], pa.int64()), "region": ["US", None]}))
+    region_id = table.schema().find_field("region").field_id
+    for changes in (
+        snapshot_changes(table, current_id(table)),
+        initial_load_changes(table, current_id(table)),
+    ):
+        values = [ref.partition_values for ref in changes.added]
+        assert {region_id: "US"} in values
+        assert all(v is None or v == {region_id: "US"} for v in values), "null regions carry nothing"
+
+    unpartitioned = create_table(catalog, "flat")
+    unpartitioned.append(orders([1]))
+    (ref,) = snapshot_changes(unpartitioned, current_id(unpartitioned)).added
+    assert ref.partition_values is None
+
+
+# --- the configured source table and its identifier columns (source/tables.py) -------------------
+
+
+def table_config(source: str = "db.orders", identifier_columns: list[str] | None = None) -> TableConfig:
+    return TableConfig(source=source, sink=f"{source}_changes", identifier_columns=identifier_columns)
+
+
+def test_missing_source_table_names_the_key_catalog_and_neighbours(catalog):
+    for name in ("orders_v2", "customers", "order"):
+        create_table(catalog, name)
+    assert load_source_table(catalog, table_config("db.orders_v2")).name() == ("db", "orders_v2")
+    with pytest.raises(ConfigError) as raised:
+        load_source_table(catalog, table_config("db.orders"))
+    message = str(raised.value)
+    assert message.startswith("tables[].source: table 'db.orders' does not exist in catalog 'test'.")
+    assert "Namespace 'db' holds 3 table(s): db.order, db.orders_v2" in message, "closest first"
+    assert "db.customers" in message and "Fix tables[].source" in message
+
+
+def test_missing_source_namespace_lists_the_namespaces(catalog):
+    catalog.create_namespace("shop")
+    with pytest.raises(
+        ConfigError, match=r"Namespace 'dbx' does not exist; the catalog's namespaces are: db, shop"
+    ):
+        load_source_table(catalog, table_config("dbx.orders"))
+
+
+def test_many_tables_are_counted_not_listed(catalog):
+    for i in range(12):
+        create_table(catalog, f"t{i:02d}")
+    with pytest.raises(ConfigError, match=r"holds 12 table\(s\): .*\(and 4 more\)"):
+        load_source_table(catalog, table_config("db.nope"))
+
+
+NESTED = Schema(
+    NestedField(
+        1,
+        "k",
+        StructType(
+            NestedField(2, "tenant", StringType(), required=True),
+            NestedField(3, "id", LongType(), required=True),
+        ),
+        required=True,
+    ),
+    NestedField(4, "note", StringType(), required=False),
+    NestedField(5, "tags", ListType(6, StringType(), element_required=False), required=False),
+    identifier_field_ids=[3],
+)
+
+
+def test_identifier_columns_configured_or_from_the_table():
+    flat = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "b", StringType()),
+        identifier_field_ids=[1],
+    )
+    assert resolve_identifier_columns(table_config(), flat) == ["id"]
+    assert resolve_identifier_columns(table_config(identifier_columns=["b", "id"]), flat) == ["b", "id"]
+    assert resolve_identifier_columns(table_config(), Schema(NestedField(1, "id", LongType()))) is None
+    # nested identifier fields: Iceberg's full name, resolved through the struct
+    assert resolve_identifier_columns(table_config(), NESTED) == ["k.id"]
+    assert resolve_identifier_columns(table_config(identifier_columns=["k.tenant", "k.id"]), NESTED) == [
+        "k.tenant",
+        "k.id",
+    ]
+
+
+def test_identifier_columns_that_do_not_exist_or_sit_in_a_list_are_refused():
+    with pytest.raises(
+        ConfigError,
+        match=r"table db\.orders: identifier column 'k\.idd' \(tables\[\]\.identifier_columns\) does not exist"
+        r".*Did you mean 'k\.id'",
+    ):
+        resolve_identifier_columns(table_config(identifier_columns=["k.idd"]), NESTED)
+    with pytest.raises(ConfigError, match=r"'tags\.element' .* is inside a list or a map"):
+        resolve_identifier_columns(table_config(identifier_columns=["tags.element"]), NESTED)
+
+
+def test_nested_identifier_field_works_from_files_to_changes(catalog):
+    # A table whose identifier field sits in a struct: read the snapshot's files as write tasks do,
+    # partition on the nested key, merge each partition: the update pairs, the carryover cancels.
+    table = catalog.create_table("db.nested", schema=NESTED)
+    key_type = table.schema().as_arrow().field("k").type
+    arrow_schema = table.schema().as_arrow()
+
+    def rows(keys: list[tuple[str, int]], notes: list[str]) -> pa.Table:
+        struct = pa.array([{"tenant": t, "id": i} for t, i in keys], key_type)
+        return pa.Table.from_arrays(
+            [
+                struct,
+                pa.array(notes, pa.large_string()),
+                pa.nulls(len(keys), arrow_schema.field("tags").type),
+            ],
+            schema=arrow_schema,
+        )
+
+    table.append(rows([("a", 1), ("b", 2), ("c", 3)], ["x", "y", "z"]))
+    ids = resolve_identifier_columns(table_config("db.nested"), table.schema())
+    assert ids == ["k.id"]
+    # one CoW snapshot: id 1 updated (and moved to another tenant), id 2 carried over, id 3 deleted
+    snapshot = cow_rewrite(table, live_files(table), rows([("z", 1), ("b", 2)], ["x2", "y"]))
+    changes = snapshot_changes(table, snapshot)
+    schema = table.schema()
+    partitioner = HashPartitioner(7, ids)
+    shuffled: dict[int, list[pa.Table]] = {}
+    for ref, op in [(r, Op.DELETE) for r in changes.deleted] + [(r, Op.INSERT) for r in changes.added]:
+        for batch in read_data_file(table.io, ref.path, schema):
+            parts = partitioner.partitions(batch)
+            tagged = pa.Table.from_batches([batch]).append_column(
+                OP_COLUMN, pa.array([int(op)] * batch.num_rows, pa.int8())
+            )
+            for p in set(parts.tolist()):
+                shuffled.setdefault(p, []).append(tagged.filter(pa.array(parts == p)))
+    out = [
+        (r["k"]["tenant"], r["k"]["id"], r["note"], r["_change_type"])
+        for p in sorted(shuffled)
+        for r in merge_changes(pa.concat_tables(shuffled[p]), ids, where="table db.nested")[0].to_pylist()
+    ]
+    assert sorted(out) == sorted(
+        [("a", 1, "x", "UPDATE_BEFORE"), ("z", 1, "x2", "UPDATE_AFTER"), ("c", 3, "z", "DELETE")]
+    )

@@ -147,3 +147,25 @@ def test_packing_properties(file_sizes, target, max_files, rng):
     shuffled = list(files)
     rng.shuffle(shuffled)
     assert pack_files(shuffled, target, max_files) == tasks
+
+
+def test_partition_values_travel_with_their_file_and_leave_task_ids_alone():
+    values = {4: "US", 5: 19723}
+    changes = SnapshotChanges(
+        snapshot_id=1,
+        parent_id=0,
+        operation="overwrite",
+        sequence_number=2,
+        timestamp_ms=0,
+        schema_id=0,
+        added=(DataFileRef("s3://w/new.parquet", 20, 1, 0),),
+        deleted=(DataFileRef("s3://w/old.parquet", 10, 1, 0, values),),
+    )
+    (task,) = plan_write_tasks(changes, 100)
+    by_op = {f.op: f for f in task.files}
+    assert by_op["DELETE"].partition_values == values
+    assert by_op["INSERT"].partition_values is None
+    plain = plan_write_tasks(changes_of([("s3://w/old.parquet", 10)], [("s3://w/new.parquet", 20)]), 100)
+    assert task.task_id == plain[0].task_id
+    (restored,) = plan_from_dict(json.loads(json.dumps(plan_to_dict([task]))))
+    assert restored == task

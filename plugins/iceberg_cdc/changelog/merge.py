@@ -5,8 +5,9 @@ The semantics follow Iceberg Spark's ``create_changelog_view`` with
 
 1. **Carryover removal by multiplicity.** A DELETE and an INSERT of identical
    rows (every column equal, null equal to null, nested values by value,
-   floats bit for bit) cancel one for one: 2 D + 2 I -> nothing,
-   2 D + 1 I -> one DELETE, 3 D + 4 I -> one INSERT.
+   floats as Spark compares them: every NaN equals every NaN, ``-0.0`` differs
+   from ``0.0``; see :mod:`iceberg_cdc.canonical`) cancel one for one:
+   2 D + 2 I -> nothing, 2 D + 1 I -> one DELETE, 3 D + 4 I -> one INSERT.
 2. **Update merge.** With identifier columns, a remaining DELETE and INSERT of
    one key become UPDATE_BEFORE + UPDATE_AFTER. A key left with two DELETEs or
    two INSERTs cannot be paired: that fails with :class:`AmbiguousUpdateError`
@@ -34,6 +35,7 @@ import pyarrow.compute as pc
 
 from iceberg_cdc import canonical
 from iceberg_cdc.errors import AmbiguousUpdateError
+from iceberg_cdc.shuffle.partitioner import key_columns
 from iceberg_cdc.shuffle.rows import OP_COLUMN, Op
 
 CHANGE_TYPE_COLUMN = "_change_type"
@@ -113,8 +115,8 @@ def _one_row(gids: np.ndarray, rows: np.ndarray, groups: int) -> np.ndarray:
     return chosen
 
 
-def _describe_key(table: pa.Table, key_columns: Sequence[str], row: int) -> str:
-    values = [f"{name}={table.column(name)[row].as_py()!r}" for name in key_columns]
+def _describe_key(names: Sequence[str], columns: Sequence[pa.Array | pa.ChunkedArray], row: int) -> str:
+    values = [f"{name}={column[row].as_py()!r}" for name, column in zip(names, columns, strict=True)]
     return ", ".join(values)
 
 
@@ -165,12 +167,19 @@ def merge_changes(
     identifier_columns: Sequence[str] | None = None,
     *,
     emit_unpaired: bool = False,
+    where: str = "",
 ) -> tuple[pa.Table, MergeStats]:
     """Compute the changes of one read range.
 
     ``table`` holds every shuffled row of the range: the data columns and the
-    ``__cdc_op`` tag. Returns the data columns plus ``_change_type``: DELETEs
-    first, then UPDATE_BEFORE/UPDATE_AFTER pairs side by side, then INSERTs.
+    ``__cdc_op`` tag. ``identifier_columns`` are top-level column names or
+    dotted paths to struct fields (``k.a``). Returns the data columns plus
+    ``_change_type``: DELETEs first, then UPDATE_BEFORE/UPDATE_AFTER pairs
+    side by side, then INSERTs.
+
+    ``where`` says what the rows are, e.g. ``"table shop.orders, snapshot 123"``;
+    errors start with it, because a read task only sees rows and an operator
+    needs to know which table and snapshot to look at.
     """
     data_names = [name for name in table.schema.names if name != OP_COLUMN]
     data = table.select(data_names).combine_chunks()
@@ -189,10 +198,8 @@ def merge_changes(
         stats.carryover_rows = table.num_rows - len(kept)
         return out.build(data), stats
 
-    missing = [name for name in identifier_columns if name not in data_names]
-    if missing:
-        raise KeyError(f"identifier column(s) {missing} are not in the shuffled rows ({data_names})")
-    key_gids, groups = group_ids([data.column(name) for name in identifier_columns])
+    keys = key_columns(data, identifier_columns)  # resolved as the partitioner resolves them
+    key_gids, groups = group_ids(keys)
     deletes, adds = _counts(key_gids, inserts, groups)
     simple = (deletes <= 1) & (adds <= 1)
 
@@ -223,7 +230,8 @@ def merge_changes(
                 group = int(np.flatnonzero(ambiguous)[0])
                 row = int(kept[np.flatnonzero(kept_gids == group)[0]])
                 raise AmbiguousUpdateError(
-                    f"cannot pair updates for identifier ({_describe_key(data, identifier_columns, row)}): "
+                    f"{where + ': ' if where else ''}cannot pair updates for identifier "
+                    f"({_describe_key(identifier_columns, keys, row)}): "
                     f"after carryover removal it has {left_deletes[group]} DELETE and "
                     f"{left_adds[group]} INSERT rows in this snapshot "
                     f"({int(ambiguous.sum())} such key(s) in this read range). The identifier columns "

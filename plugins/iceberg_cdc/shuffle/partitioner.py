@@ -11,7 +11,9 @@ function; nulls hash to a fixed constant, so null keys meet on one partition.
 Types the spec does not hash are mapped first: booleans and small integers to
 int, floats to the bits of the equal double (with -0.0 and NaN made canonical),
 nested values (struct, list, map) and anything else to their canonical byte
-encoding (:mod:`iceberg_cdc.canonical`), hashed as binary.
+encoding (:mod:`iceberg_cdc.canonical`, where every NaN is one NaN), hashed as
+binary. Either way, values the merge finds equal hash alike: a NaN rewritten
+with another payload lands where the original did.
 """
 
 from __future__ import annotations
@@ -156,11 +158,30 @@ def combined_hash(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
         return _fmix32(h)
 
 
+def key_columns(batch: pa.RecordBatch | pa.Table, names: Sequence[str]) -> list[pa.Array | pa.ChunkedArray]:
+    """The key columns of ``batch``: top-level columns, or struct fields by dotted path (``k.a``)."""
+    columns, missing = [], []
+    for name in names:
+        try:
+            columns.append(canonical.column_at(batch, name))
+        except KeyError:
+            missing.append(name)
+    if missing:
+        raise KeyError(f"identifier column(s) {missing} are not in the data (columns: {batch.schema.names})")
+    return columns
+
+
 class HashPartitioner:
     """Assigns each row a shuffle partition in ``[0, num_partitions)``.
 
-    ``key_columns`` are the identifier columns; ``None`` or empty means the
-    whole row is the key (tables without identifier fields).
+    ``key_columns`` are the identifier columns, top-level names or dotted
+    paths to struct fields (``k.a``, as Iceberg names nested identifier
+    fields); ``None`` or empty means the whole row is the key (tables without
+    identifier fields).
+
+    Rows the merge finds equal (:mod:`iceberg_cdc.changelog.merge`: null equals
+    null, every NaN equals every NaN, nested values by value) always get the
+    same partition, in whole-row mode too, so they meet in one read task.
     """
 
     def __init__(self, num_partitions: int, key_columns: Sequence[str] | None = None) -> None:
@@ -173,13 +194,7 @@ class HashPartitioner:
         """Partition id of every row, as int32."""
         if batch.num_rows == 0:
             return np.zeros(0, dtype=np.int32)
-        names = self.key_columns or batch.schema.names
-        missing = [name for name in names if name not in batch.schema.names]
-        if missing:
-            raise KeyError(
-                f"identifier column(s) {missing} are not in the data (columns: {batch.schema.names})"
-            )
-        columns = [batch.column(name) for name in names]
+        columns = key_columns(batch, self.key_columns or batch.schema.names)
         if len(columns) == 1:
             return _bucket(canonical.plain(columns[0]), self.num_partitions).astype(np.int32)
         return (combined_hash(columns) % np.uint32(self.num_partitions)).astype(np.int32)

@@ -20,15 +20,21 @@ needs them, with the fix in the message.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus
+from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.transforms import IdentityTransform
 
 from iceberg_cdc.errors import SourceHistoryError, UnsupportedSnapshotError
+from iceberg_cdc.source.reading import partition_value_to_json
+
+PartitionValues = Mapping[int, Any]
+"""Identity-partition values of one data file: source field id -> value in JSON form."""
 
 ChangeKind = Literal["replace", "insert_only", "with_deletes", "empty"]
 
@@ -38,22 +44,57 @@ def table_name(table: Table) -> str:
     return ".".join(table.name())
 
 
+def partition_values_to_dict(values: PartitionValues | None) -> dict[str, Any] | None:
+    """JSON object form: field ids as string keys (JSON has no integer keys)."""
+    return None if values is None else {str(field_id): value for field_id, value in sorted(values.items())}
+
+
+def partition_values_from_dict(data: Mapping[str, Any] | None) -> dict[int, Any] | None:
+    return None if data is None else {int(field_id): value for field_id, value in data.items()}
+
+
+def identity_partition_values(spec: PartitionSpec, data_file: DataFile) -> dict[int, Any] | None:
+    """The file's identity-partition values, by source field id, in JSON form; ``None`` when it has none.
+
+    Only identity transforms give a column's value (a bucket or a day does not);
+    null values are left out, since a column the file lacks comes out null anyway.
+    Executors need these to fill partition columns missing from files
+    written without them (Hive layout; see :mod:`iceberg_cdc.source.reading`).
+    """
+    partition = data_file.partition
+    values = {}
+    for position, partition_field in enumerate(spec.fields):
+        if not isinstance(partition_field.transform, IdentityTransform) or position >= len(partition):
+            continue
+        value = partition[position]
+        if value is not None:
+            values[partition_field.source_id] = partition_value_to_json(value)
+    return values or None
+
+
 @dataclass(frozen=True)
 class DataFileRef:
-    """One data file a snapshot added or removed: what a write task needs to read it."""
+    """One data file a snapshot added or removed: what a write task needs to read it.
+
+    ``partition_values``: identity-partition values (:func:`identity_partition_values`).
+    """
 
     path: str
     size: int
     record_count: int
     spec_id: int
+    partition_values: PartitionValues | None = field(default=None, hash=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "path": self.path,
             "size": self.size,
             "record_count": self.record_count,
             "spec_id": self.spec_id,
         }
+        if self.partition_values is not None:  # absent when none: older readers and plans stay valid
+            data["partition_values"] = partition_values_to_dict(self.partition_values)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DataFileRef:
@@ -62,6 +103,7 @@ class DataFileRef:
             size=int(data["size"]),
             record_count=int(data["record_count"]),
             spec_id=int(data["spec_id"]),
+            partition_values=partition_values_from_dict(data.get("partition_values")),
         )
 
 
@@ -135,13 +177,15 @@ class SnapshotChanges:
         )
 
 
-def _ref(entry: ManifestEntry) -> DataFileRef:
+def _ref(entry: ManifestEntry, specs: Mapping[int, PartitionSpec]) -> DataFileRef:
     data_file = entry.data_file
+    spec = specs.get(int(data_file.spec_id))
     return DataFileRef(
         path=data_file.file_path,
         size=int(data_file.file_size_in_bytes),
         record_count=int(data_file.record_count),
         spec_id=int(data_file.spec_id),
+        partition_values=None if spec is None else identity_partition_values(spec, data_file),
     )
 
 
@@ -215,6 +259,7 @@ def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
     metadata (expired).
     """
     snapshot = _snapshot(table, snapshot_id)
+    specs = table.specs()
     added: list[DataFileRef] = []
     deleted_entries: list[ManifestEntry] = []
     delete_files: list[str] = []
@@ -226,7 +271,7 @@ def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
                 if entry.status == ManifestEntryStatus.ADDED:
                     delete_files.append(entry.data_file.file_path)
             elif entry.status == ManifestEntryStatus.ADDED:
-                added.append(_ref(entry))
+                added.append(_ref(entry, specs))
             elif entry.status == ManifestEntryStatus.DELETED:
                 deleted_entries.append(entry)
     header = _header(table, snapshot)
@@ -237,7 +282,7 @@ def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
     return SnapshotChanges(
         **header,
         added=_by_path(added),
-        deleted=_by_path(_ref(e) for e in deleted_entries),
+        deleted=_by_path(_ref(e, specs) for e in deleted_entries),
         delete_files=tuple(sorted(delete_files)),
         inherited_delete_files=inherited,
     )
@@ -252,6 +297,7 @@ def initial_load_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
     unsupported.
     """
     snapshot = _snapshot(table, snapshot_id)
+    specs = table.specs()
     live: list[ManifestEntry] = []
     for manifest in snapshot.manifests(table.io):
         if manifest.content == ManifestContent.DATA:
@@ -260,7 +306,7 @@ def initial_load_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
     header["operation"] = "append"  # the load inserts the current rows, whatever made the snapshot
     return SnapshotChanges(
         **header,
-        added=_by_path(_ref(e) for e in live),
+        added=_by_path(_ref(e, specs) for e in live),
         deleted=(),
         inherited_delete_files=_delete_files_applying_to(table, snapshot, live),
     )

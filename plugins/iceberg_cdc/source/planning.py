@@ -17,10 +17,16 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from iceberg_cdc.source.changes import DataFileRef, SnapshotChanges
+from iceberg_cdc.source.changes import (
+    DataFileRef,
+    PartitionValues,
+    SnapshotChanges,
+    partition_values_from_dict,
+    partition_values_to_dict,
+)
 
 Op = Literal["DELETE", "INSERT"]
 _OPS: tuple[str, ...] = ("DELETE", "INSERT")
@@ -28,12 +34,20 @@ _OPS: tuple[str, ...] = ("DELETE", "INSERT")
 
 @dataclass(frozen=True)
 class InputFile:
-    """A data file to read in a write task, and the operation its rows are tagged with."""
+    """A data file to read in a write task, and the operation its rows are tagged with.
+
+    ``partition_values`` are the file's identity-partition values (source
+    field id -> JSON value), for ``read_data_file(..., partition_values=...)``
+    to fill partition columns the file itself lacks (Hive-layout files).
+    They are not part of the task id: a path names one file, whose partition
+    never changes.
+    """
 
     path: str
     size: int
     record_count: int
     op: Op
+    partition_values: PartitionValues | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if self.op not in _OPS:
@@ -42,7 +56,10 @@ class InputFile:
             raise ValueError(f"file size must not be negative: {self.path} has {self.size}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "record_count": self.record_count, "op": self.op}
+        data = {"path": self.path, "size": self.size, "record_count": self.record_count, "op": self.op}
+        if self.partition_values is not None:  # absent when none: plans stay as they were
+            data["partition_values"] = partition_values_to_dict(self.partition_values)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InputFile:
@@ -51,6 +68,7 @@ class InputFile:
             size=int(data["size"]),
             record_count=int(data["record_count"]),
             op=data["op"],
+            partition_values=partition_values_from_dict(data.get("partition_values")),
         )
 
 
@@ -94,7 +112,7 @@ def input_files(changes: SnapshotChanges) -> list[InputFile]:
     """The snapshot's removed files as DELETE inputs and its added files as INSERT inputs."""
 
     def convert(refs: tuple[DataFileRef, ...], op: Op) -> list[InputFile]:
-        return [InputFile(r.path, r.size, r.record_count, op) for r in refs]
+        return [InputFile(r.path, r.size, r.record_count, op, r.partition_values) for r in refs]
 
     return convert(changes.deleted, "DELETE") + convert(changes.added, "INSERT")
 

@@ -35,14 +35,30 @@ written with ``string`` comes out ``large_string``, so all files of a snapshot
 give identical schemas. It is what pyiceberg's own ``to_table`` produces for
 an empty scan, so downstream code sees one convention.
 
+**Files without field ids** (tables migrated from Hive, files registered
+with ``add_files``) are resolved by name through the table's name mapping
+(``schema.name-mapping.default``: :func:`table_name_mapping_json` on the
+planner, :func:`name_mapping_from_json` on executors), as pyiceberg's scan
+does. Such files often lack their **identity-partition columns**: a Hive
+layout keeps those only in the directory names. The spec's column projection
+rule fills a column the file lacks with the file's identity-partition value
+(pyiceberg: ``_get_column_projection_values``); here the planner carries each
+file's values (:func:`partition_value_to_json`, keyed by source field id) and
+:func:`read_data_file` hands them to pyiceberg's projection as constants.
+
 Executors have no catalog: they get the path, the schema as JSON
-(:func:`schema_to_json` / :func:`schema_from_json`) and FileIO properties
-(:func:`file_io`).
+(:func:`schema_to_json` / :func:`schema_from_json`), the name mapping and
+partition values in JSON form, and FileIO properties (:func:`file_io`).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import math
+import uuid
 from collections.abc import Iterator, Mapping
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -55,8 +71,28 @@ from pyiceberg.io.pyarrow import (
     schema_to_pyarrow,
 )
 from pyiceberg.schema import Schema, visit_with_partner
-from pyiceberg.table.name_mapping import NameMapping
-from pyiceberg.types import ListType, MapType, TimestampNanoType, TimestamptzNanoType
+from pyiceberg.table.name_mapping import NameMapping, parse_mapping_from_json
+from pyiceberg.types import (
+    BinaryType,
+    DecimalType,
+    DoubleType,
+    FixedType,
+    FloatType,
+    IcebergType,
+    ListType,
+    MapType,
+    TimestampNanoType,
+    TimestamptzNanoType,
+    UUIDType,
+)
+from pyiceberg.utils.datetime import date_to_days, time_to_micros
+
+from iceberg_cdc.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+NAME_MAPPING_PROPERTY = "schema.name-mapping.default"
 
 # Column chunks are read through a buffered stream of this size instead of
 # being pre-buffered whole, which keeps memory near one row group's columns.
@@ -70,6 +106,94 @@ def schema_to_json(schema: Schema) -> str:
 
 def schema_from_json(text: str) -> Schema:
     return Schema.model_validate_json(text)
+
+
+def table_name_mapping_json(table: Table) -> str | None:
+    """The table's name mapping (``schema.name-mapping.default``) as JSON, checked to parse; ``None`` without one.
+
+    The planner puts it into the snapshot plan: executors need it to read
+    files without field ids and have no catalog to look it up. A mapping that
+    does not parse fails here, at planning, naming the table and the property,
+    rather than in every write task.
+    """
+    text = table.properties.get(NAME_MAPPING_PROPERTY)
+    if text is None:
+        return None
+    try:
+        parse_mapping_from_json(text)
+    except ValueError as error:
+        raise ConfigError(
+            f"table {'.'.join(table.name())}: property {NAME_MAPPING_PROPERTY} is not a valid Iceberg name "
+            f"mapping ({error}). Fix the property (Spark: ALTER TABLE ... SET TBLPROPERTIES; pyiceberg: "
+            "table.transaction().set_properties(...)), or remove it if every data file has field ids."
+        ) from None
+    return text
+
+
+def name_mapping_from_json(text: str | None) -> NameMapping | None:
+    """The :class:`NameMapping` from :func:`table_name_mapping_json`'s text (``None`` stays ``None``)."""
+    return None if text is None else parse_mapping_from_json(text)
+
+
+def partition_value_to_json(value: Any) -> Any:
+    """A partition value from a manifest (pyiceberg's ``Record`` form) as a JSON value.
+
+    Numbers, strings and booleans stay as they are (dates, times and
+    timestamps are already ints there); decimals and UUIDs become strings,
+    binary and fixed values hex strings, non-finite floats ``"NaN"`` /
+    ``"Infinity"`` / ``"-Infinity"`` (strict JSON has no such numbers).
+    :func:`partition_value_from_json` turns it back using the field's type.
+    """
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value).replace("inf", "Infinity").replace("nan", "NaN")
+    if isinstance(value, Decimal | uuid.UUID):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dt.datetime):  # before date: a datetime is a date
+        raise TypeError(
+            f"partition value {value!r}: expected microseconds as int, as pyiceberg's manifests hold"
+        )
+    if isinstance(value, dt.date):
+        return date_to_days(value)
+    if isinstance(value, dt.time):
+        return time_to_micros(value)
+    raise TypeError(f"partition value {value!r} of type {type(value).__name__} has no JSON form here")
+
+
+def partition_value_from_json(field_type: IcebergType, value: Any) -> Any:
+    """The value :func:`partition_value_to_json` made, as pyiceberg's projection takes it for ``field_type``."""
+    if value is None:
+        return None
+    if isinstance(field_type, DecimalType):
+        return Decimal(value)
+    if isinstance(field_type, BinaryType | FixedType):
+        return bytes.fromhex(value)
+    if isinstance(field_type, UUIDType):
+        return uuid.UUID(value)
+    if isinstance(field_type, FloatType | DoubleType):
+        return float(value)
+    return value
+
+
+def _constant_columns(
+    schema: Schema, file_schema: Schema, partition_values: Mapping[int, Any] | None
+) -> dict[int, Any]:
+    """Field id -> value for the identity-partition columns ``schema`` wants and the file lacks.
+
+    The spec's column projection rule, as pyiceberg's ``_get_column_projection_values``:
+    a column present in the file is always read from it.
+    """
+    if not partition_values:
+        return {}
+    wanted = set(schema.field_ids) - set(file_schema.field_ids)
+    return {
+        field_id: partition_value_from_json(schema.find_type(field_id), value)
+        for field_id, value in partition_values.items()
+        if field_id in wanted and value is not None
+    }
 
 
 def file_io(properties: Mapping[str, str], location: str | None = None) -> FileIO:
@@ -120,10 +244,22 @@ class _NullKeepingProjection(ArrowProjectionVisitor):
         )
 
 
-def _project(schema: Schema, file_schema: Schema, batch: pa.RecordBatch, downcast_ns: bool) -> pa.RecordBatch:
-    """``batch`` (columns of ``file_schema``) in ``schema``'s shape, resolved by field id."""
+def _project(
+    schema: Schema,
+    file_schema: Schema,
+    batch: pa.RecordBatch,
+    downcast_ns: bool,
+    constants: Mapping[int, Any],
+) -> pa.RecordBatch:
+    """``batch`` (columns of ``file_schema``) in ``schema``'s shape, resolved by field id.
+
+    ``constants`` fill columns the file lacks (identity-partition values).
+    """
     visitor = _NullKeepingProjection(
-        file_schema, downcast_ns_timestamp_to_us=downcast_ns, allow_timestamp_tz_mismatch=True
+        file_schema,
+        downcast_ns_timestamp_to_us=downcast_ns,
+        allow_timestamp_tz_mismatch=True,
+        projected_missing_fields=dict(constants),
     )
     return pa.RecordBatch.from_struct_array(
         visit_with_partner(schema, batch, visitor, ArrowAccessor(file_schema))
@@ -137,14 +273,18 @@ def read_data_file(
     batch_size: int = 65536,
     *,
     name_mapping: NameMapping | None = None,
+    partition_values: Mapping[int, Any] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Yield the rows of the Parquet data file at ``path`` projected onto ``schema``, at most ``batch_size`` rows each.
 
     ``schema`` is the snapshot's schema. ``name_mapping`` (the table's
     ``schema.name-mapping.default``) is needed only for files written without
-    field ids (e.g. imported with ``add_files``). Delete files are not applied
-    and identity-partition values missing from a file are not filled in (they
-    come out null); both only concern imported or merge-on-read tables.
+    field ids (e.g. imported with ``add_files``). ``partition_values`` (the
+    file's identity-partition values by source field id, in the JSON form of
+    :func:`partition_value_to_json`) fill the columns the file lacks, as a
+    Hive-layout file lacks its partition columns; without them such columns
+    come out null. Delete files are not applied (merge-on-read snapshots are
+    rejected before reading).
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, not {batch_size}")
@@ -158,14 +298,23 @@ def read_data_file(
                 parquet.schema_arrow, name_mapping, downcast_ns_timestamp_to_us=downcast_ns, format_version=3
             )
         except ValueError as error:
-            raise ValueError(f"cannot resolve the columns of data file {path}: {error}") from error
+            hint = (
+                " Files without Parquet field ids (migrated from Hive, registered with add_files) are "
+                f"matched by name through the table's {NAME_MAPPING_PROPERTY} property, and none was "
+                "given: set it on the table (Spark's migrate / add_files procedures and pyiceberg's "
+                "add_files set it) so the plan carries it."
+                if name_mapping is None
+                else ""
+            )
+            raise ValueError(f"cannot resolve the columns of data file {path}: {error}{hint}") from error
         file_projection = prune_columns(file_schema, _projected_field_ids(schema), select_full_types=False)
         columns = [field.name for field in file_projection.columns]
+        constants = _constant_columns(schema, file_schema, partition_values)
         # One decoding thread: a Spark task owns one core.
         for batch in parquet.iter_batches(batch_size=batch_size, columns=columns, use_threads=False):
             if batch.num_rows == 0:
                 continue
-            projected = _project(schema, file_projection, batch, downcast_ns)
+            projected = _project(schema, file_projection, batch, downcast_ns, constants)
             if not projected.schema.equals(target, check_metadata=True):
                 projected = projected.cast(target)
             yield projected
