@@ -442,3 +442,13 @@ def test_report_is_complete():
     """Runs last in the module: every case above reported its outcome."""
     cases = [json.loads(line) for line in REPORT.read_text().splitlines() if line.strip()]
     assert cases and all(c["lost"] == 0 and c["duplicated"] == 0 for c in cases)
+    lines = [
+        "| fault or operator action | rows lost | rows duplicated | commits per snapshot | table blocked |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for c in cases:
+        blocked = f"{c['blocked_seconds']:.1f} s (TTL {TTL:.0f} s)" if c["blocked_seconds"] else "no"
+        lines.append(
+            f"| {c['case']} | {c['lost']} | {c['duplicated']} | {c['max_commits_per_snapshot']} | {blocked} |"
+        )
+    REPORT.with_suffix(".md").write_text("\n".join(lines) + "\n")

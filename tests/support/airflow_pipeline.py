@@ -8,7 +8,6 @@ on the S3 server, creates ``shop.orders`` and runs one DAG run per call to
 from __future__ import annotations
 
 import json
-
 import uuid
 from pathlib import Path
 from typing import Any

@@ -9,9 +9,9 @@ import yaml
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from iceberg_cdc.config import parse_config
+from iceberg_cdc.orchestration.run_lease import take
 from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
 from iceberg_cdc.orchestration.steps import Context, missing_map_outputs
-from iceberg_cdc.orchestration.run_lease import take
 from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name
 
 SNAPSHOT = 42
@@ -69,7 +69,7 @@ def test_missing_outputs_are_those_without_a_row_record(setup):
 
 
 def test_outputs_of_another_epoch_do_not_count(setup):
-    ctx, store, paths, detected = setup
+    ctx, store, _, detected = setup
     other = SnapshotPaths("shop.orders", SNAPSHOT, attempt_name(detected["epoch"] + 1))
     for task in TASKS:
         _commit(store, other, task)

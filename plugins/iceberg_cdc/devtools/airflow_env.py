@@ -19,7 +19,7 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def airflow_env(
-    home: str | os.PathLike[str], config_path: str | os.PathLike[str], *, spark_master: str = "local[2]"
+    home: str | os.PathLike[str], config_path: str | os.PathLike[str], *, spark_master: str = "local[2,4]"
 ) -> dict[str, str]:
     home = Path(home).resolve()
     env = dict(os.environ)

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
-from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.orchestration import run_lease
 from iceberg_cdc.orchestration.context import Context
 from iceberg_cdc.pipeline.groups import record_phase
@@ -27,23 +26,10 @@ from iceberg_cdc.sink.table import ensure_sink_table, loaded_in_full, read_water
 from iceberg_cdc.source.changes import initial_load_changes, require_supported, snapshot_changes
 from iceberg_cdc.source.history import next_snapshot, validate_manual_snapshot
 from iceberg_cdc.source.planning import plan_write_tasks
+from iceberg_cdc.source.reading import table_name_mapping_json
+from iceberg_cdc.source.tables import load_source_table, resolve_identifier_columns
 
 log = logging.getLogger("iceberg_cdc")
-
-
-def _identifier_columns(ctx: Context, schema) -> list[str] | None:
-    """The configured identifier columns, else the table's identifier fields; checked to exist."""
-    names = ctx.table.identifier_columns or sorted(schema.identifier_field_names()) or None
-    if names:
-        present = {field.name for field in schema.fields}
-        missing = [name for name in names if name not in present]
-        if missing:
-            raise ConfigError(
-                f"table {ctx.table.source}: identifier column(s) {missing} do not exist in the source "
-                f"schema (columns: {sorted(present)}). Fix tables[].identifier_columns in the config, "
-                "or leave it out to use the table's identifier fields."
-            )
-    return names
 
 
 def detect(
@@ -108,7 +94,7 @@ def sweep_leftovers(ctx: Context, sink, keep_attempt: str) -> dict[str, int]:
 def _detect(ctx: Context, run_id: str, snapshot_id: int | None, held: LeaseInfo) -> dict[str, Any]:
     started = time.perf_counter()
     catalog = ctx.catalog()
-    source = catalog.load_table(ctx.table.source)
+    source = load_source_table(catalog, ctx.table)
     sink = ensure_sink_table(catalog, ctx.table.sink, source.schema())
     watermark = read_watermark(sink, ctx.table.source)
     if snapshot_id is not None:
@@ -172,7 +158,7 @@ def _detect(ctx: Context, run_id: str, snapshot_id: int | None, held: LeaseInfo)
         # The rows are written in the snapshot's schema: the sink must also hold its columns that
         # were renamed or dropped since (a sink created from the current schema lacks them).
         evolve_sink_schema(sink, schema)
-    identifiers = _identifier_columns(ctx, schema)
+    identifiers = resolve_identifier_columns(ctx.table, schema)
     store = ctx.runtime.store()
     kind = "with_deletes" if changes.kind == "with_deletes" else "insert_only"
     tasks = plan_write_tasks(changes, ctx.config.shuffle.write_task_size)
@@ -199,6 +185,7 @@ def _detect(ctx: Context, run_id: str, snapshot_id: int | None, held: LeaseInfo)
         run_id=run_id,
         epoch=held.epoch,
         lease_ttl_seconds=base["lease_ttl"],
+        name_mapping_json=table_name_mapping_json(source),
     )
     plan.save(store, paths.plan)
     phase = plan.phase

@@ -20,6 +20,7 @@ from iceberg_cdc.orchestration.shuffle_steps import attempt_paths
 from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import read_watermark
 from iceberg_cdc.source.history import pending_count
+from iceberg_cdc.source.tables import load_source_table
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -36,7 +37,7 @@ def watermark(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
             f"the watermark of {ctx.table.source} in {ctx.table.sink} is at "
             f"{mark and mark.snapshot_id}, not at snapshot {detected['snapshot_id']} after commit"
         )
-    remaining = pending_count(catalog.load_table(ctx.table.source), mark, ctx.table.start)
+    remaining = pending_count(load_source_table(catalog, ctx.table), mark, ctx.table.start)
     log.info(
         "watermark of %s: snapshot %s (ordinal %s); %d more snapshot(s) pending",
         ctx.table.source,

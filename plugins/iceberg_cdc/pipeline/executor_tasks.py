@@ -39,7 +39,7 @@ from iceberg_cdc.shuffle.rows import Op, shuffle_schema
 from iceberg_cdc.shuffle.writer import MapOutputWriter
 from iceberg_cdc.sink.schema import sink_arrow_schema, to_sink_arrow
 from iceberg_cdc.sink.staging import staged_file_path, write_staged_file
-from iceberg_cdc.source.reading import output_schema, read_data_file
+from iceberg_cdc.source.reading import name_mapping_from_json, output_schema, read_data_file
 
 T = TypeVar("T")
 
@@ -110,8 +110,12 @@ def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[s
         ) as writer,
     ):
         reading = _Clock()
+        mapping = name_mapping_from_json(plan.name_mapping_json)
         for file in task.files:
-            for batch in reading.timed(read_data_file(io, file.path, source_schema)):
+            batches = read_data_file(
+                io, file.path, source_schema, name_mapping=mapping, partition_values=file.partition_values
+            )
+            for batch in reading.timed(batches):
                 writer.write(batch, Op[file.op])
         committing = time.perf_counter()
         stats = writer.commit()
@@ -181,7 +185,10 @@ def run_read_task(plan: SnapshotPlan, runtime: Runtime, range_doc: dict[str, Any
     _check_span_rows(plan, range_doc, spans, span_rows)
     fetched = time.perf_counter()
     changes, merge_stats = merge_changes(
-        rows, plan.identifier_columns, emit_unpaired=plan.duplicate_keys == "emit_unpaired"
+        rows,
+        plan.identifier_columns,
+        emit_unpaired=plan.duplicate_keys == "emit_unpaired",
+        where=f"table {plan.source}, snapshot {plan.snapshot_id}",
     )
     check_merge(plan, range_doc["index"], merge_stats, changes.num_rows)
     arrow_bytes, rows_read = rows.nbytes, rows.num_rows
@@ -217,9 +224,14 @@ def run_insert_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[
     io = runtime.file_io(plan.sink_location)
     change_type = pa.field(CHANGE_TYPE_COLUMN, pa.string(), nullable=False)
 
+    mapping = name_mapping_from_json(plan.name_mapping_json)
+
     def sink_batches():
         for file in task.files:
-            for batch in read_data_file(io, file.path, source_schema):
+            batches = read_data_file(
+                io, file.path, source_schema, name_mapping=mapping, partition_values=file.partition_values
+            )
+            for batch in batches:
                 inserts = pa.Table.from_batches([batch]).append_column(
                     change_type, pa.array(["INSERT"] * batch.num_rows, pa.string())
                 )
