@@ -21,7 +21,7 @@ from iceberg_cdc.pipeline.groups import record_phase
 from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_key, table_prefix
 from iceberg_cdc.pipeline.plan import SnapshotPlan, group_tasks
 from iceberg_cdc.sink.schema import evolve_sink_schema
-from iceberg_cdc.sink.staging import delete_uncommitted_staged, staged_snapshot_ids
+from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import ensure_sink_table, loaded_in_full, read_watermark
 from iceberg_cdc.source.changes import initial_load_changes, require_supported, snapshot_changes
 from iceberg_cdc.source.history import next_snapshot, validate_manual_snapshot
@@ -57,29 +57,33 @@ def detect(
 def sweep_leftovers(ctx: Context, sink, keep_attempt: str) -> dict[str, int]:
     """Delete what earlier runs of this table left behind; only ever called while holding the lease.
 
-    * every shuffle namespace of the table except ``keep_attempt`` (the
-      caller's): they belong to finished, dead or overtaken runs, none of which
-      may use them any more (an overtaken run fails its next lease check);
-    * staged files in the sink's staging directory that no sink commit
-      references (a committed file is referenced and kept).
-
-    ``retain_files`` keeps shuffle namespaces, as it does for cleanup.
+    Every shuffle namespace of the table except ``keep_attempt`` (the
+    caller's) belongs to a finished, dead or overtaken run, none of which may
+    use it any more (an overtaken run fails its next lease check). For each:
+    first the staged files of that attempt that no sink commit references
+    (committed ones are referenced and kept), then the namespace itself -- in
+    that order, so a sweep cut short leaves the namespace that leads the next
+    sweep back to the files. The cost follows the leftovers, not the sink's
+    history: committed files stay in the staging directory, so listing all of
+    it would grow with every commit. ``retain_files`` keeps the namespaces.
     """
     store = ctx.runtime.store()
     table = ctx.table.source
     attempts: set[tuple[int, str]] = set()
-    if not ctx.config.shuffle.retain_files:
-        for info in store.list(table_prefix(table)):
-            found = attempt_of_key(table, info.key)
-            if found is not None and found[1] != keep_attempt:
-                attempts.add(found)
-    removed = 0
+    for info in store.list(table_prefix(table)):
+        found = attempt_of_key(table, info.key)
+        if found is not None and found[1] != keep_attempt:
+            attempts.add(found)
+    removed = staged = 0
     for snapshot_id, attempt in sorted(attempts):
-        removed += store.delete_prefix(SnapshotPaths(table, snapshot_id, attempt).prefix)
-    staged = 0
-    for snapshot_id in sorted(staged_snapshot_ids(sink.location(), ctx.runtime.io_properties)):
-        staged += len(delete_uncommitted_staged(sink, snapshot_id, properties=ctx.runtime.io_properties))
-    if attempts or staged:
+        staged += len(
+            delete_uncommitted_staged(
+                sink, snapshot_id, properties=ctx.runtime.io_properties, attempt=attempt
+            )
+        )
+        if not ctx.config.shuffle.retain_files:
+            removed += store.delete_prefix(SnapshotPaths(table, snapshot_id, attempt).prefix)
+    if removed or staged:
         log.warning(
             "%s: swept leftovers of earlier runs: %d shuffle objects in %d namespace(s), %d uncommitted "
             "staged file(s)",

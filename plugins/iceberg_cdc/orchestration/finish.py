@@ -58,17 +58,6 @@ def cleanup(ctx: Context, detected: dict[str, Any] | None, run_id: str) -> dict[
             paths = attempt_paths(detected)
             store = ctx.runtime.store()
             kept_staged = bool(store.list(paths.commit_pending))
-            if ctx.config.shuffle.retain_files:
-                log.info("retain_files is set: keeping %s", store.describe(paths.prefix))
-            elif kept_staged:
-                # Keep the marker with the namespace's other objects gone: the next sweep decides.
-                removed = sum(
-                    store.delete_prefix(info.key)
-                    for info in store.list(paths.prefix)
-                    if info.key != paths.commit_pending
-                )
-            else:
-                removed = store.delete_prefix(paths.prefix)
             if kept_staged:
                 log.warning(
                     "the sink commit of snapshot %s had an unknown outcome: its staged files are kept "
@@ -76,10 +65,23 @@ def cleanup(ctx: Context, detected: dict[str, Any] | None, run_id: str) -> dict[
                     detected["snapshot_id"],
                 )
             else:
+                # Staged files first: if cleanup stops half way, the namespace left behind leads
+                # the next run's sweep back to them.
                 sink = ctx.catalog().load_table(ctx.table.sink)
                 delete_uncommitted_staged(
                     sink, detected["snapshot_id"], properties=ctx.runtime.io_properties, attempt=paths.attempt
                 )
+            if ctx.config.shuffle.retain_files:
+                log.info("retain_files is set: keeping %s", store.describe(paths.prefix))
+            elif kept_staged:
+                # Keep only the marker: it leads the next sweep to the staged files.
+                removed = sum(
+                    store.delete_prefix(info.key)
+                    for info in store.list(paths.prefix)
+                    if info.key != paths.commit_pending
+                )
+            else:
+                removed = store.delete_prefix(paths.prefix)
     finally:
         released = run_lease.give_back(ctx, run_id, epoch) if epoch is not None else False
     log.info("cleanup: %d shuffle objects deleted; lease %s", removed, "released" if released else "not held")

@@ -21,7 +21,6 @@ crash leaves behind.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, cast
@@ -173,18 +172,6 @@ def list_staged(
 
 def _snapshot_dir(source_snapshot_id: int, attempt: str | None = None) -> str:
     return f"snapshot={source_snapshot_id}/" + (f"{attempt}/" if attempt else "")
-
-
-def staged_snapshot_ids(sink_location: str, properties: Mapping[str, str] | None = None) -> set[int]:
-    """Source snapshots with anything left in the sink's staging directory (for the leftover sweep)."""
-    store = staging_store(sink_location, properties)
-    found: set[int] = set()
-    for info in store.list(""):
-        head = info.key.split("/", 1)[0]
-        if head.startswith("snapshot="):
-            with contextlib.suppress(ValueError):
-                found.add(int(head[len("snapshot=") :]))
-    return found
 
 
 def delete_uncommitted_staged(
