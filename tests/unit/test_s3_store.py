@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 from collections import Counter
@@ -10,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from iceberg_cdc.errors import ObjectNotFoundError, StorageError
+from iceberg_cdc.errors import ObjectNotFoundError, StorageError, TransientStorageError
 from iceberg_cdc.shuffle.layout import data_key, index_key
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.reader import read_index, read_range
@@ -269,3 +270,180 @@ def test_map_outputs_through_s3_one_ranged_get_per_map_output(s3_store, tmp_path
                 ids = batch.column("id").to_numpy()[(partitions >= start) & (partitions < end)]
                 want.update((int(i), int(op)) for i in ids)
         assert got == want
+
+
+# -- transient S3 errors: every verb through the fault proxy ----------------------------------------
+
+
+@pytest.fixture
+def proxy(moto_server):
+    from iceberg_cdc.devtools.fault_proxy import FaultProxy
+
+    with FaultProxy(moto_server.endpoint, seed=4242) as running:
+        yield running
+
+
+def proxied_store(proxy, s3_properties, bucket: str, attempts: int = 8, rounds: int = 3) -> S3ObjectStore:
+    client = make_s3_client(proxy.properties(s3_properties), max_attempts=attempts)
+    return S3ObjectStore(f"s3://{bucket}/shuffle", client, part_size=5 * MIB, request_rounds=rounds)
+
+
+def test_every_verb_survives_errors_drops_and_cut_bodies(proxy, s3_properties, s3_bucket, s3_client):
+    store = proxied_store(proxy, s3_properties, s3_bucket)
+    # SlowDown (503) is throttling to botocore: it backs off ~1 s x 2^n, so fewer of them here.
+    proxy.set_rates(error_rate=0.2, drop_rate=0.1, cut_rate=0.1)
+    payloads = {f"a/{n}.data": os.urandom(50_000 + n) for n in range(8)}
+    for key, data in payloads.items():
+        store.put(key, data)
+    big = os.urandom(11 * MIB + 5)
+    store.put("a/big.data", big)  # multipart: create, 3 parts, complete
+    for key, data in payloads.items():
+        assert store.get(key) == data
+        assert store.get_range(key, 1000, 2000) == data[1000:2000]
+    assert store.get_range("a/big.data", 5 * MIB - 10, 5 * MIB + 10) == big[5 * MIB - 10 : 5 * MIB + 10]
+    assert {info.key for info in store.list("a/")} == {*payloads, "a/big.data"}
+
+    # Conditional writes: a lost answer comes back as "not done" although it was done; the
+    # caller recognises its own write by reading it back (as coordination.lease does by token).
+    for n in range(6):
+        key, mine = f"leases/{n}.json", f"token-{n}".encode()
+        version = store.put_if_absent(key, mine)
+        found = store.get_with_version(key)
+        assert found is not None and found[0] == mine
+        assert version is None or version == found[1]
+        newer = mine + b"-renewed"
+        if store.put_if_version(key, newer, found[1]) is None:
+            assert store.get_with_version(key)[0] == newer, "a failed put_if_version wrote nothing else"
+        current = store.get_with_version(key)
+        if not store.delete_if_version(key, current[1]):
+            assert store.get_with_version(key) is None, "the lost delete did delete"
+
+    assert store.delete_prefix("a/") == len(payloads) + 1
+    assert store.list("") == []
+    proxy.set_rates(error_rate=0.0, drop_rate=0.0, cut_rate=0.0)
+    assert s3_client.list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0
+    counts = proxy.counts
+    assert counts["error_500"] and counts["error_503"] and counts["drop"] and counts["cut"], counts
+    faulted = {r.method for r in proxy.records if r.fault != "none"}
+    assert {"GET", "PUT", "POST", "DELETE"} <= faulted
+
+
+def test_exhausted_retries_are_transient_errors_naming_the_object(proxy, s3_properties, s3_bucket):
+    store = proxied_store(proxy, s3_properties, s3_bucket, attempts=2, rounds=2)
+    proxy.set_rates(error_rate=1.0)
+    proxy.error_statuses = (500,)  # no SlowDown: botocore waits seconds before retrying those
+    where = f"s3://{s3_bucket}/shuffle/k.data"
+    for call in (
+        lambda: store.get("k.data"),
+        lambda: store.get_range("k.data", 0, 5),
+        lambda: store.put("k.data", b"x"),
+        lambda: store.put_if_absent("k.data", b"x"),
+        lambda: store.list("k.data"),
+    ):
+        with pytest.raises(TransientStorageError) as raised:
+            call()
+        error = raised.value
+        assert isinstance(error, StorageError) and error.retry_safe
+        assert error.attempts == 6  # botocore's 3 attempts, in 2 rounds
+        assert where in str(error) and "Retrying the DAG run is safe" in str(error)
+    proxy.set_rates(error_rate=0.0, drop_rate=1.0)
+    with pytest.raises(TransientStorageError, match="reachable"):
+        store.get("k.data")
+
+
+def test_a_body_cut_on_every_attempt_is_a_transient_error(proxy, s3_properties, s3_bucket, s3_client):
+    s3_client.put_object(Bucket=s3_bucket, Key="shuffle/cut.data", Body=os.urandom(100_000))
+    store = proxied_store(proxy, s3_properties, s3_bucket)
+    store.stream_retries = 1
+    proxy.set_rates(cut_rate=1.0)
+    with pytest.raises(
+        TransientStorageError, match=r"cut\.data: reading the response body of GET failed 2 times"
+    ):
+        store.get("cut.data")
+
+
+class _Flaky:
+    """A boto3 client double: the real client, with chosen calls misbehaving once."""
+
+    def __init__(self, real, **overrides) -> None:
+        self._real = real
+        self._overrides = overrides
+        self.meta = real.meta
+
+    def __getattr__(self, name: str):
+        return self._overrides.get(name) or getattr(self._real, name)
+
+
+def test_batch_delete_retries_keys_that_failed_transiently(s3_store, s3_bucket, s3_client):
+    for n in range(5):
+        s3_store.put(f"d/{n}", b"x")
+    real = s3_store.client
+    calls = []
+
+    def delete_objects(**kwargs):
+        calls.append([o["Key"] for o in kwargs["Delete"]["Objects"]])
+        if len(calls) == 1:  # S3 deletes some keys and reports the others as failed, with a 200
+            objects = kwargs["Delete"]["Objects"]
+            real.delete_objects(Bucket=kwargs["Bucket"], Delete={"Objects": objects[:2], "Quiet": True})
+            return {
+                "Errors": [
+                    {"Key": o["Key"], "Code": "InternalError", "Message": "retry"} for o in objects[2:]
+                ]
+            }
+        return real.delete_objects(**kwargs)
+
+    s3_store.client = _Flaky(real, delete_objects=delete_objects)
+    assert s3_store.delete_prefix("d/") == 5
+    assert calls == [[f"shuffle/d/{n}" for n in range(5)], [f"shuffle/d/{n}" for n in range(2, 5)]]
+    assert s3_client.list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0
+
+    s3_store.put("d/denied", b"x")
+
+    def denied(**kwargs):
+        return {"Errors": [{"Key": "shuffle/d/denied", "Code": "AccessDenied", "Message": "no"}]}
+
+    s3_store.client = _Flaky(real, delete_objects=denied)
+    with pytest.raises(StorageError, match=f"s3://{s3_bucket}/shuffle/d/denied: delete failed .AccessDenied"):
+        s3_store.delete_prefix("d/")
+
+
+def _no_such_upload():
+    import botocore.exceptions
+
+    return botocore.exceptions.ClientError(
+        {"Error": {"Code": "NoSuchUpload", "Message": "gone"}, "ResponseMetadata": {"HTTPStatusCode": 404}},
+        "CompleteMultipartUpload",
+    )
+
+
+def test_a_lost_complete_answer_is_recognised_by_the_etag(s3_bucket, s3_properties, s3_client):
+    store = open_store(f"s3://{s3_bucket}/mp", {**s3_properties, "s3.part-size": str(5 * MIB)})
+    real = store.client
+
+    def completed_then_lost(**kwargs):
+        real.complete_multipart_upload(**kwargs)  # applied, but the answer never arrives;
+        raise _no_such_upload()  # botocore's retry then finds the upload gone
+
+    store.client = _Flaky(real, complete_multipart_upload=completed_then_lost)
+    payload = os.urandom(7 * MIB)
+    store.put("lost.data", payload)
+    assert store.get("lost.data") == payload
+    head = s3_client.head_object(Bucket=s3_bucket, Key="mp/lost.data")
+    assert head["ETag"].strip('"').endswith("-2")
+
+    def never_completed(**kwargs):
+        raise _no_such_upload()
+
+    store.client = _Flaky(real, complete_multipart_upload=never_completed)
+    with pytest.raises(StorageError, match=f"s3://{s3_bucket}/mp/other.data"):
+        store.put("other.data", os.urandom(6 * MIB))
+    assert store.list("other") == []
+
+
+def test_multipart_etag_matches_s3():
+    from iceberg_cdc.storage.s3 import multipart_etag
+
+    parts = [b"a" * 10, b"b" * 20]
+    etags = ['"' + hashlib.md5(p).hexdigest() + '"' for p in parts]
+    expected = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest() + "-2"
+    assert multipart_etag(etags) == expected

@@ -1,9 +1,34 @@
 """S3 object store through boto3.
 
-Retries: botocore's ``standard`` mode retries throttling (``SlowDown``, 503),
-5xx responses and connection errors with exponential backoff and jitter; on
-top of that, a ranged GET whose body breaks off mid-stream is retried here,
-because botocore only retries until the response headers arrive.
+Retries, on every verb (GET, ranged GET, PUT, multipart create / part /
+complete, LIST, DELETE, conditional PUT / DELETE): botocore's ``standard``
+mode retries 5xx answers, throttling (``SlowDown``, 503, 429) and connection
+errors -- refused, reset, closed before the answer, a response cut
+mid-body for non-streaming calls (measured through ``iceberg_cdc.devtools.fault_proxy``)
+-- with exponential backoff and jitter, ``max_attempts`` in all. botocore
+only retries until a GET's response headers arrive, so a GET whose body
+breaks off mid-stream is retried here (:meth:`S3ObjectStore._read_versioned`).
+botocore's per-client retry quota (which, once a burst of errors has
+emptied it, lets no request retry at all) is widened (:func:`widen_retry_quota`),
+and when botocore gives up on a transient failure the call is made again, up
+to ``request_rounds`` times with backoff (:meth:`S3ObjectStore._request`).
+Three more gaps are closed here: a batch DELETE answers 200 with per-key
+``InternalError`` / ``SlowDown`` entries (those keys are deleted again); a
+multipart COMPLETE whose answer was lost and that is retried may find the
+upload gone (``NoSuchUpload``) -- it is done when the object's ETag is the one
+the parts make; and when retries run out on a transient error, the error is
+:class:`~iceberg_cdc.errors.TransientStorageError` naming the object, the
+operation and the attempts. 4xx answers (not found, access denied, bad
+request) are never retried.
+
+Whole-object writes are idempotent: repeating a PUT whose answer was lost
+writes the same bytes again. Conditional writes are not: a conditional PUT or
+DELETE that S3 applied but whose answer was lost is retried by botocore and
+then fails its own precondition (the ETag changed, or the key is gone), so it
+comes back as "not done" (None / False) although it was done. Callers must
+read the object back and recognise their own write; ``coordination.lease``
+does, by the random token inside every write (an unrecognised release only
+reports "not released" while the tombstone is in place).
 
 Large objects go up as multipart uploads (parts of ``part_size`` bytes, at
 least the 5 MiB S3 minimum); small ones as one PUT. Server-side encryption is
@@ -24,6 +49,8 @@ without a lock, so two *concurrent* conditional requests can both pass
 
 from __future__ import annotations
 
+import hashlib
+import random
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -33,7 +60,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError, StorageError
+from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError, StorageError, TransientStorageError
 from iceberg_cdc.storage.base import ObjectInfo, ObjectStore, ObjectWriter
 
 MIN_PART_SIZE = 5 * 1024 * 1024
@@ -42,12 +69,50 @@ DEFAULT_PART_SIZE = 16 * 1024 * 1024
 _CONDITION_FAILED = frozenset(
     {"PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404"}
 )
+# Answers that a later attempt may not get: server errors and throttling (botocore's lists).
+_TRANSIENT_CODES = frozenset(
+    {
+        "InternalError",
+        "ServiceUnavailable",
+        "SlowDown",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "Throttling",
+        "ThrottlingException",
+        "RequestThrottled",
+        "TooManyRequestsException",
+        "BandwidthLimitExceeded",
+    }
+)
+_RETRY_SAFE = (
+    "Retrying the DAG run is safe: nothing was committed to the sink and its watermark did not move."
+)
+# Failures of the connection, not answers: worth another round (NoCredentialsError & co. are not).
+_CONNECTION_ERRORS = (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError)
 _STREAM_ERRORS = (
     botocore.exceptions.IncompleteReadError,
     botocore.exceptions.ResponseStreamingError,
     botocore.exceptions.ReadTimeoutError,
     botocore.exceptions.ConnectionClosedError,
 )
+
+
+def _condition_failed(exc: botocore.exceptions.ClientError) -> bool:
+    """S3's "precondition did not hold" answers to a conditional request: nothing was done."""
+    code = exc.response.get("Error", {}).get("Code", "")
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code in _CONDITION_FAILED or (not code and status in (404, 409, 412))
+
+
+def _backoff(attempt: int) -> float:
+    """Seconds before retry ``attempt`` (0-based): exponential, capped, full jitter."""
+    return random.uniform(0.0, min(0.2 * 2**attempt, 5.0))
+
+
+def multipart_etag(part_etags: list[str]) -> str:
+    """The ETag S3 gives an object completed from parts with these ETags (no SSE-KMS / SSE-C)."""
+    digests = b"".join(bytes.fromhex(etag.strip('"')) for etag in part_etags)
+    return f"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(part_etags)}"
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
@@ -70,7 +135,7 @@ def s3_client(properties: Mapping[str, str], max_attempts: int = 8) -> Any:
         max_pool_connections=32,
         s3={"addressing_style": "path"} if properties.get("s3.endpoint") else None,
     )
-    return boto3.session.Session().client(
+    client = boto3.session.Session().client(
         "s3",
         endpoint_url=properties.get("s3.endpoint"),
         aws_access_key_id=properties.get("s3.access-key-id"),
@@ -79,6 +144,29 @@ def s3_client(properties: Mapping[str, str], max_attempts: int = 8) -> Any:
         region_name=properties.get("s3.region") or "us-east-1",
         config=config,
     )
+    widen_retry_quota(client)
+    return client
+
+
+def widen_retry_quota(client: Any, capacity: int = 1_000_000) -> bool:
+    """Give the client's retry quota (standard mode's token bucket) room for a burst of errors.
+
+    botocore spends 14 of 500 tokens per retry and returns only the last
+    retry's on success, so an error burst (measured: a proxy failing half the
+    requests empties it within seconds) leaves every later request of the
+    process, on this shared client, with no retry at all. Each request's
+    attempts stay bounded by ``max_attempts``, which is what protects S3
+    here. The quota is internal to botocore, hence the guarded lookup:
+    returns False (and leaves the client as it is) where it is not found.
+    """
+    emitter = getattr(client.meta.events, "_emitter", None)
+    entry = (getattr(emitter, "_unique_id_handlers", None) or {}).get("retry-config-s3") or {}
+    checker = getattr(getattr(entry.get("handler"), "__self__", None), "_retry_quota", None)
+    quota = getattr(checker, "_quota", None)
+    if quota is None or not hasattr(quota, "_available_capacity") or not hasattr(quota, "_max_capacity"):
+        return False
+    quota._max_capacity = quota._available_capacity = capacity
+    return True
 
 
 class _S3Writer(ObjectWriter):
@@ -137,17 +225,49 @@ class _S3Writer(ObjectWriter):
         else:
             if self._buffer:
                 self._upload_part(bytes(self._buffer))
-            store.requests["COMPLETE_MULTIPART"] += 1
-            store._call(
-                store.client.complete_multipart_upload,
-                self._key,
-                Bucket=store.bucket,
-                Key=store.full_key(self._key),
-                UploadId=self._upload_id,
-                MultipartUpload={"Parts": self._parts},
-            )
+            self._complete()
         self._buffer = bytearray()
         return self._size
+
+    def _complete(self) -> None:
+        """COMPLETE the upload; a retry that finds it gone checks whether the lost attempt completed it.
+
+        botocore retries a COMPLETE whose answer was lost; S3 may then answer
+        ``NoSuchUpload`` because the first attempt did complete it. The
+        object's ETag then is the MD5 of the parts' MD5s, "-" and their count.
+        """
+        store = self._store
+
+        def complete_multipart_upload(**kwargs: Any) -> Any:
+            try:
+                return store.client.complete_multipart_upload(**kwargs)
+            except botocore.exceptions.ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") == "NoSuchUpload" and self._is_completed():
+                    return {}
+                raise
+
+        store.requests["COMPLETE_MULTIPART"] += 1
+        store._call(
+            complete_multipart_upload,
+            self._key,
+            Bucket=store.bucket,
+            Key=store.full_key(self._key),
+            UploadId=self._upload_id,
+            MultipartUpload={"Parts": self._parts},
+        )
+
+    def _is_completed(self) -> bool:
+        store = self._store
+        store.requests["HEAD"] += 1
+        try:
+            head = store.client.head_object(Bucket=store.bucket, Key=store.full_key(self._key))
+        except botocore.exceptions.ClientError:
+            return False
+        try:
+            expected = multipart_etag([p["ETag"] for p in self._parts])
+        except ValueError:  # part ETags that are not MD5s (SSE-KMS, SSE-C): cannot tell
+            return False
+        return head.get("ETag", "").strip('"') == expected
 
     def abort(self) -> None:
         self._buffer = bytearray()
@@ -173,6 +293,7 @@ class S3ObjectStore(ObjectStore):
         sse: str | None = None,
         sse_kms_key_id: str | None = None,
         stream_retries: int = 4,
+        request_rounds: int = 3,
     ) -> None:
         if part_size < MIN_PART_SIZE:
             raise ValueError(f"S3 multipart part size must be at least 5 MiB, got {part_size}")
@@ -186,26 +307,82 @@ class S3ObjectStore(ObjectStore):
         if sse_kms_key_id:
             self.sse_args["SSEKMSKeyId"] = sse_kms_key_id
         self.stream_retries = stream_retries
+        self.request_rounds = request_rounds
         self.requests: Counter[str] = Counter()
 
     def full_key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _call(self, method: Any, key: str, **kwargs: Any) -> Any:
-        try:
-            return method(**kwargs)
-        except botocore.exceptions.ClientError as exc:
-            raise self._translate(exc, key) from None
-        except botocore.exceptions.BotoCoreError as exc:
-            raise StorageError(
-                f"{self.describe(key)}: S3 request failed after retries ({exc}); check that "
-                "the endpoint is reachable"
-            ) from None
+        """``method(**kwargs)``; see :meth:`_request`."""
+        return self._request(method, key, kwargs, conditional=False)
 
-    def _translate(self, exc: botocore.exceptions.ClientError, key: str) -> StorageError:
+    def _conditional(self, method: Any, key: str, **kwargs: Any) -> Any | None:
+        """``method(**kwargs)``, or None when S3 says a precondition did not hold."""
+        return self._request(method, key, kwargs, conditional=True)
+
+    def _request(self, method: Any, key: str, kwargs: dict[str, Any], *, conditional: bool) -> Any:
+        """One S3 call with botocore's retries, repeated (bounded, with backoff) while it fails transiently.
+
+        Why a second layer: when botocore gives up (all its attempts failed,
+        or its retry quota ran dry where :func:`widen_retry_quota` could not
+        widen it), a short wait and a new round still often succeed in an
+        error burst. Errors are translated into :class:`StorageError`
+        subclasses naming the object.
+        """
+        for round_ in range(1, self.request_rounds + 1):
+            try:
+                return method(**kwargs)
+            except botocore.exceptions.ClientError as exc:
+                if conditional and _condition_failed(exc):
+                    return None
+                error = self._translate(exc, key, method, round_)
+            except _CONNECTION_ERRORS as exc:
+                error = self._unreachable(exc, key, method, round_)
+            except botocore.exceptions.BotoCoreError as exc:  # no credentials, bad parameters...
+                raise StorageError(f"{self.describe(key)}: S3 request not made: {exc}") from None
+            if not isinstance(error, TransientStorageError) or round_ == self.request_rounds:
+                raise error from None
+            time.sleep(_backoff(round_ - 1))
+        raise AssertionError("unreachable")
+
+    def _attempts(self) -> int:
+        """How many attempts botocore makes of a request (for messages)."""
+        config = getattr(getattr(self.client, "meta", None), "config", None)
+        retries = getattr(config, "retries", None) or {}
+        configured = retries.get("total_max_attempts") or retries.get("max_attempts")
+        return int(configured) if configured else 1
+
+    def _unreachable(self, exc: Exception, key: str, method: Any, rounds: int = 1) -> TransientStorageError:
+        """A connection-level failure that outlasted the retries."""
+        operation = getattr(method, "__name__", "request")
+        attempts = self._attempts() * rounds
+        return TransientStorageError(
+            f"{self.describe(key)}: S3 {operation} failed after {attempts} attempts ({exc}); check that "
+            f"the endpoint is reachable and healthy. {_RETRY_SAFE}",
+            retry_safe=True,
+            location=self.describe(key),
+            operation=operation,
+            attempts=attempts,
+        )
+
+    def _translate(
+        self, exc: botocore.exceptions.ClientError, key: str, method: Any = None, rounds: int = 1
+    ) -> StorageError:
         code = exc.response.get("Error", {}).get("Code", "")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         where = self.describe(key)
+        if code in _TRANSIENT_CODES or (isinstance(status, int) and (status >= 500 or status == 429)):
+            operation = getattr(method, "__name__", "request")
+            attempts = self._attempts() * rounds
+            return TransientStorageError(
+                f"{where}: S3 kept answering {code or status} to {operation} for {attempts} attempts; "
+                f"check the endpoint's health (or raise its request rate limit). {_RETRY_SAFE}",
+                retry_safe=True,
+                location=where,
+                operation=operation,
+                attempts=attempts,
+            )
         if code in ("NoSuchKey", "404", "NotFound"):
             return ObjectNotFoundError(f"{where} does not exist")
         if code == "InvalidRange" or status == 416:
@@ -253,10 +430,15 @@ class S3ObjectStore(ObjectStore):
                 return response["Body"].read(), response["ETag"]
             except _STREAM_ERRORS as exc:
                 if attempt == self.stream_retries:
-                    raise StorageError(
-                        f"{self.describe(key)}: reading the response body failed {attempt + 1} times ({exc})"
+                    raise TransientStorageError(
+                        f"{self.describe(key)}: reading the response body of {kind} failed "
+                        f"{attempt + 1} times ({exc}). {_RETRY_SAFE}",
+                        retry_safe=True,
+                        location=self.describe(key),
+                        operation=kind,
+                        attempts=attempt + 1,
                     ) from None
-                time.sleep(min(0.2 * 2**attempt, 5.0))
+                time.sleep(_backoff(attempt))
         raise AssertionError("unreachable")
 
     def list(self, prefix: str) -> list[ObjectInfo]:
@@ -278,40 +460,42 @@ class S3ObjectStore(ObjectStore):
     def delete_prefix(self, prefix: str) -> int:
         keys = [info.key for info in self.list(prefix)]
         for start in range(0, len(keys), 1000):
-            chunk = keys[start : start + 1000]
+            self._delete_batch(prefix, keys[start : start + 1000])
+        return len(keys)
+
+    def _delete_batch(self, prefix: str, keys: list[str]) -> None:
+        """One batch DELETE; keys S3 reports as failed with a transient code are deleted again.
+
+        A batch DELETE answers 200 even when some keys failed, listing them
+        with their own code (``InternalError``, ``SlowDown``...): botocore sees
+        a success and retries nothing.
+        """
+        errors: list[dict[str, Any]] = []
+        for attempt in range(self.stream_retries + 1):
             self.requests["DELETE"] += 1
             response = self._call(
                 self.client.delete_objects,
                 prefix,
                 Bucket=self.bucket,
-                Delete={"Objects": [{"Key": self.full_key(k)} for k in chunk], "Quiet": True},
+                Delete={"Objects": [{"Key": self.full_key(k)} for k in keys], "Quiet": True},
             )
             errors = response.get("Errors") or []
-            if errors:
-                first = errors[0]
-                raise StorageError(
-                    f"{self.describe(first.get('Key', prefix))}: delete failed "
-                    f"({first.get('Code')}: {first.get('Message')}); {len(errors)} objects left"
-                )
-        return len(keys)
+            if not errors:
+                return
+            if any(e.get("Code") not in _TRANSIENT_CODES for e in errors) or attempt == self.stream_retries:
+                break
+            strip = len(self.prefix) + 1 if self.prefix else 0
+            keys = [e["Key"][strip:] for e in errors]
+            time.sleep(_backoff(attempt))
+        first = errors[0]
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        raise StorageError(
+            f"{self.describe(first.get('Key', self.full_key(prefix))[strip:])}: delete failed "
+            f"({first.get('Code')}: {first.get('Message')}); {len(errors)} objects left. "
+            "Deleting is repeated by the next run's cleanup, so retrying the DAG run is safe."
+        )
 
     # Conditional operations (leases): see the module docstring.
-
-    def _conditional(self, method: Any, key: str, **kwargs: Any) -> Any | None:
-        """``method(**kwargs)``, or None when S3 says a precondition did not hold."""
-        try:
-            return method(**kwargs)
-        except botocore.exceptions.ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if code in _CONDITION_FAILED or (not code and status in (404, 409, 412)):
-                return None
-            raise self._translate(exc, key) from None
-        except botocore.exceptions.BotoCoreError as exc:
-            raise StorageError(
-                f"{self.describe(key)}: S3 request failed after retries ({exc}); check that "
-                "the endpoint is reachable"
-            ) from None
 
     def _conditional_put(self, key: str, data: bytes, **condition: str) -> str | None:
         """PUT with an If-None-Match / If-Match condition: the new ETag, or None if it failed."""
