@@ -15,7 +15,6 @@ snapshots, file:// or moto S3 shuffle) and checks three things:
 from __future__ import annotations
 
 import json
-import urllib.request
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -55,6 +54,7 @@ from iceberg_cdc.sink.table import (
     summary_properties,
 )
 from iceberg_cdc.watermark import Watermark
+from tests.support.auth_s3 import auth_s3_server
 from tests.support.iceberg_tables import (
     add_equality_deletes,
     add_position_deletes,
@@ -492,42 +492,8 @@ def test_shuffle_bucket_that_does_not_exist(tmp_path, s3_properties, s3_client):
 
 @pytest.fixture(scope="module")
 def auth_s3(tmp_path_factory, _no_real_aws) -> Iterator[tuple[LocalS3Server, dict[str, str]]]:
-    """A moto server of our own that checks credentials, with one IAM user allowed to use S3.
-
-    Authentication is switched on (moto's reset-auth) only after the user is
-    made, so setting up needs no credentials; the session's shared server is
-    left alone.
-    """
-    with LocalS3Server(log_path=tmp_path_factory.mktemp("moto-auth") / "server.log") as server:
-        iam = boto3.client(
-            "iam",
-            endpoint_url=server.endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="setup",
-            aws_secret_access_key="setup",
-        )
-        iam.create_user(UserName="cdc")
-        policy = {
-            "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
-        }
-        iam.put_user_policy(UserName="cdc", PolicyName="s3", PolicyDocument=json.dumps(policy))
-        key = iam.create_access_key(UserName="cdc")["AccessKey"]
-        good = {
-            "s3.endpoint": server.endpoint,
-            "s3.access-key-id": key["AccessKeyId"],
-            "s3.secret-access-key": key["SecretAccessKey"],
-            "s3.region": "us-east-1",
-        }
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        request = urllib.request.Request(
-            f"{server.endpoint}/moto-api/reset-auth",
-            data=b"0",
-            method="POST",
-            headers={"Content-Type": "text/plain"},
-        )
-        with opener.open(request, timeout=10) as response:
-            assert response.status == 200
+    """A moto server of our own that checks credentials (tests.support.auth_s3)."""
+    with auth_s3_server(tmp_path_factory.mktemp("moto-auth")) as (server, good):
         yield server, good
 
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import io
-import json
 import os
 import pickle
-import urllib.request
 import uuid
 from collections.abc import Iterator
 
@@ -38,6 +36,7 @@ from iceberg_cdc.storage.retrying_io import (
     RetryPolicy,
     is_transient,
 )
+from tests.support.auth_s3 import auth_s3_server
 
 pytestmark = pytest.mark.s3
 
@@ -186,37 +185,9 @@ def test_missing_object_is_not_retried_and_named(proxy, file_io, s3_bucket, s3_p
 
 @pytest.fixture(scope="module")
 def auth_server(tmp_path_factory, _no_real_aws) -> Iterator[tuple[LocalS3Server, dict[str, str]]]:
-    """A moto server of our own that checks credentials (see test_bad_input's ``auth_s3``)."""
-    with LocalS3Server(log_path=tmp_path_factory.mktemp("moto-auth-io") / "server.log") as server:
-        iam = boto3.client(
-            "iam",
-            endpoint_url=server.endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="setup",
-            aws_secret_access_key="setup",
-        )
-        iam.create_user(UserName="cdc")
-        policy = {
-            "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
-        }
-        iam.put_user_policy(UserName="cdc", PolicyName="s3", PolicyDocument=json.dumps(policy))
-        key = iam.create_access_key(UserName="cdc")["AccessKey"]
-        good = {
-            "s3.access-key-id": key["AccessKeyId"],
-            "s3.secret-access-key": key["SecretAccessKey"],
-            "s3.region": "us-east-1",
-        }
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        request = urllib.request.Request(
-            f"{server.endpoint}/moto-api/reset-auth",
-            data=b"0",
-            method="POST",
-            headers={"Content-Type": "text/plain"},
-        )
-        with opener.open(request, timeout=10) as response:
-            assert response.status == 200
-        yield server, good
+    """A moto server of our own that checks credentials (tests.support.auth_s3)."""
+    with auth_s3_server(tmp_path_factory.mktemp("moto-auth-io")) as (server, good):
+        yield server, {k: v for k, v in good.items() if k != "s3.endpoint"}
 
 
 def test_wrong_credentials_are_not_retried_and_named(auth_server):
