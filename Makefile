@@ -13,7 +13,7 @@ TEST_WORKERS ?= 2
 help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
 	@echo "make sync CONFIG=path.yaml   run each table's DAG until its sink has caught up"
-	@echo "make airflow start Airflow (standalone) on the demo config, to watch runs in the UI"
+	@echo "make airflow Airflow on the demo config at http://127.0.0.1:8080 (PORT=...), with the CDC view"
 	@echo "make demo-engine   only the shuffle engine, on one generated snapshot (seconds)"
 	@echo "make test    install into .venv/ when missing, lint, run the test suite"
 	@echo "make bench   the pipeline vs a Spark-native job and the floor, memory, S3 requests (QUICK=1: short)"
@@ -63,7 +63,7 @@ sync: setup
 	PYTHONPATH=plugins $(BIN)/python -m iceberg_cdc.devtools.sync --config "$(CONFIG)" --home "$(or $(AIRFLOW_HOME_DIR),.cdc/airflow)"
 
 airflow: setup
-	$(BIN)/python scripts/airflow_ui.py
+	$(BIN)/python scripts/airflow_ui.py $(if $(PORT),--port $(PORT),)
 
 bench: setup
 	@$(MAKE) --no-print-directory prereqs

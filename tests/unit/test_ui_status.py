@@ -1,0 +1,435 @@
+"""The CDC view: its status model on a real catalog and sink, and its FastAPI app.
+
+The catalog is SQLite with a ``file://`` warehouse; the sink commits are real
+ones, made by the pipeline's own steps (:class:`InlinePipeline`). Airflow's
+side (authorization, DAG runs) is a fake here, except for authentication:
+without credentials the app must refuse, through Airflow's own ``get_user``.
+The real API server is in ``tests/integration/test_ui_page.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from iceberg_cdc.config import parse_config
+from iceberg_cdc.devtools.cow import cow_merge
+from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.sink.table import watermark_property_names
+from iceberg_cdc.ui.airflow_api import DagRuns, FailedTask, RunInfo, authenticated_user, first_error_line
+from iceberg_cdc.ui.app import create_app
+from iceberg_cdc.ui.status import collect_status, processed_snapshot, skew_warnings
+from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
+from tests.support.orders import SCHEMA, rows
+
+REPO = Path(__file__).resolve().parents[2]
+DAG_ID = "cdc__shop__orders"
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> SimpleNamespace:
+    """shop.orders: two appends and a copy-on-write MERGE processed, one more append pending."""
+    pipeline = InlinePipeline(tmp_path_factory.mktemp("ui"))
+    source = pipeline.create_source(SCHEMA)
+    source.append(rows(range(10)))
+    source.append(rows(range(10, 20), region="eu"))
+    pipeline.catch_up()
+    merge = cow_merge(source, upserts=rows([1, 2], region="eu", status="paid"), delete_keys=[3])
+    pipeline.catch_up()
+    source.refresh()
+    source.append(rows(range(20, 25)))
+    source.refresh()
+    ids = [s.snapshot_id for s in source.snapshots()]
+    return SimpleNamespace(pipeline=pipeline, config=pipeline.config, merge=merge, ids=ids, source=source)
+
+
+def _one(history, **kwargs):
+    [status] = collect_status(history.config, **kwargs)
+    return status
+
+
+# ---------------------------------------------------------------- the status model
+
+
+def test_watermark_lag_and_age_of_the_oldest_pending_snapshot(history):
+    now = datetime.now(UTC) + timedelta(minutes=5)
+    status = _one(history, now=now)
+    assert status.errors == [] and status.notes == []
+    assert (status.source, status.sink, status.dag_id) == (SOURCE, SINK, DAG_ID)
+    assert status.watermark_snapshot_id == history.merge == history.ids[2]
+    assert status.watermark_ordinal == 3
+    assert status.pending == 1 and status.state == "behind"
+    pending = history.source.metadata.snapshot_by_id(history.ids[3])
+    assert status.oldest_pending_snapshot_id == pending.snapshot_id
+    assert status.oldest_pending_at == datetime.fromtimestamp(pending.timestamp_ms / 1000, UTC)
+    assert 290 < status.oldest_pending_age_seconds < 400
+    assert status.source_snapshot_id == history.ids[3]
+    assert status.lease_checked and status.lease is None  # the file:// shuffle store: nobody holds it
+
+
+def test_last_processed_snapshots_with_their_figures(history):
+    status = _one(history)
+    merge, second, first = status.recent
+    assert [s.source_snapshot_id for s in status.recent] == [history.ids[2], history.ids[1], history.ids[0]]
+    assert [s.ordinal for s in status.recent] == [3, 2, 1]
+    # The MERGE: ids 1 and 2 move to eu (updates), 3 is deleted; the rest of the rewritten files is carryover.
+    assert (merge.inserts, merge.deletes, merge.updates) == (0, 1, 2)
+    assert merge.carryover_rows == 14 and merge.change_rows == 5
+    assert merge.shuffle_bytes and merge.shuffle_bytes > 0
+    assert merge.rows == {"input": 19, "shuffled": 19, "read": 19, "carryover": 14, "changes": 5}
+    assert merge.balanced is True
+    assert {"detect", "write", "coalesce", "read"} <= set(merge.seconds)
+    assert next(iter(merge.seconds)) == "detect"  # phases in run order
+    assert merge.operation == "overwrite" and not merge.initial_load and not merge.reprocess
+    assert merge.skew == []
+    for appended in (second, first):
+        assert (appended.inserts, appended.deletes, appended.updates) == (10, 0, 0)
+        assert appended.shuffle_bytes is None  # insert-only: no shuffle
+        assert appended.rows["shuffled"] == 0 and appended.balanced is True
+        assert "insert" in appended.seconds
+    assert merge.committed_at >= second.committed_at >= first.committed_at
+    assert [s.ordinal for s in _one(history, recent=2).recent] == [3, 2]
+
+
+def test_a_table_that_is_caught_up(tmp_path):
+    pipeline = InlinePipeline(tmp_path)
+    pipeline.create_source(SCHEMA).append(rows(range(3)))
+    pipeline.catch_up()
+    [status] = collect_status(pipeline.config)
+    assert status.state == "caught-up" and status.pending == 0
+    assert status.oldest_pending_snapshot_id is None and status.oldest_pending_age_seconds is None
+    assert status.recent[0].inserts == 3
+
+
+def test_each_table_keeps_its_own_problems(history, tmp_path):
+    catalog = history.pipeline.catalog
+    if not catalog.table_exists("shop.items"):
+        catalog.create_table("shop.items", schema=SCHEMA).append(rows(range(4)))
+    raw = {
+        **history.pipeline.raw,
+        "tables": [
+            *history.pipeline.raw["tables"],
+            {"source": "shop.items", "sink": "shop.items_changes"},  # sink not created yet
+            {"source": "shop.nothing", "sink": "shop.nothing_changes"},  # no source
+        ],
+    }
+    orders, items, nothing = collect_status(parse_config(raw))
+    assert orders.errors == [] and orders.watermark_ordinal == 3
+    assert items.errors == [] and items.sink_exists is False and items.pending == 1
+    assert items.watermark_snapshot_id is None and items.recent == []
+    assert any("does not exist yet" in note for note in items.notes)
+    assert nothing.state == "error" and nothing.source_exists is False
+    assert any("source table shop.nothing does not exist" in e for e in nothing.errors)
+
+
+def test_a_watermark_off_the_source_history_is_an_error_on_that_table(tmp_path):
+    pipeline = InlinePipeline(tmp_path)
+    pipeline.create_source(SCHEMA).append(rows(range(3)))
+    pipeline.catch_up()
+    uuid_key, _, _ = watermark_property_names(SOURCE)
+    with pipeline.sink.transaction() as tx:
+        tx.set_properties(
+            {uuid_key: "00000000-0000-0000-0000-000000000000"}
+        )  # as if the source was recreated
+    [status] = collect_status(pipeline.config)
+    assert status.state == "error" and status.pending is None
+    assert any("SourceHistoryError" in e for e in status.errors)
+    assert status.recent and status.recent[0].inserts == 3  # what the sink holds is still shown
+
+
+def test_an_unreachable_catalog_is_an_error_per_table_not_an_exception(history, tmp_path):
+    raw = {**history.pipeline.raw}
+    raw["catalog"] = {**raw["catalog"], "uri": f"sqlite:///{tmp_path / 'missing-dir' / 'catalog.db'}"}
+    [status] = collect_status(parse_config(raw), with_lease=False)
+    assert status.state == "error" and status.errors
+    assert status.watermark_snapshot_id is None and status.recent == []
+
+    def broken(config):
+        raise ConnectionError("catalog at http://catalog:8181 refused the connection")
+
+    [status] = collect_status(history.config, catalog_factory=broken, with_lease=False)
+    assert status.errors == [
+        "catalog 'inline' unreachable: ConnectionError: catalog at http://catalog:8181 refused the connection"
+    ]
+
+
+def test_secrets_never_reach_the_messages(history):
+    raw = {
+        **history.pipeline.raw,
+        "catalog": {**history.pipeline.raw["catalog"], "s3.secret-access-key": "hunter2-secret"},
+    }
+
+    def leaky(config):
+        raise RuntimeError("bad credentials hunter2-secret for http://user:pw-in-url@host/x")
+
+    [status] = collect_status(parse_config(raw), catalog_factory=leaky, with_lease=False)
+    assert "hunter2-secret" not in status.errors[0] and "pw-in-url" not in status.errors[0]
+    assert "***" in status.errors[0]
+
+
+def test_a_table_that_does_not_answer_in_time_is_reported_as_such(history):
+    class Slow:
+        def load_table(self, identifier):
+            time.sleep(2)
+            raise RuntimeError("too late")
+
+    started = time.monotonic()
+    [status] = collect_status(
+        history.config, catalog_factory=lambda c: Slow(), with_lease=False, timeout_seconds=0.3
+    )
+    assert time.monotonic() - started < 1.5
+    assert status.errors == ["no answer from the catalog or storage within 0.3 s"]
+
+
+def test_commits_without_figures_and_skew_warnings():
+    snapshot = SimpleNamespace(snapshot_id=7, timestamp_ms=1_700_000_000_000)
+    older = processed_snapshot(
+        snapshot, {"cdc.source-table": SOURCE, "cdc.source-snapshot-id": "42", "added-records": "8"}
+    )
+    assert older is not None and older.ordinal is None
+    assert (older.inserts, older.deletes, older.updates, older.shuffle_bytes) == (None, None, None, None)
+    assert older.change_rows == 8 and older.balanced is None and older.seconds == {} and older.skew == []
+    assert older.to_dict()["source_snapshot_id"] == "42"  # 64-bit ids as strings in JSON
+    assert processed_snapshot(snapshot, {"cdc.source-table": SOURCE}) is None  # a reprocess's delete snapshot
+    assert skew_warnings({"cdc.skewed": "3,17"}) == ["skewed partitions 3, 17: a read task took each alone"]
+    assert skew_warnings({"cdc.skewed": "[5]"}) == ["skewed partition 5: a read task took each alone"]
+    assert skew_warnings({"cdc.skewed": "[]", "cdc.inserts": "3"}) == []
+    assert skew_warnings({"cdc.skew-max-ratio": "12.5"}) == ["skew-max-ratio: 12.5"]
+    unbalanced = processed_snapshot(
+        snapshot,
+        {
+            "cdc.source-snapshot-id": "1",
+            **{"cdc.rows.input": "9", "cdc.rows.shuffled": "9", "cdc.rows.read": "3"},
+            **{"cdc.rows.carryover": "2", "cdc.rows.changes": "1"},
+        },
+    )
+    assert unbalanced.balanced is False
+
+
+# ---------------------------------------------------------------- the Airflow side, without Airflow
+
+
+def test_first_error_line_of_a_task_log():
+    log = [
+        {"event": "::group::Log message source details"},
+        {"level": "error", "event": "Could not read served logs: connection refused"},  # the reader's own
+        {"level": "info", "event": "detect: taking the lease"},
+        {"level": "error", "event": "something went wrong\nwith details"},
+        {
+            "level": "error",
+            "event": "Task failed with exception",
+            "error_detail": [
+                {"exc_type": "OSError", "exc_value": "the cause", "frames": []},
+                {
+                    "exc_type": "SourceHistoryError",
+                    "exc_value": "Cannot reprocess snapshot 1\nmore",
+                    "frames": [],
+                },
+            ],
+        },
+    ]
+    assert first_error_line(log) == "SourceHistoryError: Cannot reprocess snapshot 1"
+    assert first_error_line(log[:4]) == "something went wrong"
+    assert first_error_line(log[:3]) is None
+    objects = [SimpleNamespace(event="boom", level="critical", error_detail=None)]
+    assert first_error_line(objects) == "boom"
+    assert len(first_error_line([{"level": "error", "event": "x" * 5000}])) == 400
+
+
+def test_tokens_are_checked_by_airflows_auth_manager(history, monkeypatch):
+    """No override: Airflow's own get_user decides, through the configured auth manager."""
+    import jwt
+    from airflow.api_fastapi import app as airflow_app
+
+    class StubAuthManager:  # stands for the configured one; only this method is reached
+        async def get_user_from_token(self, token):
+            if token == "valid-token":
+                return "bob"
+            raise jwt.InvalidTokenError("signature mismatch")
+
+    monkeypatch.setattr(airflow_app._AuthManagerState, "instance", StubAuthManager())
+    airflow = FakeAirflow()
+    client = TestClient(create_app(config_loader=lambda: history.config, airflow=airflow))
+    assert client.get("/api/tables", headers={"Authorization": "Bearer forged"}).status_code == 403
+    assert client.get("/api/tables").status_code == 401
+    assert client.get("/api/tables", cookies={"_token": "forged"}).status_code == 403
+    assert airflow.asked == []
+    assert client.get("/api/tables", headers={"Authorization": "Bearer valid-token"}).status_code == 200
+    client.cookies.set("_token", "valid-token")  # the UI's cookie, as the page inside Airflow gets it
+    assert client.get("/").status_code == 200
+    assert airflow.asked == ["bob", "bob"]
+
+
+# ---------------------------------------------------------------- the app
+
+
+class FakeAirflow:
+    """Authorization and runs as a test decides them."""
+
+    def __init__(self, readable: set[str] | None = None, logs: bool = True) -> None:
+        self.readable = readable
+        self.logs = logs
+        self.asked: list[Any] = []
+
+    def readable_dag_ids(self, user, dag_ids):
+        self.asked.append(user)
+        return set(dag_ids) if self.readable is None else set(dag_ids) & self.readable
+
+    def can_read_logs(self, user, dag_id):
+        return self.logs
+
+    def dag_runs(self, dag_id, base, *, with_errors):
+        run_id = "manual__2026-01-02T03:04:05+00:00"
+        url = f"{base}/dags/{dag_id}/runs/{run_id.replace(':', '%3A').replace('+', '%2B')}"
+        failed = RunInfo(
+            run_id=run_id,
+            state="failed",
+            run_type="manual",
+            run_after=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+            started_at=None,
+            ended_at=datetime(2026, 1, 2, 3, 5, 0, tzinfo=UTC),
+            snapshot_id="123",
+            url=url,
+            failed_tasks=[
+                FailedTask(
+                    "detect",
+                    -1,
+                    1,
+                    None,
+                    "SourceHistoryError: <script>alert(1)</script> not in history" if with_errors else None,
+                    f"{url}/tasks/detect",
+                )
+            ],
+        )
+        return DagRuns(dag_id, f"{base}/dags/{dag_id}", True, False, failed, [failed])
+
+    def login_url(self, next_url):
+        return f"/auth/login?next={next_url}"
+
+
+def _client(history, airflow=None, *, user="alice", **kwargs) -> tuple[TestClient, FakeAirflow]:
+    airflow = airflow or FakeAirflow()
+    app = create_app(config_loader=lambda: history.config, airflow=airflow, **kwargs)
+    if user is not None:
+        app.dependency_overrides[authenticated_user] = lambda: user
+    return TestClient(app), airflow
+
+
+def test_without_credentials_the_app_refuses(history):
+    client, airflow = _client(history, user=None)
+    for path in ("/api/tables", f"/api/tables/{SOURCE}"):
+        response = client.get(path)
+        assert response.status_code == 401, path
+        assert SINK not in response.text
+    page = client.get("/", follow_redirects=False)
+    assert page.status_code == 303 and page.headers["location"].startswith("/auth/login?next=")
+    assert airflow.asked == []  # nothing was read for nobody
+    assert client.get("/icon.svg").status_code == 200  # the nav icon shows nothing
+
+
+def test_every_data_route_requires_the_airflow_user(history):
+    app = create_app(config_loader=lambda: history.config, airflow=FakeAirflow())
+    guarded = {}
+    for route in app.routes:
+        if getattr(route, "dependant", None) is None:
+            continue
+        calls = {d.call for d in route.dependant.dependencies}
+        guarded[route.path] = authenticated_user in calls
+    assert guarded == {"/": True, "/api/tables": True, "/api/tables/{source}": True, "/icon.svg": False}
+
+
+def test_api_tables(history):
+    client, airflow = _client(history)
+    response = client.get("/api/tables")
+    assert response.status_code == 200
+    body = response.json()
+    assert airflow.asked == ["alice"] and body["hidden_tables"] == 0
+    [table] = body["tables"]
+    assert table["source"] == SOURCE and table["sink"] == SINK and table["state"] == "behind"
+    assert table["watermark"]["snapshot_id"] == str(history.merge) and table["watermark"]["ordinal"] == 3
+    assert table["lag"]["pending_snapshots"] == 1
+    assert table["lag"]["oldest_pending_snapshot_id"] == str(history.ids[3])
+    merge = table["recent"][0]
+    assert (merge["inserts"], merge["deletes"], merge["updates"], merge["carryover_rows"]) == (0, 1, 2, 14)
+    assert merge["rows"]["changes"] == 5 and merge["balanced"] is True
+    [failed] = table["airflow"]["failed_runs"]
+    assert failed["url"] == f"/dags/{DAG_ID}/runs/manual__2026-01-02T03%3A04%3A05%2B00%3A00"
+    assert failed["first_error"].startswith("detect: SourceHistoryError")
+    one = client.get(f"/api/tables/{SOURCE}")
+    assert one.status_code == 200 and one.json()["watermark"] == table["watermark"]
+    assert client.get("/api/tables/shop.unknown").status_code == 404
+
+
+def test_tables_whose_dag_the_user_may_not_read_are_not_shown(history):
+    client, _ = _client(history, FakeAirflow(readable=set()))
+    body = client.get("/api/tables").json()
+    assert body["tables"] == [] and body["hidden_tables"] == 1
+    assert client.get(f"/api/tables/{SOURCE}").status_code == 404  # same answer as for an unknown table
+    page = client.get("/").text
+    assert SINK not in page and "1 configured table is not shown" in page
+
+
+def test_error_lines_need_the_right_to_read_task_logs(history):
+    client, _ = _client(history, FakeAirflow(logs=False))
+    [failed] = client.get("/api/tables").json()["tables"][0]["airflow"]["failed_runs"]
+    assert failed["first_error"] is None and failed["failed_tasks"][0]["task_id"] == "detect"
+
+
+def test_the_page(history):
+    client, _ = _client(history)
+    response = client.get("/")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    page = response.text
+    for text in (SOURCE, SINK, DAG_ID, str(history.merge), str(history.ids[3]), "1 pending"):
+        assert text in page, text
+    assert '<td class="num" data-field="deletes">1</td>' in page
+    assert '<td class="num" data-field="updates">2</td>' in page
+    assert '<td class="num" data-field="carryover">14</td>' in page
+    assert "19 in → 19 shuffled → 19 read = 14 carryover + 5 changes" in page
+    assert f'href="/dags/{DAG_ID}/runs/manual__2026-01-02T03%3A04%3A05%2B00%3A00" target="_top"' in page
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert 'id="auto-refresh"' in page
+
+
+def test_links_follow_the_mount_and_airflow_base_path(history):
+    app = create_app(config_loader=lambda: history.config, airflow=FakeAirflow())
+    app.dependency_overrides[authenticated_user] = lambda: "alice"
+    airflow_app = FastAPI()
+    airflow_app.mount("/cdc", app)
+    for root, prefix in (("", ""), ("/airflow", "/airflow")):
+        client = TestClient(airflow_app, root_path=root)
+        body = client.get(f"{root}/cdc/api/tables").json()  # the server's root path is part of the path
+        assert body["tables"][0]["airflow"]["url"] == f"{prefix}/dags/{DAG_ID}"
+
+
+def test_a_bad_config_is_shown_not_a_500(history):
+    def broken():
+        raise ConfigError("config file /etc/cdc.yaml is invalid:\n  tables: required key is missing")
+
+    app = create_app(config_loader=broken, airflow=FakeAirflow())
+    app.dependency_overrides[authenticated_user] = lambda: "alice"
+    client = TestClient(app)
+    page = client.get("/")
+    assert page.status_code == 200 and "tables: required key is missing" in page.text
+    api = client.get("/api/tables")
+    assert api.status_code == 503 and "required key is missing" in api.json()["detail"]
+
+
+def test_the_airflow_plugin_module():
+    spec = importlib.util.spec_from_file_location("cdc_ui_plugin", REPO / "plugins" / "cdc_ui_plugin.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    plugin = module.CdcUiPlugin
+    [app] = plugin.fastapi_apps
+    assert app["url_prefix"] == "/cdc" and isinstance(app["app"], FastAPI)
+    [view] = plugin.external_views
+    assert view["destination"] == "nav" and view["url_route"] == "cdc"
+    assert view["href"] == "cdc/"  # relative to Airflow's base URL
