@@ -77,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         }
         config = {
             "catalog": {"name": "faults", **catalog_properties, **properties},
-            "shuffle": {"uri": "s3://cdc-faults-shuffle/cdc", "partitions": 8, "target_partition_size": "256KB"},
+            "shuffle": {
+                "uri": "s3://cdc-faults-shuffle/cdc",
+                "partitions": 8,
+                "target_partition_size": "256KB",
+            },
             "spark": {"parallel_jobs": 1},
             "tables": [{"source": "shop.orders", "sink": "shop.orders_changes"}],
         }

@@ -1,23 +1,42 @@
 """Small-snapshot latency: one real ``airflow dags test`` DAG run after a one-row update.
 
-The run is the DAG as deployed (Airflow task runners, mapped
-SparkSubmitOperator tasks on ``local[2]``, shuffle on the local S3 server),
-so its time is what a user waits for a one-row change to reach the sink.
-Where the seconds go comes from Airflow's own metadata database (each task
-instance's start and end) and from the sink commit's ``cdc.seconds.*``
-figures (the work inside the Spark applications).
+The run is the DAG as deployed (Airflow task runners, mapped Spark tasks on
+``local[2]``, shuffle on the local S3 server), so its time is what a user
+waits for a one-row change to reach the sink. Where the seconds go comes
+from Airflow's own metadata database (each task instance's start and end)
+and from the sink commit's ``cdc.seconds.*`` figures (the work inside the
+Spark jobs).
+
+Both Spark modes, side by side (:func:`compare_modes`): ``submit`` (one
+``spark-submit`` per phase group) and ``connect`` (the phases on a local
+Spark Connect server, ``local[2]``, started once before the runs; its start
+is reported apart, as a deployment pays it once). Run alone::
+
+    .venv/bin/python bench/latency.py            # about 2-3 minutes
+
+ends with ``latency: one-row snapshot submit X s, connect Y s (...)``.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
+import shutil
 import sqlite3
 import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from iceberg_cdc.devtools.airflow_env import VENV_BIN, airflow_env, dags_test, ensure_airflow_db
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "plugins"))
+
+import yaml  # noqa: E402
+
+from iceberg_cdc.devtools.airflow_env import VENV_BIN, airflow_env, dags_test, ensure_airflow_db  # noqa: E402
 
 
 def _task_instances(db: Path, dag_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -39,6 +58,10 @@ def _task_instances(db: Path, dag_id: str) -> tuple[dict[str, Any], list[dict[st
     return {"run_id": run[0], "start": run[1], "end": run[2], "state": run[3]}, tasks
 
 
+def _is_spark_task(task: str) -> bool:
+    return task.startswith(("shuffle_write", "shuffle_read", "changelog_insert"))
+
+
 def _epoch(stamp: str) -> float:
     """Airflow's metadata database keeps UTC times without a zone."""
     moment = datetime.fromisoformat(stamp)
@@ -52,9 +75,11 @@ def process_start_seconds(env: dict[str, str]) -> float:
     return round(time.perf_counter() - started, 3)
 
 
-def one_row_latency(home: Path, config_path: Path, dag_id: str, log_path: Path) -> dict[str, Any]:
-    """Run the DAG once; its wall time and where the seconds went."""
-    env = airflow_env(home, config_path, spark_master="local[2]")
+def one_row_latency(
+    home: Path, config_path: Path, dag_id: str, log_path: Path, *, connect_url: str | None = None
+) -> dict[str, Any]:
+    """Run the DAG once; its wall time and where the seconds went (``connect_url``: the Connect server)."""
+    env = airflow_env(home, config_path, spark_master="local[2]", connect_url=connect_url)
     setup_started = time.perf_counter()
     ensure_airflow_db(env)
     setup_seconds = time.perf_counter() - setup_started
@@ -78,10 +103,147 @@ def one_row_latency(home: Path, config_path: Path, dag_id: str, log_path: Path) 
         "first_task_to_last_task_seconds": round(last - first, 3),
         "after_last_task_seconds": round(finished - last, 3),
         "tasks": [{k: t[k] for k in ("task", "state", "seconds")} for t in timed],
-        "spark_task_seconds": round(sum(t["seconds"] for t in timed if t["task"].startswith("shuffle_")), 3),
-        "other_task_seconds": round(
-            sum(t["seconds"] for t in timed if not t["task"].startswith("shuffle_")), 3
-        ),
+        "spark_task_seconds": round(sum(t["seconds"] for t in timed if _is_spark_task(t["task"])), 3),
+        "other_task_seconds": round(sum(t["seconds"] for t in timed if not _is_spark_task(t["task"])), 3),
         "airflow_cli_start_seconds": process_start_seconds(env),
         "log": str(log_path),
     }
+
+
+# --- both modes, side by side --------------------------------------------------------------------
+
+
+def mode_config(work: Path, table: str, sink: str, s3_properties: dict[str, str], mode: str) -> Path:
+    """The bench catalog, the shuffle on the local S3 server, and ``spark.mode``."""
+    import workload as wl
+
+    raw = {
+        "catalog": wl.catalog_properties(work),
+        "shuffle": {"uri": f"s3://latency-shuffle/{mode}", "partitions": 64, **s3_properties},
+        "spark": {"parallel_jobs": 1, "mode": mode},
+        "tables": [{"source": table, "sink": sink}],
+    }
+    path = work / f"latency-{mode}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def compare_modes(
+    work: Path,
+    s3,
+    logs: Path,
+    *,
+    rows: int = 10_000,
+    submit_runs: int = 1,
+    connect_runs: int = 2,
+    home: Path | None = None,
+) -> dict[str, Any]:
+    """One-row update latency in submit mode, then in connect mode, in this one invocation.
+
+    Each run has its own table (``rows`` rows, one copy-on-write snapshot
+    updating one row) so every run processes exactly one snapshot. The
+    Connect server starts once, before its runs: the first run after the start
+    also pays the server's first Python workers; later runs show the steady state.
+    """
+    import workload as wl
+
+    from iceberg_cdc.devtools.connect_server import LocalSparkConnectServer
+
+    catalog = wl.open_catalog(work)
+    with contextlib.suppress(Exception):  # already there when called twice on one server
+        s3.client().create_bucket(Bucket="latency-shuffle")
+    home = home or work / "airflow"
+    results: dict[str, Any] = {"rows": rows, "submit": [], "connect": []}
+
+    def one(mode: str, index: int, connect_url: str | None) -> dict[str, Any]:
+        name = f"tiny_{mode}_{index}"
+        workload = wl.build_one_row_update(catalog, name, rows)
+        sink = f"{workload.table}_changes"
+        wl.start_sink_at_parent(catalog, workload, sink)
+        path = mode_config(work, workload.table, sink, dict(s3.properties), mode)
+        dag_id = "cdc__" + workload.table.replace(".", "__")
+        run = one_row_latency(home, path, dag_id, logs / f"latency-{name}.log", connect_url=connect_url)
+        summary = _sink_summary(catalog, sink, workload.snapshot_id)
+        run["changes"] = _change_counts(catalog, sink, workload.snapshot_id)
+        run["commit_summary_seconds"] = {
+            k.removeprefix("cdc.seconds."): float(v)
+            for k, v in summary.items()
+            if k.startswith("cdc.seconds.")
+        }
+        return run
+
+    for index in range(submit_runs):
+        results["submit"].append(one("submit", index, None))
+    started = time.perf_counter()
+    with LocalSparkConnectServer(work / "spark-connect", master="local[2]") as server:
+        results["connect_server_start_seconds"] = round(time.perf_counter() - started, 3)
+        for index in range(connect_runs):
+            results["connect"].append(one("connect", index, server.url))
+    return results
+
+
+def _change_counts(catalog, sink: str, snapshot_id: int) -> dict[str, int]:
+    from collections import Counter
+
+    from pyiceberg.expressions import EqualTo
+
+    rows = catalog.load_table(sink).scan(row_filter=EqualTo("_commit_snapshot_id", snapshot_id)).to_arrow()
+    return dict(Counter(rows.column("_change_type").to_pylist()))
+
+
+def _sink_summary(catalog, sink: str, snapshot_id: int) -> dict[str, str]:
+    for snapshot in catalog.load_table(sink).snapshots():
+        summary = snapshot.summary.additional_properties if snapshot.summary else {}
+        if summary.get("cdc.source-snapshot-id") == str(snapshot_id):
+            return summary
+    return {}
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """Human lines, ending with the ``latency:`` line."""
+    lines = []
+    for mode in ("submit", "connect"):
+        for index, run in enumerate(results[mode]):
+            label = mode if mode == "submit" else f"connect run {index + 1}"
+            lines.append(
+                f"{label:>14}: {run['wall_seconds']:.1f} s wall, changes {run['changes']} (before the first task {run['startup_seconds']:.1f} s, "
+                f"tasks {run['first_task_to_last_task_seconds']:.1f} s, after {run['after_last_task_seconds']:.1f} s); "
+                + ", ".join(f"{t['task']} {t['seconds']:.1f}" for t in run["tasks"])
+            )
+    lines.append(latency_line(results["submit"][0]["wall_seconds"], results))
+    return lines
+
+
+def latency_line(submit_seconds: float, connect: dict[str, Any]) -> str:
+    """``latency: one-row snapshot X s (submit), Y s (connect, ...)``."""
+    runs = connect["connect"]
+    return (
+        f"latency: one-row snapshot {submit_seconds:.1f} s (submit), {runs[-1]['wall_seconds']:.1f} s (connect, "
+        f"warm server; first run after the server's start {runs[0]['wall_seconds']:.1f} s; server start "
+        f"{connect['connect_server_start_seconds']:.1f} s)"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=10_000)
+    parser.add_argument("--connect-runs", type=int, default=2)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    from iceberg_cdc.local_s3 import LocalS3Server
+
+    work = ROOT / ".cdc" / "latency"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    with LocalS3Server(log_path=work / "s3.log") as s3:
+        results = compare_modes(work, s3, work / "logs", rows=args.rows, connect_runs=args.connect_runs)
+    (work / "latency.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print("\n".join(summary_lines(results)))
+    print(f"details: {work / 'latency.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

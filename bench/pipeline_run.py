@@ -33,7 +33,6 @@ from iceberg_cdc.orchestration import steps
 from iceberg_cdc.orchestration.inline import _run_phase
 from iceberg_cdc.orchestration.pyfiles import package_zip
 from iceberg_cdc.pipeline.groups import read_group_count
-from iceberg_cdc.pipeline.paths import SnapshotPaths
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 
 

@@ -355,6 +355,20 @@ def _latency(results: dict[str, Any], add) -> None:
         "   inside the Spark applications and steps (commit summary cdc.seconds.*): "
         + ", ".join(f"{k} {v:.2f}" for k, v in latency["commit_summary_seconds"].items())
     )
+    connect = results.get("latency_connect")
+    if connect and connect.get("connect"):
+        add(
+            f"   connect mode (local Spark Connect server, started in {connect['connect_server_start_seconds']:.1f} s): "
+            + ", ".join(
+                f"run {i + 1} {run['wall_seconds']:.1f} s wall" for i, run in enumerate(connect["connect"])
+            )
+        )
+        warm = connect["connect"][-1]
+        add(
+            f"   connect, warm server: before the first task {warm['startup_seconds']:.1f} s; tasks "
+            f"{warm['first_task_to_last_task_seconds']:.1f} s; after {warm['after_last_task_seconds']:.1f} s; "
+            + ", ".join(f"{t['task']} {t['seconds']:.1f}" for t in warm["tasks"])
+        )
 
 
 def _engine(results: dict[str, Any], add) -> None:

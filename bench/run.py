@@ -16,7 +16,7 @@ Runs, in this one invocation, all on Spark ``local[2]``:
 * task memory and per-core speed of the pipeline's own task functions in
   child processes, at both sizes (input files 10x apart);
 * small-snapshot latency: a real ``airflow dags test`` run after a one-row
-  update;
+  update, in submit mode and in connect mode (a local Spark Connect server);
 * the engine-only figures of ``engine_bench.py``.
 
 Writes ``bench/results/pipeline.{json,txt,png,md}`` and ends with the line
@@ -48,7 +48,7 @@ import pyarrow.parquet as pq  # noqa: E402
 import report  # noqa: E402
 import workload as wl  # noqa: E402
 import yaml  # noqa: E402
-from latency import one_row_latency  # noqa: E402
+from latency import compare_modes, latency_line, one_row_latency  # noqa: E402
 from pipeline_run import PipelineSetup, breakdown, expected_reads, run_pipeline, sink_changes  # noqa: E402
 from probes import probe  # noqa: E402
 from s3log import RequestLog  # noqa: E402
@@ -317,6 +317,10 @@ def run_latency(bench: Bench, workloads: dict[str, wl.Workload], results: dict[s
         if k.startswith("cdc.seconds.")
     }
     results["latency"] = latency
+    log("the same in connect mode: a local Spark Connect server, then two one-row runs on it")
+    results["latency_connect"] = compare_modes(
+        bench.work, bench.s3, bench.logs, rows=tiny.rows, submit_runs=0, connect_runs=2, home=home
+    )
 
 
 def _commit_summary(bench: Bench, sink: str, snapshot_id: int) -> dict[str, str]:
@@ -396,6 +400,10 @@ def main() -> None:
     ok = all(check.get("equal", False) for check in results["checks"].values())
     if not ok:
         print("bench: CHECK FAILED: the pipeline and a comparison run disagree; see pipeline.json 'checks'")
+    if "latency_connect" in results:
+        print(latency_line(results["latency"]["wall_seconds"], results["latency_connect"]))
+    elif "latency" in results:
+        print(f"latency: one-row snapshot {results['latency']['wall_seconds']:.1f} s (submit)")
     print(
         f"bench: pipeline {h['pipeline_s']:.1f} s, spark-native {h['spark_native_s']:.1f} s, "
         f"floor {h['floor_s']:.1f} s, ratio={h['ratio']:.2f}"

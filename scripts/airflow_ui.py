@@ -1,19 +1,42 @@
-"""make airflow: Airflow's UI on the demo table, to watch and trigger runs.
+"""make airflow: Airflow's UI on the demo table, to watch and trigger runs, with the CDC view.
 
 Starts a local S3 server, builds the demo table's history (as make demo does),
-then runs ``airflow standalone`` (scheduler, API server, DAG processor and
-triggerer in one process) on that config. Open http://localhost:8080 -- login
-is disabled for this local instance (every user is admin). The DAG
-``cdc__shop__orders`` starts paused: unpause it, or trigger it, and each run
-processes the next snapshot; a run that leaves more pending starts the next
-one at once. Ctrl-C stops Airflow and the S3 server (its data is in memory).
+starts a local Spark Connect server when none answers (the demo config runs
+its Spark tasks in connect mode), then runs Airflow's components on that
+config -- API server, scheduler (LocalExecutor), DAG processor, triggerer and
+a task log server -- each its own process, as ``airflow standalone`` would,
+but:
+
+* everything listens on 127.0.0.1 only: the API server (``--host``) and the
+  log server (tasks record the host name ``127.0.0.1``, so the API server
+  finds their logs there; the scheduler's and triggerer's own log servers,
+  which would listen on every interface, are off);
+* the executor runs as many tasks at once as the machine has cores
+  (``parallelism``), not Airflow's default of 32, and the API server has one
+  worker.
+
+Open the URL it prints (default http://127.0.0.1:8080; another port:
+``make airflow PORT=8081``). Login is disabled for this local instance (every
+user is admin). "CDC" in the navigation is the change data capture view
+(``plugins/cdc_ui_plugin.py``). The DAG ``cdc__shop__orders`` starts paused:
+unpause it, or trigger it, and each run processes the next snapshot; a run
+that leaves more pending starts the next one at once. Ctrl-C stops Airflow and
+the servers started here (S3 keeps its data in memory).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -21,32 +44,186 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
 
 from demo import start_demo
 
+from iceberg_cdc.config import load_config
 from iceberg_cdc.devtools.airflow_env import VENV_BIN, airflow_env, ensure_airflow_db
+from iceberg_cdc.devtools.connect_server import connect_server_for
 from iceberg_cdc.local_s3 import LocalS3Server
 
 WORK = Path(__file__).resolve().parents[1] / ".cdc" / "airflow-ui"
+HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+# Airflow's task log server (the app the scheduler and triggerer would start on every
+# interface), on 127.0.0.1, for the worker and triggerer log ports given as arguments.
+LOG_SERVER = """
+import asyncio, sys
+import uvicorn
+from airflow.utils.serve_logs.log_server import get_app
+
+async def main():
+    app = get_app()
+    servers = [
+        uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=int(port), log_config=None, access_log=False))
+        for port in sys.argv[1:]
+    ]
+    await asyncio.gather(*(server.serve() for server in servers))
+
+asyncio.run(main())
+"""
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def machine_env(env: dict[str, str], port: int) -> dict[str, str]:
+    """Settings for one small machine, everything on 127.0.0.1."""
+    cores = os.cpu_count() or 2
+    env.update(
+        {
+            "CDC_SENSOR_MODE": "reschedule",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__API__HOST": HOST,
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__WORKERS": "1",
+            # Tasks reach Airflow through the execution API; it must follow the port.
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{HOST}:{port}/execution/",
+            # LocalExecutor: one worker process per parallel task slot.
+            "AIRFLOW__CORE__PARALLELISM": str(cores),
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(cores),
+            "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": str(min(2, cores)),
+            # Tasks record this host name; the API server fetches running tasks' logs from it.
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "urllib.request.localhost",
+        }
+    )
+    env.setdefault("AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT", "8793")
+    env.setdefault("AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT", "8794")
+    return env
+
+
+def components(env: dict[str, str], port: int) -> dict[str, list[str]]:
+    airflow = str(VENV_BIN / "airflow")
+    return {
+        "api-server": [airflow, "api-server", "--host", HOST, "--port", str(port), "--workers", "1"],
+        "scheduler": [airflow, "scheduler", "--skip-serve-logs"],
+        "dag-processor": [airflow, "dag-processor"],
+        "triggerer": [airflow, "triggerer", "--skip-serve-logs"],
+        "log-server": [
+            str(VENV_BIN / "python"),
+            "-c",
+            LOG_SERVER,
+            env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"],
+            env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"],
+        ],
+    }
+
+
+def _relay(name: str, stream) -> None:
+    for line in iter(stream.readline, b""):
+        sys.stdout.write(f"{name:>13} | {line.decode(errors='replace')}")
+        sys.stdout.flush()
+
+
+def _stop(processes: dict[str, subprocess.Popen]) -> None:
+    """Stop the processes started here, each by its own process group (its children too)."""
+    for process in processes.values():
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    for process in processes.values():
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def run_airflow(env: dict[str, str], port: int) -> int:
+    """Start the components, print the URL once the API server answers, run until Ctrl-C or one exits."""
+    processes: dict[str, subprocess.Popen] = {}
+    url = f"http://{HOST}:{port}"
+    try:
+        for name, command in components(env, port).items():
+            processes[name] = subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            threading.Thread(target=_relay, args=(name, processes[name].stdout), daemon=True).start()
+        announced = False
+        while True:
+            for name, process in processes.items():
+                if process.poll() is not None:
+                    print(f"\n{name} exited with {process.returncode}; stopping Airflow", flush=True)
+                    return process.returncode or 1
+            if not announced and _healthy(f"{url}/api/v2/monitor/health"):
+                announced = True
+                print(
+                    f"\n  Airflow UI: {url}  (no login: every user is admin)\n"
+                    f"  CDC view:   {url}/plugin/cdc  (JSON: {url}/cdc/api/tables)\n"
+                    f"  Listening on {HOST} only; another port: make airflow PORT=8081. Ctrl-C to stop.\n",
+                    flush=True,
+                )
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("\nstopping Airflow ...", flush=True)
+        return 0
+    finally:
+        _stop(processes)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main() -> int:
+    # Ctrl-C, and also `kill <pid>` (or a parent that started this in the background, where SIGINT
+    # is ignored), stop everything started here in order.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("AIRFLOW__API__PORT", DEFAULT_PORT)),
+        help=f"the API server's port on {HOST} (default {DEFAULT_PORT}; make airflow PORT=...)",
+    )
+    port = parser.parse_args().port
+    if not port_free(port):
+        print(f"port {port} on {HOST} is in use; choose another: make airflow PORT=8081", file=sys.stderr)
+        return 2
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
-    with LocalS3Server(log_path=WORK / "s3.log") as s3:
+    with contextlib.ExitStack() as servers:
+        s3 = servers.enter_context(LocalS3Server(log_path=WORK / "s3.log"))
         config_path, _, _ = start_demo(s3, WORK)
         env = airflow_env(WORK / "airflow", config_path)
-        env["CDC_SENSOR_MODE"] = "reschedule"
-        env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "True"
-        port = env.setdefault("AIRFLOW__API__PORT", "8080")
-        # Tasks reach Airflow through the execution API; it must follow the port.
-        env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"http://localhost:{port}/execution/"
+        servers.enter_context(connect_server_for(load_config(config_path), env, WORK / "spark-connect"))
+        machine_env(env, port)
+        for name in ("WORKER", "TRIGGER"):
+            log_port = int(env[f"AIRFLOW__LOGGING__{name}_LOG_SERVER_PORT"])
+            if not port_free(log_port):
+                print(
+                    f"port {log_port} on {HOST} (task log server) is in use; set "
+                    f"AIRFLOW__LOGGING__{name}_LOG_SERVER_PORT to a free one",
+                    file=sys.stderr,
+                )
+                return 2
         ensure_airflow_db(env)
-        print(
-            f"\nAirflow UI: http://localhost:{env['AIRFLOW__API__PORT']} (no login); Ctrl-C to stop\n",
-            flush=True,
-        )
-        try:
-            return subprocess.call([str(VENV_BIN / "airflow"), "standalone"], env=env)
-        except KeyboardInterrupt:
-            return 0
+        return run_airflow(env, port)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Starts a local S3 server, creates ``shop.orders`` (partitioned by region) in a
 SQLite catalog with a history of inserts and copy-on-write MERGEs (value
 updates, partition moves, deletes, a rewrite that changes nothing), runs
-``make sync`` (one Airflow DAG run per snapshot, Spark in local mode), then
+``make sync`` (one Airflow DAG run per snapshot; its Spark tasks are clients of
+a local Spark Connect server, ``local[2]``, that sync starts and stops), then
 prints what each snapshot produced, a few change rows, and the replay check:
 state(parent) - removed + added == state(snapshot) for every snapshot.
 """
@@ -119,7 +120,8 @@ def start_demo(server: LocalS3Server, work: Path = WORK) -> tuple[Path, object, 
             **server.properties,
         },
         "shuffle": {"uri": "s3://shuffle/cdc", "partitions": 16, "target_partition_size": "1MB"},
-        "spark": {"parallel_jobs": 1},
+        # Connect mode: one warm Spark (a local Spark Connect server, started by sync) for every run.
+        "spark": {"parallel_jobs": 1, "mode": "connect"},
         "tables": [{"source": "shop.orders", "sink": "shop.orders_changes"}],
     }
     config_path = work / "cdc.yaml"
@@ -138,7 +140,8 @@ def main() -> int:
     with LocalS3Server(log_path=WORK / "s3.log") as s3:
         config_path, catalog, history = start_demo(s3)
         print(
-            "\nmake sync: one Airflow DAG run per snapshot (airflow dags test, Spark local) ...\n", flush=True
+            "\nmake sync: one Airflow DAG run per snapshot (airflow dags test, Spark Connect local[2]) ...\n",
+            flush=True,
         )
         started = time.perf_counter()
         if sync(str(config_path), str(WORK / "airflow")) != 0:

@@ -168,11 +168,68 @@ class ShuffleConfig(_Redacting):
 
 
 class SparkConfig(_Strict):
-    conn_id: str = "spark_default"
-    parallel_jobs: int = Field(2, ge=1, le=64)  # Spark applications per phase (mapped tasks)
+    """How the phases run: ``submit`` (one ``spark-submit`` per phase group) or ``connect``.
+
+    In ``connect`` mode the mapped tasks are Spark Connect clients of a
+    long-running server (the Airflow connection ``connect_conn_id``, type
+    ``spark_connect``, or ``connect_url`` for local use): no JVM starts per
+    phase. Spark's own settings then belong to the server's start command.
+    """
+
+    mode: Literal["submit", "connect"] = "submit"
+    conn_id: str = "spark_default"  # submit: the Airflow Spark connection (master URL)
+    connect_conn_id: str = "spark_connect_default"  # connect: the Airflow spark_connect connection
+    connect_url: str | None = None  # connect: sc://host:port, used instead of the connection
+    parallel_jobs: int = Field(2, ge=1, le=64)  # Spark jobs per phase (mapped tasks)
     conf: dict[str, str] = Field(default_factory=dict)
     driver_memory: str | None = None
     executor_memory: str | None = None
+
+    @field_validator("connect_url")
+    @classmethod
+    def _connect_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        problem = connect_url_problem(value)
+        if problem:
+            raise ValueError(f"{_redact(value)!r} {problem}")
+        return value
+
+    @model_validator(mode="after")
+    def _mode_settings(self) -> SparkConfig:
+        if self.mode == "connect":
+            submit_only = [
+                f"spark.{name}"
+                for name in ("conf", "driver_memory", "executor_memory")
+                if getattr(self, name)
+            ]
+            if submit_only:
+                raise ValueError(
+                    f"{', '.join(submit_only)} only apply to spark-submit (mode: submit); with mode: connect "
+                    "Spark runs inside the Spark Connect server, so set them in the server's start command "
+                    "(docs/operating.md, 'Spark Connect'), or use mode: submit"
+                )
+        elif self.connect_url is not None:
+            raise ValueError(
+                "spark.connect_url is only used with spark.mode: connect; set mode: connect, or remove "
+                "connect_url (mode: submit uses the Airflow connection spark.conn_id)"
+            )
+        return self
+
+
+def connect_url_problem(url: str) -> str | None:
+    """What is wrong with a Spark Connect URL (``sc://host[:port][/;param=value...]``), or ``None``."""
+    if not url.startswith("sc://"):
+        return "is not a Spark Connect URL: write sc://host:port, e.g. sc://127.0.0.1:15002"
+    netloc, _, rest = url[len("sc://") :].partition("/")
+    host, _, port = netloc.rpartition(":") if ":" in netloc else (netloc, "", "")
+    if not host:
+        return "has no host: write sc://host:port, e.g. sc://127.0.0.1:15002"
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        return "has a port that is not a number from 1 to 65535"
+    if rest and not rest.startswith(";"):
+        return "has a path; Spark Connect URLs take only ;key=value parameters after the host"
+    return None
 
 
 class TableConfig(_Strict):
@@ -252,6 +309,7 @@ class CdcConfig(_Strict):
 
 
 _URL_PASSWORD = re.compile(r"(://[^/:@\s]*:)[^/@\s]+@")
+_URL_TOKEN = re.compile(r"(;\s*token\s*=)[^;\s]+", re.IGNORECASE)  # Spark Connect: sc://host/;token=...
 
 
 def _redact(value: Any, key: str = "") -> Any:
@@ -263,7 +321,7 @@ def _redact(value: Any, key: str = "") -> Any:
     if value is not None and is_secret_key(key):
         return "***"
     if isinstance(value, str):
-        return _URL_PASSWORD.sub(r"\1***@", value)
+        return _URL_TOKEN.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", value))
     return value
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from iceberg_cdc.config import parse_config
@@ -56,6 +57,38 @@ def test_task_graph():
         task = dag.get_task(task_id)
         assert task.is_mapped
         assert "application_args" in task.map_index_template
+
+
+def test_connect_mode_keeps_the_dags_shape_and_labels():
+    """spark.mode: connect swaps only the mapped Spark tasks' operator: same ids, edges and labels."""
+    submit = build_dags(parse_config(CONFIG))["cdc__shop__orders"]
+    connect = build_dags(parse_config({**CONFIG, "spark": {"mode": "connect"}}))["cdc__shop__orders"]
+    assert {t.task_id for t in connect.tasks} == {t.task_id for t in submit.tasks}
+    for task in submit.tasks:
+        assert upstream(connect, task.task_id) == upstream(submit, task.task_id), task.task_id
+    for task_id in ("shuffle_write", "shuffle_read", "changelog_insert"):
+        before, after = submit.get_task(task_id), connect.get_task(task_id)
+        assert before.operator_name == "SparkSubmitOperator"
+        assert after.operator_name == "SparkConnectPhaseOperator" and after.is_mapped
+        assert after.map_index_template == before.map_index_template
+        assert after.partial_kwargs["conn_id"] == "spark_connect_default"
+
+
+def test_connect_url_from_the_config_or_the_spark_connect_connection(monkeypatch):
+    from iceberg_cdc.errors import ConfigError
+    from iceberg_cdc.orchestration.dag_factory import connect_url
+
+    local = parse_config({**CONFIG, "spark": {"mode": "connect", "connect_url": "sc://127.0.0.1:15002"}})
+    assert connect_url(local) == "sc://127.0.0.1:15002"
+    config = parse_config({**CONFIG, "spark": {"mode": "connect", "connect_conn_id": "cdc_spark_connect"}})
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_CDC_SPARK_CONNECT",
+        '{"conn_type": "spark_connect", "host": "sc://spark.internal", "port": 15002, "password": "tok"}',
+    )
+    assert connect_url(config) == "sc://spark.internal:15002/;token=tok"
+    monkeypatch.delenv("AIRFLOW_CONN_CDC_SPARK_CONNECT")
+    with pytest.raises(ConfigError, match=r"connection 'cdc_spark_connect'.*type spark_connect"):
+        connect_url(config)
 
 
 def test_cleanup_is_a_teardown_that_keeps_failures():

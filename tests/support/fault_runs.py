@@ -157,5 +157,3 @@ def verdict(pipeline, identifier_columns=("id",)) -> Verdict:
         commits=sink_commits(sink),
         snapshots=ancestry,
     )
-
-

@@ -169,3 +169,48 @@ def test_no_secret_in_repr_or_str_of_any_config_object(monkeypatch):
     assert config.catalog.properties["s3.secret-access-key"] == secret
     assert config.catalog.properties["uri"] == raw["catalog"]["uri"]
     assert config.shuffle.s3_properties["s3.session-token"] == secret
+
+
+def test_spark_mode_defaults_to_submit_and_connect_settings_load(monkeypatch):
+    monkeypatch.setenv("CDC_TEST_SECRET", "x")
+    spark = parse_config(GOOD).spark
+    assert (spark.mode, spark.connect_conn_id, spark.connect_url) == ("submit", "spark_connect_default", None)
+    spark = parse_config(
+        {**GOOD, "spark": {"mode": "connect", "connect_url": "sc://127.0.0.1:15002", "connect_conn_id": "sc"}}
+    ).spark
+    assert (spark.mode, spark.connect_url, spark.connect_conn_id) == ("connect", "sc://127.0.0.1:15002", "sc")
+    assert parse_config({**GOOD, "spark": {"mode": "connect", "connect_url": "sc://h/;use_ssl=true"}})
+
+
+@pytest.mark.parametrize(
+    ("spark", "message"),
+    [
+        ({"mode": "local"}, "spark.mode: Input should be 'submit' or 'connect'"),
+        (
+            {"mode": "connect", "connect_url": "http://h:15002"},
+            "is not a Spark Connect URL: write sc://host:port",
+        ),
+        ({"mode": "connect", "connect_url": "sc://:15002"}, "has no host"),
+        ({"mode": "connect", "connect_url": "sc://h:port"}, "has a port that is not a number"),
+        ({"mode": "connect", "connect_url": "sc://h:15002/db"}, "has a path"),
+        ({"mode": "connect", "conf": {"spark.executor.cores": "2"}}, "spark.conf only apply to spark-submit"),
+        ({"mode": "connect", "driver_memory": "2g"}, "set them in the server's start command"),
+        ({"connect_url": "sc://h:15002"}, "spark.connect_url is only used with spark.mode: connect"),
+    ],
+)
+def test_bad_spark_connect_settings_say_what_to_do(monkeypatch, spark, message):
+    monkeypatch.setenv("CDC_TEST_SECRET", "x")
+    with pytest.raises(ConfigError) as raised:
+        parse_config({**GOOD, "spark": spark})
+    assert message in str(raised.value)
+
+
+def test_a_connect_token_is_never_shown(monkeypatch):
+    monkeypatch.setenv("CDC_TEST_SECRET", "x")
+    url = "sc://spark.example:443/;use_ssl=true;token=tok3n-value"
+    config = parse_config({**GOOD, "spark": {"mode": "connect", "connect_url": url}})
+    for text in (repr(config), str(config.spark), repr(config.redacted())):
+        assert "tok3n-value" not in text and "spark.example:443" in text
+    with pytest.raises(ConfigError) as raised:
+        parse_config({**GOOD, "spark": {"mode": "connect", "connect_url": url.replace(":443", ":https")}})
+    assert "tok3n-value" not in str(raised.value) and "token=***" in str(raised.value)

@@ -444,8 +444,11 @@ def cdc_config_problems(stack: Stack) -> list[str]:
 def _config_fits_stack(stack: Stack, service: str, env: dict[str, str], config: CdcConfig) -> list[str]:
     """The config's connections, endpoints and shuffle prefix agree with compose."""
     problems = []
+    spark_conn_id = config.spark.conn_id if config.spark.mode == "submit" else config.spark.connect_conn_id
+    if config.spark.mode == "connect" and not config.spark.connect_url:
+        problems += _connect_connection_problems(stack, service, env, spark_conn_id)
     for conn_id in filter(
-        None, [config.spark.conn_id, config.shuffle.airflow_conn_id, config.catalog.airflow_conn_id]
+        None, [spark_conn_id, config.shuffle.airflow_conn_id, config.catalog.airflow_conn_id]
     ):
         if f"AIRFLOW_CONN_{conn_id.upper()}" not in env:
             problems.append(
@@ -477,6 +480,68 @@ def _config_fits_stack(stack: Stack, service: str, env: dict[str, str], config: 
         problems.append(
             f"shuffle uri {config.shuffle.uri} is not the bucket and prefix minio-init creates and expires "
             f"(bucket {init_env.get('CDC_SHUFFLE_BUCKET')}, expired prefixes {expired})"
+        )
+    return problems
+
+
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def _connect_command(stack: Stack) -> tuple[list[str], dict[str, str]]:
+    """The spark-connect service's command (interpolated) and its ``--conf`` settings."""
+    command = [str(word) for word in stack.interpolate(stack.services["spark-connect"].get("command") or [])]
+    confs = dict(command[i + 1].split("=", 1) for i, word in enumerate(command[:-1]) if word == "--conf")
+    return command, confs
+
+
+def _connect_connection_problems(stack: Stack, service: str, env: dict[str, str], conn_id: str) -> list[str]:
+    """The ``spark_connect`` connection ``conn_id`` in ``service`` reaches the spark-connect server's port."""
+    var = f"AIRFLOW_CONN_{conn_id.upper()}"
+    if "spark-connect" not in stack.services:
+        return [f"{service}: {var} has no spark-connect service to reach"]
+    port = _connect_command(stack)[1].get("spark.connect.grpc.binding.port", "15002")
+    try:
+        connection = json.loads(env.get(var, "{}"))
+    except ValueError:
+        return [f"{service}: {var} is not a JSON connection"]
+    url = urlsplit(str(connection.get("host", "")))
+    if (
+        connection.get("conn_type") != "spark_connect"
+        or url.scheme != "sc"
+        or url.hostname != "spark-connect"
+        or str(connection.get("port") or url.port or 15002) != port
+    ):
+        return [f"{service}: {var} is not a spark_connect connection to sc://spark-connect:{port}"]
+    return []
+
+
+def spark_connect_problems(stack: Stack) -> list[str]:
+    """The Spark Connect server runs the project image on the cluster, and every task can reach it."""
+    services = stack.services
+    if "spark-connect" not in services:
+        return ["no spark-connect service: spark.mode: connect would have no server"]
+    service = services["spark-connect"]
+    problems = []
+    if service.get("image") != services["airflow-scheduler"].get("image"):
+        problems.append("spark-connect does not run the project image (its Python workers need the pins)")
+    command, _ = _connect_command(stack)
+    if command[:1] != ["spark-submit"] or CONNECT_SERVER_CLASS not in command:
+        problems.append(f"spark-connect does not run spark-submit --class {CONNECT_SERVER_CLASS}")
+    master = urlsplit(command[command.index("--master") + 1] if "--master" in command[:-1] else "")
+    if master.scheme != "spark" or master.hostname not in services:
+        problems.append(f"spark-connect: --master {master.geturl()!r} does not name a Spark master service")
+    elif str(master.port) != stack.environment(master.hostname).get("SPARK_MASTER_PORT"):
+        problems.append(f"spark-connect: --master port {master.port} is not the master's SPARK_MASTER_PORT")
+    if depends_on(service).get(master.hostname or "", {}).get("condition") != "service_healthy":
+        problems.append("spark-connect does not wait for its Spark master to be healthy")
+    if not stack.environment("spark-connect").get("PYSPARK_PYTHON"):
+        problems.append(
+            "spark-connect: PYSPARK_PYTHON is not set (the server starts Python workers with it, not with "
+            "spark.pyspark.python)"
+        )
+    for name in config_services(stack):
+        problems += _connect_connection_problems(
+            stack, name, stack.environment(name), "spark_connect_default"
         )
     return problems
 
@@ -562,6 +627,7 @@ CHECKS: dict[str, Callable[[Stack], list[str]]] = {
     "cdc_config": cdc_config_problems,
     "init_script": init_script_problems,
     "layout": layout_problems,
+    "spark_connect": spark_connect_problems,
 }
 
 
@@ -618,6 +684,18 @@ def _delete_healthcheck(service: str) -> Callable[[Path], None]:
         data = yaml.safe_load(path.read_text())
         del data["services"][service]["healthcheck"]
         path.write_text(yaml.safe_dump(data))
+
+    return mutate
+
+
+def _connect_mode(**spark: str) -> Callable[[Path], None]:
+    """docker/cdc.yaml switched to ``spark.mode: connect`` (as docs/operating.md describes), plus ``spark``."""
+
+    def mutate(root: Path) -> None:
+        path = root / "docker/cdc.yaml"
+        raw = yaml.safe_load(path.read_text())
+        raw["spark"] = {"mode": "connect", "parallel_jobs": 2, **spark}
+        path.write_text(yaml.safe_dump(raw))
 
     return mutate
 
@@ -761,11 +839,42 @@ BREAKAGES = {
             "- ./cdc.yaml:/opt/cdc/config.yaml:ro\n    - airflow-logs",
         ),
     ),
+    "Spark Connect connection to another port": (
+        "spark_connect",
+        _replace(
+            "docker/compose.yaml",
+            '"sc://spark-connect", "port": 15002}',
+            '"sc://spark-connect", "port": 15003}',
+        ),
+    ),
+    "Spark Connect server without PYSPARK_PYTHON": (
+        "spark_connect",
+        _replace("docker/compose.yaml", "      PYSPARK_PYTHON: python\n", ""),
+    ),
+    "Spark Connect server on a master that does not exist": (
+        "spark_connect",
+        _replace(
+            "docker/compose.yaml",
+            "spark://spark-master:7077\n      - --driver-memory",
+            "spark://spark-mastr:7077\n      - --driver-memory",
+        ),
+    ),
+    "connect mode without its connection": (
+        "cdc_config",
+        _connect_mode(connect_conn_id="spark_connect_prod"),
+    ),
     "init check that does not compile": (
         "init_script",
         _replace("docker/compose.yaml", "for conn_id in (", "for conn_id in ((("),
     ),
 }
+
+
+def test_cdc_config_in_connect_mode_fits_the_stack(stack_copy):
+    """Switching docker/cdc.yaml to spark.mode: connect (as docs/operating.md says) needs nothing else."""
+    _connect_mode()(stack_copy)
+    assert yaml.safe_load((stack_copy / "docker/cdc.yaml").read_text())["spark"]["mode"] == "connect"
+    assert cdc_config_problems(Stack(stack_copy)) == []
 
 
 @pytest.fixture

@@ -2,8 +2,9 @@
 
 Airflow reads its settings from ``AIRFLOW__*`` variables, so a self-contained
 home (SQLite metadata database, this repo's ``dags/`` and ``plugins/``, a
-local Spark connection) is just an environment. ``airflow dags test`` then
-runs a whole DAG run in one process, spark-submit included.
+local Spark connection, and a Spark Connect connection when one is given) is
+just an environment. ``airflow dags test`` then runs a whole DAG run in one
+process, spark-submit (or the Spark Connect client) included.
 """
 
 from __future__ import annotations
@@ -13,14 +14,34 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 REPO = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(sys.executable).parent
 
 
+def connect_connection(url: str) -> str:
+    """An Airflow ``spark_connect`` connection (JSON, for ``AIRFLOW_CONN_*``) to ``sc://host:port``."""
+    parsed = urlparse(url)
+    document: dict[str, object] = {"conn_type": "spark_connect", "host": f"sc://{parsed.hostname}"}
+    if parsed.port:
+        document["port"] = parsed.port
+    return json.dumps(document)
+
+
+def connection_env_var(conn_id: str) -> str:
+    return f"AIRFLOW_CONN_{conn_id.upper()}"
+
+
 def airflow_env(
-    home: str | os.PathLike[str], config_path: str | os.PathLike[str], *, spark_master: str = "local[2,4]"
+    home: str | os.PathLike[str],
+    config_path: str | os.PathLike[str],
+    *,
+    spark_master: str = "local[2,4]",
+    connect_url: str | None = None,
+    connect_conn_id: str = "spark_connect_default",
 ) -> dict[str, str]:
+    """The environment; ``connect_url`` also defines the ``spark_connect`` connection ``connect_conn_id``."""
     home = Path(home).resolve()
     env = dict(os.environ)
     env.update(
@@ -41,6 +62,8 @@ def airflow_env(
         }
     )
     env.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": spark_master}))
+    if connect_url:
+        env[connection_env_var(connect_conn_id)] = connect_connection(connect_url)
     return env
 
 

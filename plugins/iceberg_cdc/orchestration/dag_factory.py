@@ -8,6 +8,17 @@ The mapped Spark tasks expand over what detect (or coalesce) planned; a path
 with nothing to do expands to zero tasks and is skipped, so insert-only and
 skipped snapshots need no branching operator. Labels from the plan show in
 the UI as the mapped tasks' names.
+
+``spark.mode`` picks what a mapped Spark task is: ``submit`` (default) a
+SparkSubmitOperator, one Spark application per group; ``connect`` a
+:class:`SparkConnectPhaseOperator`, which runs the same group from the Airflow
+worker as a client of a warm Spark Connect server. Both take the same
+``application_args`` (so the same labels) and the DAG's shape is the same.
+
+``write_jobs`` / ``insert_jobs`` only hand detect's lists on: a mapped task
+cannot expand over one key of detect's XCom, because Airflow records one map
+length per task (the length of its return value, here the number of keys of
+detect's dict), not per key.
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Param, TriggerRule, task
+from airflow.sdk import DAG, BaseOperator, Param, TriggerRule, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
@@ -38,6 +49,7 @@ from iceberg_cdc.orchestration import steps
 from iceberg_cdc.orchestration.pyfiles import package_zip
 from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
 from iceberg_cdc.orchestration.submit_conf import submit_conf
+from iceberg_cdc.pipeline.runtime import runtime_from_config
 
 SENSOR_MODE_ENV = "CDC_SENSOR_MODE"  # "poke" for `airflow dags test`, else reschedule
 _REPO_APPLICATION = Path(__file__).resolve().parents[3] / "spark_jobs" / "cdc_phase.py"
@@ -98,6 +110,10 @@ def spark_application() -> str:
     return str(_REPO_APPLICATION if _REPO_APPLICATION.exists() else _PACKAGE_APPLICATION)
 
 
+# The plan's label (last of the application arguments) names each mapped Spark task in the UI.
+MAP_INDEX_TEMPLATE = "{{ task.application_args[-1] }}"
+
+
 def spark_options(config: CdcConfig) -> dict[str, Any]:
     return {
         "application": spark_application(),
@@ -107,13 +123,87 @@ def spark_options(config: CdcConfig) -> dict[str, Any]:
         "driver_memory": config.spark.driver_memory,
         "executor_memory": config.spark.executor_memory,
         "verbose": False,
-        "map_index_template": "{{ task.application_args[-1] }}",
+        "map_index_template": MAP_INDEX_TEMPLATE,
     }
+
+
+def connect_url(config: CdcConfig, conn_id: str | None = None) -> str:
+    """The Spark Connect server: ``spark.connect_url``, else the Airflow connection ``spark.connect_conn_id``.
+
+    The connection is read by the provider's ``SparkConnectHook`` (type
+    ``spark_connect``: host, port, login as user id, password as token, extra
+    ``use_ssl``); the URL may then hold a token, so it is never logged.
+    """
+    if config.spark.connect_url:
+        return config.spark.connect_url
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    conn_id = conn_id or config.spark.connect_conn_id
+    try:
+        return SparkConnectHook(conn_id).get_connection_url()
+    except AirflowNotFoundException:
+        raise ConfigError(
+            f"spark.mode is connect, but the Airflow connection {conn_id!r} (spark.connect_conn_id) is not "
+            "defined: add a connection of type spark_connect (host sc://<server>, port 15002), e.g. "
+            f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "spark_connect", "host": "sc://<server>", '
+            '"port": 15002}\', or set spark.connect_url'
+        ) from None
+
+
+class SparkConnectPhaseOperator(BaseOperator):
+    """One phase group run from this worker as a Spark Connect client (``spark.mode: connect``).
+
+    Takes the spark-submit task's ``application_args`` (``--phase --plan
+    --group --label``), so the mapped tasks expand, and are labelled, exactly
+    alike in both modes. Errors from the units arrive as the pipeline's own
+    exceptions; those no retry can fix fail the task at once.
+    """
+
+    template_fields = ("application_args",)
+    ui_color = "#fbd5a5"
+
+    def __init__(
+        self, *, application_args: list[str] | None = None, conn_id: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.application_args = list(application_args or [])
+        self.conn_id = conn_id
+
+    def execute(self, context: Any) -> None:
+        from iceberg_cdc.pipeline import connect_app
+        from iceberg_cdc.pipeline.spark_app import parse_args
+
+        args = parse_args([str(a) for a in self.application_args])
+        with final_errors():
+            config = load_config()
+            connect_app.run_group(
+                connect_url(config, self.conn_id),
+                runtime_from_config(config),
+                args.plan,
+                args.phase,
+                args.group,
+                label=args.label,
+            )
+
+
+def phase_operator(config: CdcConfig) -> tuple[type[BaseOperator], dict[str, Any]]:
+    """The mapped Spark tasks' operator and its fixed arguments, by ``spark.mode``."""
+    if config.spark.mode == "connect":
+        options = {"conn_id": config.spark.connect_conn_id, "map_index_template": MAP_INDEX_TEMPLATE}
+        return SparkConnectPhaseOperator, options
+    return SparkSubmitOperator, spark_options(config)
 
 
 def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
     source = table.source
-    spark = spark_options(config)
+    operator, spark = phase_operator(config)
+
+    def spark_task(task_id: str, phase: str):
+        """A mapped Spark task of ``spark.mode``'s operator, to ``.expand(application_args=...)``."""
+        name = {"name": f"cdc-{source}-{phase}"} if operator is SparkSubmitOperator else {}
+        return operator.partial(task_id=task_id, **name, **spark)
+
     sensor_mode = os.environ.get(SENSOR_MODE_ENV, "reschedule")
 
     def context() -> steps.Context:
@@ -172,9 +262,7 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         write_jobs = jobs.override(task_id="write_jobs")(detected, "write_args")
         insert_jobs = jobs.override(task_id="insert_jobs")(detected, "insert_args")
 
-        shuffle_write = SparkSubmitOperator.partial(
-            task_id="shuffle_write", name=f"cdc-{source}-write", **spark
-        ).expand(application_args=write_jobs)
+        shuffle_write = spark_task("shuffle_write", "write").expand(application_args=write_jobs)
 
         barrier = MapOutputBarrierSensor(
             task_id="barrier",
@@ -194,13 +282,9 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
 
         ranges = coalesce(detected)
 
-        shuffle_read = SparkSubmitOperator.partial(
-            task_id="shuffle_read", name=f"cdc-{source}-read", **spark
-        ).expand(application_args=ranges)
+        shuffle_read = spark_task("shuffle_read", "read").expand(application_args=ranges)
 
-        changelog_insert = SparkSubmitOperator.partial(
-            task_id="changelog_insert", name=f"cdc-{source}-insert", **spark
-        ).expand(application_args=insert_jobs)
+        changelog_insert = spark_task("changelog_insert", "insert").expand(application_args=insert_jobs)
 
         @task(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED)
         def commit(ti=None) -> dict[str, Any]:

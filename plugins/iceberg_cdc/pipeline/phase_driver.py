@@ -1,0 +1,124 @@
+"""What every Spark driver of one phase group does, whatever runs its units.
+
+A phase group (a mapped Airflow task) runs its units -- write tasks, read
+ranges or insert tasks, exactly :func:`~iceberg_cdc.pipeline.groups.units_of` --
+on Spark. Two drivers do so: a ``spark-submit`` application
+(:mod:`iceberg_cdc.pipeline.spark_app`, units as an RDD) and a Spark Connect
+client (:mod:`iceberg_cdc.pipeline.connect_app`, units through ``mapInArrow``).
+Both share the steps around the job, here:
+
+1. prove the run still holds the table's lease (the plan's epoch), before
+   any Spark resource is taken;
+2. run the units while a :class:`~iceberg_cdc.coordination.heartbeat.LeaseHeartbeat`
+   renews the lease; a lost lease cancels the job (``UnitRunner.cancel``);
+3. on failure of a write group, leave a failure marker for each of its
+   unfinished tasks (``paths.failed(task)`` where ``paths.written(task)`` is
+   absent), so the barrier fails fast and names them;
+4. on success, record the group's figures (:func:`~iceberg_cdc.pipeline.groups.record_group`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
+from iceberg_cdc.coordination.lease import TableLease
+from iceberg_cdc.pipeline.groups import record_group, units_of
+from iceberg_cdc.pipeline.plan import SnapshotPlan
+from iceberg_cdc.pipeline.runtime import Runtime
+from iceberg_cdc.storage import ObjectStore
+
+log = logging.getLogger("iceberg_cdc.spark")
+
+PHASES = ("write", "read", "insert")
+
+
+class UnitRunner(Protocol):
+    """Runs one group's units on Spark, one Spark task per unit, and returns their results in unit order."""
+
+    def map_units(self, phase: str, plan: SnapshotPlan, runtime: Runtime, units: list[Any]) -> list[Any]: ...
+
+    def cancel(self) -> None:
+        """Cancel the running job (called from the heartbeat's thread when the lease is lost)."""
+
+
+@dataclass(frozen=True)
+class GroupRun:
+    """What one group did: its units, their results (figures) and the job's wall time."""
+
+    phase: str
+    group: int
+    units: list[Any]
+    results: list[Any]
+    seconds: float
+
+
+def mark_failed_writes(
+    store: ObjectStore, plan: SnapshotPlan, task_ids: list[str], exc: BaseException
+) -> None:
+    """A failure marker for each write task of the group that left no map output."""
+    paths = plan.paths
+    reason = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-4000:]
+    for task_id in task_ids:
+        if not store.list(paths.written(task_id)):
+            store.put(paths.failed(task_id), json.dumps({"task_id": task_id, "error": reason}).encode())
+
+
+def run_phase_group(
+    runtime: Runtime,
+    plan_key: str,
+    phase: str,
+    group: int,
+    start_runner: Callable[[SnapshotPlan], UnitRunner],
+    *,
+    label: str = "",
+) -> GroupRun:
+    """Lease check, the group's units through ``start_runner(plan)``'s runner under a heartbeat, figures.
+
+    ``start_runner`` is called only once the lease is proven (it may start a
+    JVM or open a session). Raises what the units raised (after the failure
+    markers), or :class:`~iceberg_cdc.errors.LeaseLostError`.
+    """
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
+    store = runtime.store()
+    plan = SnapshotPlan.load(store, plan_key)
+    lease = TableLease(store, plan.source)
+    lease.renew(plan.run_id, plan.epoch, plan.lease_ttl_seconds)
+    units = units_of(phase, plan, group, store)
+    runner = start_runner(plan)
+    log.info(
+        "%s: %s (%d units) for %s snapshot %s",
+        phase,
+        label or f"group {group + 1}",
+        len(units),
+        plan.source,
+        plan.snapshot_id,
+    )
+    started = time.perf_counter()
+    heartbeat = LeaseHeartbeat(
+        lease, plan.run_id, plan.epoch, plan.lease_ttl_seconds, on_lost=lambda _: runner.cancel()
+    )
+    try:
+        with heartbeat:
+            results = runner.map_units(phase, plan, runtime, units)
+        heartbeat.check()
+    except Exception as exc:
+        if phase == "write":
+            mark_failed_writes(store, plan, list(units), heartbeat.lost or exc)
+        if heartbeat.lost is not None and exc is not heartbeat.lost:
+            # The job failed because the heartbeat cancelled it: the lost lease is the reason.
+            raise heartbeat.lost from exc
+        raise
+    seconds = round(time.perf_counter() - started, 3)
+    record_group(store, plan, phase, group, seconds, results)
+    for result in results:
+        log.info("%s done: %s", phase, json.dumps(result, sort_keys=True)[:500])
+    log.info("%s group %d: %d units in %.1f s", phase, group, len(units), seconds)
+    return GroupRun(phase, group, units, results, seconds)

@@ -1,0 +1,155 @@
+"""The DAG in ``spark.mode: connect``: its Spark tasks are clients of one warm Spark Connect server.
+
+One local Spark Connect server for the module (``local[2]``, from a clean
+environment: its Python workers get the package only from the archive each
+session adds, and the storage credentials only inside the pickled task
+functions). ``airflow dags test`` runs the DAG with the ``spark_connect``
+connection pointing at it, as the provider's hook reads it. In order:
+
+1. an insert-only snapshot and a copy-on-write MERGE with updates, partition
+   moves, deletes and inserts: the replay invariant holds on both, and the
+   storage secret shows in no log, nor in the server's UI (Connect tab, SQL
+   plans);
+2. duplicate keys: the task fails with the pipeline's AmbiguousUpdateError
+   message first, not a gRPC error around a Python traceback; nothing moves.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+import uuid
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from iceberg_cdc.devtools.airflow_env import connect_connection, connection_env_var
+from iceberg_cdc.devtools.connect_server import LocalSparkConnectServer
+from iceberg_cdc.devtools.cow import cow_merge
+from iceberg_cdc.local_s3 import free_port
+from tests.support.airflow_pipeline import AirflowPipeline
+from tests.support.iceberg_tables import cow_rewrite, live_files
+from tests.support.orders import BY_REGION, SCHEMA, rows
+from tests.support.replay import assert_replay
+
+pytestmark = [pytest.mark.s3, pytest.mark.e2e]
+
+# moto takes any key: a distinctive one, to look for in every log and page the run leaves.
+SECRET = "cdc-connect-secret-4f1c9a7e"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> LocalSparkConnectServer:
+    work = tmp_path_factory.mktemp("spark-connect")
+    with LocalSparkConnectServer(work, master="local[2]", ui_port=free_port()) as running:
+        process = running.process
+        yield running
+    assert process is not None and process.poll() is not None, "server stopped by pid"
+
+
+@pytest.fixture(scope="module")
+def pipeline(moto_server, server, tmp_path_factory) -> AirflowPipeline:
+    tmp = tmp_path_factory.mktemp("connect-e2e")
+    pipeline = AirflowPipeline(tmp, moto_server, SCHEMA, partition_spec=BY_REGION, spark={"mode": "connect"})
+    pipeline.config["catalog"]["s3.secret-access-key"] = SECRET
+    pipeline.config_path.write_text(yaml.safe_dump(pipeline.config))
+    pipeline.env[connection_env_var("spark_connect_default")] = connect_connection(server.url)
+    pipeline.env["CDC_TASK_RETRIES"] = "0"
+    return pipeline
+
+
+def server_pages(server: LocalSparkConnectServer) -> str:
+    """The server UI's Connect tab and every SQL execution's plan, as text."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    base = f"http://127.0.0.1:{server.ui_port}"
+
+    def get(path: str) -> str:
+        with opener.open(base + path, timeout=10) as response:
+            return response.read().decode("utf-8", "replace")
+
+    apps = json.loads(get("/api/v1/applications"))
+    pages = [get("/connect/"), get("/SQL/")]
+    for app in apps:
+        pages.append(get(f"/api/v1/applications/{app['id']}/sql?details=true&planDescription=true"))
+    return "\n".join(pages)
+
+
+def test_insert_only_and_merge_through_spark_connect(pipeline: AirflowPipeline, server):
+    source = pipeline.source
+    source.append(rows(range(0, 60), "us"))
+    inserted = source.current_snapshot().snapshot_id
+    assert pipeline.run() == 0, pipeline.log_tail()
+    log = pipeline.last_log.read_text()
+    assert "Spark Connect session on 127.0.0.1" in log and "spark-submit" not in log
+    assert assert_replay(source, pipeline.sink(), inserted, ["id"]) == Counter({"INSERT": 60})
+
+    updated = rows(range(0, 20), ["eu"] * 5 + ["us"] * 15, status="shipped")  # 5 move us -> eu
+    merged = cow_merge(
+        source, upserts=pa.concat_tables([updated, rows(range(100, 105), "eu")]), delete_keys=range(40, 50)
+    )
+    assert pipeline.run() == 0, pipeline.log_tail()
+    assert pipeline.watermark().snapshot_id == merged
+    assert assert_replay(source, pipeline.sink(), merged, ["id"]) == Counter(
+        {"UPDATE_BEFORE": 20, "UPDATE_AFTER": 20, "DELETE": 10, "INSERT": 5}
+    )
+    assert pipeline.shuffle_objects() == [] and not pipeline.lease_exists()
+
+    for path in [*pipeline.logs.iterdir(), server.log_path]:
+        assert SECRET not in path.read_text(errors="replace"), f"the secret is in {path}"
+    pages = server_pages(server)
+    assert "cdc_write_units" in pages, "the SQL plans were read"
+    assert SECRET not in pages, "the secret shows in the Spark Connect server's UI"
+
+
+def test_unit_error_shows_the_pipelines_message_first(pipeline: AirflowPipeline):
+    source = pipeline.source
+    mark = pipeline.watermark()
+    before = source.scan().to_arrow()
+    kept = [i for i in before.column("id").to_pylist() if i != 3]
+    after = pa.concat_tables(
+        [
+            before.filter(pa.compute.is_in(before.column("id"), pa.array(kept))),
+            rows([3], "us", "a"),
+            rows([3], "us", "b"),
+        ]
+    )
+    snapshot = cow_rewrite(source, live_files(source), after.cast(before.schema))
+    code = pipeline.run()
+    log = pipeline.last_log.read_text()
+    assert code != 0 or "failed" in log.lower()
+    assert pipeline.watermark() == mark, "a failed run must not move the watermark"
+    assert pipeline.shuffle_objects() == [] and not pipeline.lease_exists(), "cleanup ran"
+    message = re.search(r"AmbiguousUpdateError: (.*)", log)
+    assert message and "id=3" in message.group(1), log[-4000:]
+    first_error = min(
+        log.index(word)
+        for word in ("AmbiguousUpdateError", "PythonException", "Traceback", "grpc")
+        if word in log
+    )
+    assert log.index("AmbiguousUpdateError") == first_error, log[first_error - 500 : first_error + 2000]
+    # The failure Airflow reports for the task is the pipeline's exception itself.
+    assert re.search(r"iceberg_cdc\.errors\.AmbiguousUpdateError: .*id=3", log), log[-4000:]
+    assert snapshot != mark.snapshot_id
+
+
+def test_a_closed_shared_session_gives_way_to_the_next(server, tmp_path):
+    """The server closed today's shared session (it timed out): clients move on to the next id."""
+    from iceberg_cdc.pipeline import connect_app
+
+    digest = f"test-{uuid.uuid4().hex}"
+    closed = connect_app._new_session(
+        connect_app.with_session_id(server.url, connect_app.shared_session_id(digest, 0))
+    )
+    assert closed.range(1).count() == 1
+    closed.stop()  # releases it: the server keeps a tombstone, the id cannot be reopened
+    module = tmp_path / "cdc_probe.py"
+    module.write_text("VALUE = 1\n")
+    try:
+        spark = connect_app.session(server.url, str(module), digest)
+        assert spark.client._session_id == connect_app.shared_session_id(digest, 1)
+        assert spark.range(2).count() == 2
+    finally:
+        connect_app.forget_session(server.url)

@@ -1,0 +1,102 @@
+"""The steps every Spark driver of a phase group shares (spark-submit and Spark Connect alike).
+
+The units run in this process through a stand-in runner, on a real plan
+made by detect: figures on success, failure markers for unfinished write
+tasks on failure, and a lost lease that cancels the job and is the error.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pyarrow as pa
+import pytest
+
+from iceberg_cdc.devtools.cow import cow_merge
+from iceberg_cdc.errors import AmbiguousUpdateError, LeaseLostError
+from iceberg_cdc.orchestration import steps
+from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS
+from iceberg_cdc.pipeline.phase_driver import run_phase_group
+from iceberg_cdc.pipeline.plan import SnapshotPlan
+from tests.support.inline_pipeline import SOURCE, InlinePipeline
+from tests.support.orders import BY_REGION, SCHEMA, rows
+
+
+class InProcess:
+    """Runs the units here, as the in-process runner does; optionally fails or waits to be cancelled."""
+
+    def __init__(self, fail: Exception | None = None, on_start=None) -> None:
+        self.fail = fail
+        self.on_start = on_start
+        self.cancelled = threading.Event()
+
+    def map_units(self, phase, plan, runtime, units):
+        if self.on_start is not None:
+            self.on_start(plan)
+            assert self.cancelled.wait(10), "the heartbeat cancels the job when the lease is lost"
+            raise RuntimeError("job cancelled")
+        if self.fail is not None:
+            raise self.fail
+        return [PHASE_FUNCTIONS[phase](plan, runtime, unit) for unit in units]
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+@pytest.fixture
+def planned(tmp_path, monkeypatch):
+    """A MERGE snapshot detected (its plan saved, the lease held), ready for its write phase."""
+    monkeypatch.setenv("CDC_LEASE_TTL_SECONDS", "1")  # heartbeats every 0.25 s
+    pipeline = InlinePipeline(tmp_path)
+    source = pipeline.create_source(SCHEMA, partition_spec=BY_REGION)
+    source.append(rows(range(40), "us"))
+    pipeline.run()
+    cow_merge(source, upserts=pa.concat_tables([rows(range(5), "eu", "shipped")]), delete_keys=[30])
+    ctx = steps.Context.of(pipeline.config, SOURCE)
+    detected = steps.detect(ctx, "run-1", None)
+    assert detected["action"] == "shuffle"
+    store = ctx.runtime.store()
+    return ctx, store, SnapshotPlan.load(store, detected["plan"]), detected
+
+
+def test_success_records_the_groups_figures(planned):
+    ctx, store, plan, detected = planned
+    run = run_phase_group(ctx.runtime, detected["plan"], "write", 0, lambda _: InProcess())
+    assert run.units == list(plan.groups[0].task_ids) and len(run.results) == len(run.units)
+    stats = json.loads(store.get(plan.paths.stats("write-0000")))
+    assert stats["phase"] == "write" and stats["units"] == run.results
+    assert not store.list(plan.paths.failed_prefix)
+
+
+def test_a_failed_write_group_marks_its_unfinished_tasks(planned):
+    ctx, store, plan, detected = planned
+    error = AmbiguousUpdateError("key (id=3) ...")
+    with pytest.raises(AmbiguousUpdateError):
+        run_phase_group(ctx.runtime, detected["plan"], "write", 0, lambda _: InProcess(fail=error))
+    for task_id in plan.groups[0].task_ids:
+        marker = json.loads(store.get(plan.paths.failed(task_id)))
+        assert marker == {
+            "task_id": task_id,
+            "error": "iceberg_cdc.errors.AmbiguousUpdateError: key (id=3) ...",
+        }
+    assert not store.list(plan.paths.stats("write-0000"))
+
+
+def test_a_lost_lease_cancels_the_job_and_is_the_error(planned):
+    ctx, store, plan, detected = planned
+    runner = InProcess(on_start=lambda plan: ctx.lease().release(plan.run_id, plan.epoch))
+    with pytest.raises(LeaseLostError):
+        run_phase_group(ctx.runtime, detected["plan"], "write", 0, lambda _: runner)
+    assert runner.cancelled.is_set()
+    marker = json.loads(store.get(plan.paths.failed(plan.groups[0].task_ids[0])))
+    assert "LeaseLostError" in marker["error"]
+
+
+def test_no_spark_is_started_without_the_lease(planned):
+    ctx, _, plan, detected = planned
+    ctx.lease().release(plan.run_id, plan.epoch)
+    started = []
+    with pytest.raises(LeaseLostError):
+        run_phase_group(ctx.runtime, detected["plan"], "write", 0, lambda p: started.append(p) or InProcess())
+    assert started == []
