@@ -68,7 +68,7 @@ def test_connect_mode_keeps_the_dags_shape_and_labels():
         assert upstream(connect, task.task_id) == upstream(submit, task.task_id), task.task_id
     for task_id in ("shuffle_write", "shuffle_read", "changelog_insert"):
         before, after = submit.get_task(task_id), connect.get_task(task_id)
-        assert before.operator_name == "SparkSubmitOperator"
+        assert before.operator_name == "CdcSparkSubmitOperator"
         assert after.operator_name == "SparkConnectPhaseOperator" and after.is_mapped
         assert after.map_index_template == before.map_index_template
         assert after.partial_kwargs["conn_id"] == "spark_connect_default"

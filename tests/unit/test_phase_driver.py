@@ -100,3 +100,24 @@ def test_no_spark_is_started_without_the_lease(planned):
     with pytest.raises(LeaseLostError):
         run_phase_group(ctx.runtime, detected["plan"], "write", 0, lambda p: started.append(p) or InProcess())
     assert started == []
+
+
+def test_error_line_finds_the_pipeline_error_inside_a_jvm_traceback():
+    from iceberg_cdc.errors import AmbiguousUpdateError
+    from iceberg_cdc.pipeline.phase_driver import error_line
+
+    wrapped = RuntimeError(
+        "An error occurred while calling o42.collectAndServe.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: ...\n"
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "/x/executor_tasks.py", line 200, in run_read_task\n'
+        "iceberg_cdc.errors.AmbiguousUpdateError: table shop.orders, snapshot 7: cannot pair updates for "
+        "identifier (id=3); set `duplicate_keys: emit_unpaired`\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner...\n"
+    )
+    assert error_line(wrapped) == (
+        "AmbiguousUpdateError: table shop.orders, snapshot 7: cannot pair updates for identifier (id=3); "
+        "set `duplicate_keys: emit_unpaired`"
+    )
+    assert error_line(AmbiguousUpdateError("key 3")) == "AmbiguousUpdateError: key 3"
+    assert error_line(OSError("disk full")) == "OSError: disk full"

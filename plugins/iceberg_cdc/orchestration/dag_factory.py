@@ -23,44 +23,68 @@ detect's dict), not per key.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
-from collections.abc import Callable, Iterator
+import time
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, BaseOperator, Param, TriggerRule, task
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk import DAG, Asset, Param, TriggerRule, task
+from airflow.sdk.exceptions import AirflowFailException
 
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
-from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
-from iceberg_cdc.errors import (
-    ConfigError,
-    ConservationError,
-    CorruptShuffleError,
-    LeaseHeldError,
-    LeaseLostError,
-    SourceHistoryError,
-)
+from iceberg_cdc.errors import LeaseHeldError, LeaseLostError
 from iceberg_cdc.orchestration import steps
-from iceberg_cdc.orchestration.pyfiles import package_zip
+from iceberg_cdc.orchestration.metrics import emit_commit, emit_lag, emit_safely
+from iceberg_cdc.orchestration.operators import (  # noqa: F401  (re-exported for callers)
+    CdcSparkSubmitOperator,
+    connect_url,
+    phase_operator,
+    spark_application,
+)
+from iceberg_cdc.orchestration.run_lease import lease_ttl_seconds
+from iceberg_cdc.orchestration.run_story import chained_run_id, story
 from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
-from iceberg_cdc.orchestration.submit_conf import submit_conf
-from iceberg_cdc.pipeline.runtime import runtime_from_config
+from iceberg_cdc.orchestration.task_policy import airflow_holder_state, final_errors, task_retries
+
+log = logging.getLogger("iceberg_cdc")
 
 SENSOR_MODE_ENV = "CDC_SENSOR_MODE"  # "poke" for `airflow dags test`, else reschedule
-_REPO_APPLICATION = Path(__file__).resolve().parents[3] / "spark_jobs" / "cdc_phase.py"
-_PACKAGE_APPLICATION = Path(__file__).resolve().parents[1] / "pipeline" / "spark_app.py"
+LEASE_WAIT_ENV = "CDC_LEASE_WAIT_SECONDS"  # how long detect waits for a busy table (default 2 TTLs)
+
+
+def lease_wait_seconds() -> float:
+    """How long detect waits for another run of the table: two TTLs, so a dead holder is overtaken."""
+    raw = os.environ.get(LEASE_WAIT_ENV)
+    return float(raw) if raw else 2 * lease_ttl_seconds()
+
+
+def sink_asset(config: CdcConfig, table: TableConfig) -> Asset:
+    """The sink table as an Airflow Asset: commit emits an event per source snapshot it commits."""
+    return Asset(
+        name=f"cdc:{table.sink}",
+        uri=f"iceberg://{config.catalog.name}/{table.sink.replace('.', '/')}",
+        group="cdc",
+    )
+
 
 DOC = """
 ### Change data capture of `{source}` into `{sink}`
 
 Each run processes the oldest source snapshot after the watermark kept in
-`{sink}`'s properties. Trigger with `{{"snapshot_id": <id>}}` to reprocess one
-snapshot of the current history (its rows in the sink are replaced).
+`{sink}`'s properties, and says which in its logs, XComs and the sink asset's
+events. Trigger with `{{"snapshot_id": <id>}}` to reprocess one snapshot of
+the current history (its rows in the sink are replaced; the run does not
+chain unless `trigger_next` is true).
+
+**Runs never overlap.** A run that finds the table held by another run waits
+for it (up to two lease TTLs, so a dead holder is taken over), then fails
+naming the holder -- it never skips silently.
+
+**Backfills** (`airflow backfill create`) process pending snapshots in order,
+one per run; their runs never chain (`trigger_next` is ignored) and refuse
+`snapshot_id` (reprocess one snapshot with a manual run instead).
 
 * **detect** — picks the snapshot, plans the work, takes the table's lease
 * **shuffle_write / barrier / coalesce / shuffle_read** — the S3 shuffle (snapshots with deletes)
@@ -71,137 +95,13 @@ snapshot of the current history (its rows in the sink are replaced).
 """
 
 
-TASK_RETRIES_ENV = "CDC_TASK_RETRIES"  # retries of every task (default 2)
-# Errors that a retry of the same task cannot fix: the run must stop (the next run starts afresh).
-_FINAL_ERRORS = (LeaseLostError, ConservationError, CorruptShuffleError, ConfigError, SourceHistoryError)
-
-
-def task_retries() -> int:
-    """Retries of every task: ``CDC_TASK_RETRIES`` (default 2)."""
-    return int(os.environ.get(TASK_RETRIES_ENV, "2"))
-
-
-@contextlib.contextmanager
-def final_errors() -> Iterator[None]:
-    """Turn errors no retry can fix into AirflowFailException (no retries), message first."""
-    try:
-        yield
-    except _FINAL_ERRORS as exc:
-        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
-
-
-def airflow_holder_state(ti: Any) -> Callable[[LeaseInfo], HolderState] | None:
-    """Ask Airflow whether a lease holder's DAG run is still running (for a faster, safer takeover)."""
-    if ti is None or not hasattr(ti, "get_dagrun_state"):
-        return None
-
-    def state(holder: LeaseInfo) -> HolderState:
-        if not holder.dag_id:
-            return "unknown"
-        value = str(ti.get_dagrun_state(holder.dag_id, holder.owner)).lower().rsplit(".", 1)[-1]
-        if value in ("success", "failed"):
-            return "finished"
-        return "running" if value in ("running", "queued") else "unknown"
-
-    return state
-
-
-def spark_application() -> str:
-    return str(_REPO_APPLICATION if _REPO_APPLICATION.exists() else _PACKAGE_APPLICATION)
-
-
-# The plan's label (last of the application arguments) names each mapped Spark task in the UI.
-MAP_INDEX_TEMPLATE = "{{ task.application_args[-1] }}"
-
-
-def spark_options(config: CdcConfig) -> dict[str, Any]:
-    return {
-        "application": spark_application(),
-        "conn_id": config.spark.conn_id,
-        "py_files": package_zip(),
-        "conf": submit_conf(config.spark.conf),
-        "driver_memory": config.spark.driver_memory,
-        "executor_memory": config.spark.executor_memory,
-        "verbose": False,
-        "map_index_template": MAP_INDEX_TEMPLATE,
-    }
-
-
-def connect_url(config: CdcConfig, conn_id: str | None = None) -> str:
-    """The Spark Connect server: ``spark.connect_url``, else the Airflow connection ``spark.connect_conn_id``.
-
-    The connection is read by the provider's ``SparkConnectHook`` (type
-    ``spark_connect``: host, port, login as user id, password as token, extra
-    ``use_ssl``); the URL may then hold a token, so it is never logged.
-    """
-    if config.spark.connect_url:
-        return config.spark.connect_url
-    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    conn_id = conn_id or config.spark.connect_conn_id
-    try:
-        return SparkConnectHook(conn_id).get_connection_url()
-    except AirflowNotFoundException:
-        raise ConfigError(
-            f"spark.mode is connect, but the Airflow connection {conn_id!r} (spark.connect_conn_id) is not "
-            "defined: add a connection of type spark_connect (host sc://<server>, port 15002), e.g. "
-            f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "spark_connect", "host": "sc://<server>", '
-            '"port": 15002}\', or set spark.connect_url'
-        ) from None
-
-
-class SparkConnectPhaseOperator(BaseOperator):
-    """One phase group run from this worker as a Spark Connect client (``spark.mode: connect``).
-
-    Takes the spark-submit task's ``application_args`` (``--phase --plan
-    --group --label``), so the mapped tasks expand, and are labelled, exactly
-    alike in both modes. Errors from the units arrive as the pipeline's own
-    exceptions; those no retry can fix fail the task at once.
-    """
-
-    template_fields = ("application_args",)
-    ui_color = "#fbd5a5"
-
-    def __init__(
-        self, *, application_args: list[str] | None = None, conn_id: str | None = None, **kwargs: Any
-    ) -> None:
-        super().__init__(**kwargs)
-        self.application_args = list(application_args or [])
-        self.conn_id = conn_id
-
-    def execute(self, context: Any) -> None:
-        from iceberg_cdc.pipeline import connect_app
-        from iceberg_cdc.pipeline.spark_app import parse_args
-
-        args = parse_args([str(a) for a in self.application_args])
-        with final_errors():
-            config = load_config()
-            connect_app.run_group(
-                connect_url(config, self.conn_id),
-                runtime_from_config(config),
-                args.plan,
-                args.phase,
-                args.group,
-                label=args.label,
-            )
-
-
-def phase_operator(config: CdcConfig) -> tuple[type[BaseOperator], dict[str, Any]]:
-    """The mapped Spark tasks' operator and its fixed arguments, by ``spark.mode``."""
-    if config.spark.mode == "connect":
-        options = {"conn_id": config.spark.connect_conn_id, "map_index_template": MAP_INDEX_TEMPLATE}
-        return SparkConnectPhaseOperator, options
-    return SparkSubmitOperator, spark_options(config)
-
-
 def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
     source = table.source
     operator, spark = phase_operator(config)
 
     def spark_task(task_id: str, phase: str):
         """A mapped Spark task of ``spark.mode``'s operator, to ``.expand(application_args=...)``."""
-        name = {"name": f"cdc-{source}-{phase}"} if operator is SparkSubmitOperator else {}
+        name = {"name": f"cdc-{source}-{phase}"} if operator is CdcSparkSubmitOperator else {}
         return operator.partial(task_id=task_id, **name, **spark)
 
     sensor_mode = os.environ.get(SENSOR_MODE_ENV, "reschedule")
@@ -237,20 +137,34 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
 
         @task(task_id="detect")
         def detect(
-            params: dict[str, Any] | None = None, run_id: str | None = None, ti=None
+            params: dict[str, Any] | None = None, run_id: str | None = None, ti=None, dag_run=None
         ) -> dict[str, Any]:
             requested = (params or {}).get("snapshot_id")
-            try:
-                return steps.detect(
-                    context(),
-                    run_id or "manual",
-                    requested,
-                    dag_id=table.dag_id,
-                    try_number=getattr(ti, "try_number", None),
-                    holder_state=airflow_holder_state(ti),
+            if requested is not None and _is_backfill(dag_run):
+                raise AirflowFailException(
+                    f"snapshot_id={requested} is not allowed in a backfill: a backfill processes the pending "
+                    "snapshots in order. To reprocess one snapshot, trigger a manual run with "
+                    '{"snapshot_id": ...}.'
                 )
-            except LeaseHeldError as exc:
-                raise AirflowSkipException(str(exc)) from None
+            deadline = time.monotonic() + lease_wait_seconds()
+            while True:
+                try:
+                    with final_errors():
+                        detected = steps.detect(
+                            context(),
+                            run_id or "manual",
+                            requested,
+                            dag_id=table.dag_id,
+                            try_number=getattr(ti, "try_number", None),
+                            holder_state=airflow_holder_state(ti),
+                        )
+                    log.info("this run: %s", story(detected))
+                    return detected
+                except LeaseHeldError as exc:
+                    if isinstance(exc, LeaseLostError) or time.monotonic() >= deadline:
+                        raise AirflowFailException(f"LeaseHeldError: {exc}") from None
+                    log.warning("waiting for the table: %s", exc)
+                    time.sleep(min(15.0, max(1.0, deadline - time.monotonic())))
 
         detected = detect()
 
@@ -286,28 +200,59 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
 
         changelog_insert = spark_task("changelog_insert", "insert").expand(application_args=insert_jobs)
 
-        @task(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED)
-        def commit(ti=None) -> dict[str, Any]:
+        asset = sink_asset(config, table)
+
+        @task(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, outlets=[asset])
+        def commit(ti=None, outlet_events=None) -> dict[str, Any]:
             # Pulled, not passed: an argument would make commit a direct downstream of the
             # setup task, which Airflow allows only with trigger rule ALL_SUCCESS.
+            detected = ti.xcom_pull(task_ids="detect")
             with final_errors():
-                return steps.commit(context(), ti.xcom_pull(task_ids="detect"))
+                committed = steps.commit(context(), detected)
+            committed["story"] = story(detected, committed)
+            log.info("this run: %s", committed["story"])
+            emit_safely(emit_commit, source, committed)
+            if outlet_events is not None:
+                figures = {k: v for k, v in committed.items() if isinstance(v, int | str | float)}
+                outlet_events[asset].extra = {
+                    "source": source,
+                    "snapshot_id": detected.get("snapshot_id"),
+                    **figures,
+                }
+            return committed
 
         @task(task_id="watermark")
-        def watermark(detected: dict[str, Any], committed: dict[str, Any]) -> dict[str, Any]:
-            return steps.watermark(context(), detected)
+        def watermark(
+            detected: dict[str, Any], committed: dict[str, Any], ts_nodash: str | None = None
+        ) -> dict[str, Any]:
+            mark = steps.watermark(context(), detected)
+            emit_safely(emit_lag, source, int(mark.get("remaining") or 0))
+            stamp = ts_nodash or datetime.now().strftime("%Y%m%dT%H%M%S")
+            mark["chained_run_id"] = chained_run_id(
+                mark.get("next_snapshot_id"), f"{stamp}_{time.time_ns() % 10**6}"
+            )
+            return mark
 
         @task.short_circuit(task_id="more_pending")
-        def more_pending(mark: dict[str, Any], params: dict[str, Any] | None = None) -> bool:
+        def more_pending(mark: dict[str, Any], params: dict[str, Any] | None = None, dag_run=None) -> bool:
+            # A backfill never chains: its runs are the backfill's, and a chained run would escape it.
             # A manual reprocess (snapshot_id) does not chain unless asked to: it is about one snapshot.
             params = params or {}
+            if _is_backfill(dag_run):
+                log.info("a backfill run does not chain; the backfill's next run takes the next snapshot")
+                return False
             chain = params.get("trigger_next")
             if chain is None:
                 chain = params.get("snapshot_id") is None
             return bool(mark["remaining"]) and bool(chain)
 
         trigger_next = TriggerDagRunOperator(
-            task_id="trigger_next_run", trigger_dag_id=table.dag_id, wait_for_completion=False
+            task_id="trigger_next_run",
+            trigger_dag_id=table.dag_id,
+            wait_for_completion=False,
+            # The chained run's id names the snapshot it will process.
+            trigger_run_id="{{ ti.xcom_pull(task_ids='watermark')['chained_run_id'] }}",
+            note="chained: {{ ti.xcom_pull(task_ids='watermark')['remaining'] }} snapshot(s) pending",
         )
 
         @task(task_id="cleanup")
@@ -322,6 +267,11 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         teardown = cleanup(detected).as_teardown(setups=detected)
         mark >> teardown
     return dag
+
+
+def _is_backfill(dag_run: Any) -> bool:
+    run_type = getattr(dag_run, "run_type", None)
+    return str(getattr(run_type, "value", run_type) or "").lower() == "backfill"
 
 
 def build_dags(config: CdcConfig | None = None) -> dict[str, DAG]:

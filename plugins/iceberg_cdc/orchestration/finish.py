@@ -19,7 +19,7 @@ from iceberg_cdc.orchestration.context import Context
 from iceberg_cdc.orchestration.shuffle_steps import attempt_paths
 from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import read_watermark
-from iceberg_cdc.source.history import pending_count
+from iceberg_cdc.source.history import next_snapshot
 from iceberg_cdc.source.tables import load_source_table
 
 log = logging.getLogger("iceberg_cdc")
@@ -37,7 +37,9 @@ def watermark(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
             f"the watermark of {ctx.table.source} in {ctx.table.sink} is at "
             f"{mark and mark.snapshot_id}, not at snapshot {detected['snapshot_id']} after commit"
         )
-    remaining = pending_count(load_source_table(catalog, ctx.table), mark, ctx.table.start)
+    source = load_source_table(catalog, ctx.table)
+    after = next_snapshot(source, mark, ctx.table.start)
+    remaining = 0 if after is None else after.remaining + 1
     log.info(
         "watermark of %s: snapshot %s (ordinal %s); %d more snapshot(s) pending",
         ctx.table.source,
@@ -45,7 +47,11 @@ def watermark(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
         mark and mark.ordinal,
         remaining,
     )
-    return {"snapshot_id": mark and mark.snapshot_id, "remaining": remaining}
+    return {
+        "snapshot_id": mark and mark.snapshot_id,
+        "remaining": remaining,
+        "next_snapshot_id": after and after.snapshot_id,
+    }
 
 
 def cleanup(ctx: Context, detected: dict[str, Any] | None, run_id: str) -> dict[str, Any]:

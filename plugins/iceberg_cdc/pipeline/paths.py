@@ -13,6 +13,7 @@ can never read, overwrite or delete each other's objects::
     <table>/snapshot-<id>/epoch-<n>/ranges.json           read ranges and their expected rows (coalesce)
     <table>/snapshot-<id>/epoch-<n>/staged/<part>.json    staged sink files and figures of one read/insert task
     <table>/snapshot-<id>/epoch-<n>/stats/<phase>.json    seconds and figures per phase
+    <table>/snapshot-<id>/epoch-<n>/errors/<phase>-<g>.json  why a phase group failed (one line)
     <table>/snapshot-<id>/epoch-<n>/commit-pending.json   a sink commit whose outcome is not known yet
 """
 
@@ -85,6 +86,10 @@ class SnapshotPaths:
         if key.startswith(self.written_prefix) and key.endswith(".json"):
             return key[len(self.written_prefix) : -len(".json")]
         return None
+
+    def group_error(self, phase: str, group: int) -> str:
+        """Why a phase group failed, in one line (the Airflow task raises it first)."""
+        return self.prefix + f"errors/{phase}-{group:04d}.json"
 
     @property
     def commit_pending(self) -> str:

@@ -14,13 +14,18 @@ Both share the steps around the job, here:
 3. on failure of a write group, leave a failure marker for each of its
    unfinished tasks (``paths.failed(task)`` where ``paths.written(task)`` is
    absent), so the barrier fails fast and names them;
-4. on success, record the group's figures (:func:`~iceberg_cdc.pipeline.groups.record_group`).
+4. on success, record the group's figures (:func:`~iceberg_cdc.pipeline.groups.record_group`);
+   on failure, the error's one line (:func:`error_line`) under
+   ``paths.group_error``, so the Airflow task can raise it before the
+   spark-submit noise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -29,6 +34,7 @@ from typing import Any, Protocol
 
 from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
 from iceberg_cdc.coordination.lease import TableLease
+from iceberg_cdc.errors import CdcError
 from iceberg_cdc.pipeline.groups import record_group, units_of
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import Runtime
@@ -57,6 +63,39 @@ class GroupRun:
     units: list[Any]
     results: list[Any]
     seconds: float
+
+
+_PIPELINE_ERROR = re.compile(r"(?:iceberg_cdc\.errors\.)?(\w+(?:Error|Exception)): (.+)")
+
+
+def error_line(exc: BaseException) -> str:
+    """The pipeline's own error in one line, even when Spark wrapped it in a JVM traceback.
+
+    An executor's exception reaches an RDD driver as text inside a Py4J
+    error; the last ``iceberg_cdc.errors.X: message`` line in it is what the
+    user needs first.
+    """
+    if isinstance(exc, CdcError):
+        return f"{type(exc).__name__}: {exc}"
+    text = str(exc)
+    found = [m for m in re.finditer(r"iceberg_cdc\.errors\.(\w+): ([^\n]+)", text)]
+    if found:
+        return f"{found[-1].group(1)}: {found[-1].group(2).strip()}"
+    lines = [line.strip() for line in text.splitlines() if _PIPELINE_ERROR.match(line.strip())]
+    return (
+        lines[-1]
+        if lines
+        else f"{type(exc).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"
+    )
+
+
+def record_group_error(
+    store: ObjectStore, plan: SnapshotPlan, phase: str, group: int, exc: BaseException
+) -> str:
+    """Leave the group's error line where the Airflow task finds it; returns the line."""
+    line = error_line(exc)[:4000]
+    store.put(plan.paths.group_error(phase, group), json.dumps({"error": line}).encode())
+    return line
 
 
 def mark_failed_writes(
@@ -112,6 +151,8 @@ def run_phase_group(
     except Exception as exc:
         if phase == "write":
             mark_failed_writes(store, plan, list(units), heartbeat.lost or exc)
+        with contextlib.suppress(Exception):  # the error itself matters more than its record
+            log.error("%s", record_group_error(store, plan, phase, group, heartbeat.lost or exc))
         if heartbeat.lost is not None and exc is not heartbeat.lost:
             # The job failed because the heartbeat cancelled it: the lost lease is the reason.
             raise heartbeat.lost from exc

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
@@ -68,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def start_runner(plan: SnapshotPlan) -> RddUnitRunner:
         from pyspark.sql import SparkSession
+
+        # A spark-submit driver is never a Spark Connect client, whatever a Connect session in the
+        # Airflow worker that launched it left in the environment (pyspark sets
+        # SPARK_CONNECT_MODE_ENABLED when it opens one).
+        for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
+            os.environ.pop(name, None)
 
         spark = (
             SparkSession.builder.appName(

@@ -1,0 +1,47 @@
+"""Per-table metrics: names a StatsD backend keeps apart, tags for tagged backends."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from iceberg_cdc.orchestration.metrics import emit_commit, emit_lag, metric_prefix
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def incr(self, stat, count=None, rate=None, *, tags=None):
+        self.calls.append(("incr", stat, count, tags))
+
+    def gauge(self, stat, value, rate=None, delta=None, *, tags=None):
+        self.calls.append(("gauge", stat, value, tags))
+
+    def timing(self, stat, dt, *, tags=None):
+        self.calls.append(("timing", stat, dt, tags))
+
+
+def test_commit_figures_and_lag_are_emitted_per_table():
+    stats = Recorder()
+    committed = {
+        "committed": True,
+        "inserts": 300,
+        "deletes": 100,
+        "updates": 1000,
+        "carryover_rows": 37800,
+        "shuffle_bytes": 813056,
+        "seconds": {"write": 4.3, "read": 3.4},
+    }
+    emit_commit(stats, "shop.orders", committed)
+    emit_lag(stats, "shop.orders", 8)
+    tags = {"table": "shop.orders"}
+    assert ("incr", "cdc.shop__orders.rows.inserts", 300, tags) in stats.calls
+    assert ("incr", "cdc.shop__orders.rows.carryover", 37800, tags) in stats.calls
+    assert ("incr", "cdc.shop__orders.shuffle.bytes", 813056, tags) in stats.calls
+    assert ("incr", "cdc.shop__orders.snapshots.committed", None, tags) in stats.calls
+    assert ("timing", "cdc.shop__orders.phase.write", timedelta(seconds=4.3), tags) in stats.calls
+    assert ("gauge", "cdc.shop__orders.lag.snapshots", 8.0, tags) in stats.calls
+
+
+def test_names_are_statsd_safe():
+    assert metric_prefix("db.my table") == "cdc.db__my_table"
