@@ -42,9 +42,8 @@ import pytest
 import yaml
 
 from iceberg_cdc.devtools.airflow_env import VENV_BIN, airflow_env, dags_test, ensure_airflow_db
-from iceberg_cdc.devtools.cow import cow_merge
-from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
-from tests.support.orders import SCHEMA, rows
+from tests.support.inline_pipeline import SINK, SOURCE
+from tests.support.ui_history import processed_history
 
 pytestmark = pytest.mark.e2e
 
@@ -99,16 +98,8 @@ def _stop(process: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[SimpleNamespace]:
     tmp = tmp_path_factory.mktemp("ui-page")
-    pipeline = InlinePipeline(tmp / "data")
-    source = pipeline.create_source(SCHEMA)
-    source.append(rows(range(10)))
-    source.append(rows(range(10, 20), region="eu"))
-    pipeline.catch_up()
-    merge = cow_merge(source, upserts=rows([1, 2], region="eu", status="paid"), delete_keys=[3])
-    pipeline.catch_up()
-    source.refresh()
-    source.append(rows(range(20, 25)))
-    pending = source.refresh().current_snapshot().snapshot_id
+    history = processed_history(tmp / "data")
+    pipeline, merge, pending = history.pipeline, history.merge, history.pending
     config_path = tmp / "cdc.yaml"
     config_path.write_text(yaml.safe_dump(pipeline.raw))
 

@@ -21,7 +21,6 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from iceberg_cdc.config import parse_config
-from iceberg_cdc.devtools.cow import cow_merge
 from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.sink.table import watermark_property_names
 from iceberg_cdc.ui.airflow_api import DagRuns, FailedTask, RunInfo, authenticated_user, first_error_line
@@ -29,6 +28,7 @@ from iceberg_cdc.ui.app import create_app
 from iceberg_cdc.ui.status import collect_status, processed_snapshot, skew_warnings
 from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
 from tests.support.orders import SCHEMA, rows
+from tests.support.ui_history import processed_history
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "cdc__shop__orders"
@@ -37,18 +37,7 @@ DAG_ID = "cdc__shop__orders"
 @pytest.fixture(scope="module")
 def history(tmp_path_factory) -> SimpleNamespace:
     """shop.orders: two appends and a copy-on-write MERGE processed, one more append pending."""
-    pipeline = InlinePipeline(tmp_path_factory.mktemp("ui"))
-    source = pipeline.create_source(SCHEMA)
-    source.append(rows(range(10)))
-    source.append(rows(range(10, 20), region="eu"))
-    pipeline.catch_up()
-    merge = cow_merge(source, upserts=rows([1, 2], region="eu", status="paid"), delete_keys=[3])
-    pipeline.catch_up()
-    source.refresh()
-    source.append(rows(range(20, 25)))
-    source.refresh()
-    ids = [s.snapshot_id for s in source.snapshots()]
-    return SimpleNamespace(pipeline=pipeline, config=pipeline.config, merge=merge, ids=ids, source=source)
+    return processed_history(tmp_path_factory.mktemp("ui"))
 
 
 def _one(history, **kwargs):
