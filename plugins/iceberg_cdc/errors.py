@@ -113,3 +113,17 @@ class TransientStorageError(StorageError):
         self.location = location
         self.operation = operation
         self.attempts = attempts
+
+
+# Errors no retry of the same task can fix: the run stops at once (the next run starts afresh from
+# detect, or the user fixes config or data). Transient storage errors are not among them.
+FINAL_ERRORS: tuple[type[CdcError], ...] = (
+    LeaseLostError,
+    ConservationError,
+    CorruptShuffleError,
+    ConfigError,
+    SourceHistoryError,
+    AmbiguousUpdateError,
+    SinkSchemaError,
+    UnsupportedSnapshotError,
+)

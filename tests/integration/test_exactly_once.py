@@ -38,6 +38,7 @@ from iceberg_cdc.errors import (
     SourceHistoryError,
 )
 from iceberg_cdc.orchestration import commit_step, steps
+from iceberg_cdc.orchestration import detect as detect_module
 from iceberg_cdc.orchestration.inline import run_snapshot
 from iceberg_cdc.shuffle.layout import data_key, index_key
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
@@ -336,6 +337,12 @@ def test_a_commit_whose_answer_was_lost_keeps_its_files(pipeline, monkeypatch):
     for task in sink.scan().plan_files():
         assert Path(task.file.file_path.removeprefix("file://")).exists(), "a committed file was deleted"
     finish(pipeline, "commit outcome unknown (answer lost)")
+    # Within the grace after the commit began, the next runs' sweeps keep the attempt's files ...
+    objects, _ = leftovers(pipeline)
+    assert objects and all(key.endswith("commit-pending.json") for key in objects), objects
+    # ... after it, they sweep the attempt like any other leftovers.
+    monkeypatch.setattr(detect_module, "COMMIT_GRACE_SECONDS", -10 * TTL)
+    assert run_snapshot(pipeline.config, SOURCE).action == "caught_up"
     assert leftovers(pipeline) == ([], 0)
 
 

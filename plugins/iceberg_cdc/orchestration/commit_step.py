@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException
@@ -57,6 +58,11 @@ def _own_plan(store: ObjectStore, detected: dict[str, Any]) -> SnapshotPlan:
             f"run {detected['run_id']!r} (epoch {detected['epoch']}); nothing was committed"
         )
     return plan
+
+
+def pending_marker(plan: SnapshotPlan) -> bytes:
+    """The ``commit-pending`` marker: who is committing, and since when (for the sweep's grace)."""
+    return json.dumps({"run_id": plan.run_id, "epoch": plan.epoch, "written_at": time.time()}).encode()
 
 
 def _footers(sink, staged_paths: list[str], plan: SnapshotPlan) -> list:
@@ -122,8 +128,16 @@ def commit(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
     summary.update(conservation.summary())
     summary["cdc.operation"] = plan.operation
     summary[INITIAL_LOAD_KEY] = "true" if plan.initial_load else "false"
-    run_lease.confirm(ctx, detected)
-    store.put(paths.commit_pending, json.dumps({"run_id": plan.run_id, "epoch": plan.epoch}).encode())
+    # The marker goes up *before* the last lease check: a cleanup or sweep that looks after that
+    # check sees it (and keeps the staged files), and one that looked before has released or taken
+    # the lease, so the check fails and nothing is committed.
+    store.put(paths.commit_pending, pending_marker(plan))
+    try:
+        run_lease.confirm(ctx, detected)
+    except BaseException:
+        with contextlib.suppress(CdcError):
+            store.delete_prefix(paths.commit_pending)
+        raise
     try:
         result = commit_changes(
             sink,

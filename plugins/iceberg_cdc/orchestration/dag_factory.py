@@ -34,7 +34,7 @@ from airflow.sdk import DAG, Asset, Param, TriggerRule, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
-from iceberg_cdc.errors import LeaseHeldError, LeaseLostError
+from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.orchestration import steps
 from iceberg_cdc.orchestration.metrics import emit_commit, emit_lag, emit_safely
 from iceberg_cdc.orchestration.operators import (  # noqa: F401  (re-exported for callers)
@@ -161,7 +161,7 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
                     log.info("this run: %s", story(detected))
                     return detected
                 except LeaseHeldError as exc:
-                    if isinstance(exc, LeaseLostError) or time.monotonic() >= deadline:
+                    if time.monotonic() >= deadline:
                         raise AirflowFailException(f"LeaseHeldError: {exc}") from None
                     log.warning("waiting for the table: %s", exc)
                     time.sleep(min(15.0, max(1.0, deadline - time.monotonic())))

@@ -9,12 +9,14 @@ namespaces and their staged files that no sink commit references.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
+from iceberg_cdc.errors import CdcError
 from iceberg_cdc.orchestration import run_lease
 from iceberg_cdc.orchestration.context import Context
 from iceberg_cdc.pipeline.groups import record_phase
@@ -30,6 +32,8 @@ from iceberg_cdc.source.reading import table_name_mapping_json
 from iceberg_cdc.source.tables import load_source_table, resolve_identifier_columns
 
 log = logging.getLogger("iceberg_cdc")
+
+COMMIT_GRACE_SECONDS = 600.0
 
 
 def detect(
@@ -50,7 +54,10 @@ def detect(
     try:
         return _detect(ctx, run_id, snapshot_id, held)
     except BaseException:
-        run_lease.give_back(ctx, run_id, held.epoch)
+        try:
+            run_lease.give_back(ctx, run_id, held.epoch)
+        except Exception:  # the original error matters more; the lease then expires by itself
+            log.exception("run %r could not release the lease of %s", run_id, ctx.table.source)
         raise
 
 
@@ -69,20 +76,29 @@ def sweep_leftovers(ctx: Context, sink, keep_attempt: str) -> dict[str, int]:
     """
     store = ctx.runtime.store()
     table = ctx.table.source
-    attempts: set[tuple[int, str]] = set()
+    keys: dict[tuple[int, str], list[str]] = {}
     for info in store.list(table_prefix(table)):
         found = attempt_of_key(table, info.key)
         if found is not None and found[1] != keep_attempt:
-            attempts.add(found)
+            keys.setdefault(found, []).append(info.key)
+    attempts = set(keys)
     removed = staged = 0
     for snapshot_id, attempt in sorted(attempts):
+        paths = SnapshotPaths(table, snapshot_id, attempt)
+        if paths.commit_pending in keys[(snapshot_id, attempt)] and _commit_may_land(store, paths):
+            log.warning(
+                "%s: keeping %s: its sink commit started recently and its outcome is unknown",
+                table,
+                paths.prefix,
+            )
+            continue
         staged += len(
             delete_uncommitted_staged(
                 sink, snapshot_id, properties=ctx.runtime.io_properties, attempt=attempt
             )
         )
         if not ctx.config.shuffle.retain_files:
-            removed += store.delete_prefix(SnapshotPaths(table, snapshot_id, attempt).prefix)
+            removed += store.delete_prefix(paths.prefix)
     if removed or staged:
         log.warning(
             "%s: swept leftovers of earlier runs: %d shuffle objects in %d namespace(s), %d uncommitted "
@@ -93,6 +109,21 @@ def sweep_leftovers(ctx: Context, sink, keep_attempt: str) -> dict[str, int]:
             staged,
         )
     return {"namespaces": len(attempts), "shuffle_objects": removed, "staged_files": staged}
+
+
+def _commit_may_land(store, paths: SnapshotPaths) -> bool:
+    """Whether a dead attempt's sink commit, begun at its ``commit-pending`` marker, might still land.
+
+    A catalog commit finishes within seconds of its start or not at all, but the
+    run that began it may be a zombie past its lease; within two TTLs plus ten
+    minutes of the marker its staged files are kept (a late commit references
+    them), after that they are swept like any other leftovers.
+    """
+    try:
+        written_at = float(json.loads(store.get(paths.commit_pending)).get("written_at", 0))
+    except (CdcError, ValueError, TypeError):
+        return False
+    return time.time() - written_at < 2 * run_lease.lease_ttl_seconds() + COMMIT_GRACE_SECONDS
 
 
 def _detect(ctx: Context, run_id: str, snapshot_id: int | None, held: LeaseInfo) -> dict[str, Any]:

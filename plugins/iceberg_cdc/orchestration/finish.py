@@ -55,40 +55,48 @@ def watermark(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
 
 
 def cleanup(ctx: Context, detected: dict[str, Any] | None, run_id: str) -> dict[str, Any]:
-    """Delete the run's shuffle namespace and its uncommitted staged files; release its lease."""
+    """Release the run's lease, then delete its shuffle namespace and its uncommitted staged files.
+
+    The lease goes first: a zombie commit of this run that has not yet put its
+    ``commit-pending`` marker then fails its lease check, and one that has is
+    seen here, so its staged files stay.
+    """
     removed = 0
     kept_staged = False
     epoch = int(detected["epoch"]) if detected and detected.get("epoch") is not None else None
-    try:
-        if detected and detected.get("snapshot_id") is not None and epoch is not None:
-            paths = attempt_paths(detected)
-            store = ctx.runtime.store()
-            kept_staged = bool(store.list(paths.commit_pending))
-            if kept_staged:
-                log.warning(
-                    "the sink commit of snapshot %s had an unknown outcome: its staged files are kept "
-                    "(a late commit references them); the next run's sweep removes them if unused",
-                    detected["snapshot_id"],
-                )
-            else:
-                # Staged files first: if cleanup stops half way, the namespace left behind leads
-                # the next run's sweep back to them.
-                sink = ctx.catalog().load_table(ctx.table.sink)
-                delete_uncommitted_staged(
-                    sink, detected["snapshot_id"], properties=ctx.runtime.io_properties, attempt=paths.attempt
-                )
-            if ctx.config.shuffle.retain_files:
-                log.info("retain_files is set: keeping %s", store.describe(paths.prefix))
-            elif kept_staged:
-                # Keep only the marker: it leads the next sweep to the staged files.
-                removed = sum(
-                    store.delete_prefix(info.key)
-                    for info in store.list(paths.prefix)
-                    if info.key != paths.commit_pending
-                )
-            else:
-                removed = store.delete_prefix(paths.prefix)
-    finally:
-        released = run_lease.give_back(ctx, run_id, epoch) if epoch is not None else False
+    released = False
+    if epoch is not None:
+        try:
+            released = run_lease.give_back(ctx, run_id, epoch)
+        except Exception:  # the lease then expires by itself; the deletions below still help
+            log.exception("run %r could not release the lease of %s", run_id, ctx.table.source)
+    if detected and detected.get("snapshot_id") is not None and epoch is not None:
+        paths = attempt_paths(detected)
+        store = ctx.runtime.store()
+        kept_staged = bool(store.list(paths.commit_pending))
+        if kept_staged:
+            log.warning(
+                "the sink commit of snapshot %s had an unknown outcome: its staged files are kept "
+                "(a late commit references them); a later run's sweep removes them if unused",
+                detected["snapshot_id"],
+            )
+        else:
+            # Staged files first: if cleanup stops half way, the namespace left behind leads
+            # the next run's sweep back to them.
+            sink = ctx.catalog().load_table(ctx.table.sink)
+            delete_uncommitted_staged(
+                sink, detected["snapshot_id"], properties=ctx.runtime.io_properties, attempt=paths.attempt
+            )
+        if ctx.config.shuffle.retain_files:
+            log.info("retain_files is set: keeping %s", store.describe(paths.prefix))
+        elif kept_staged:
+            # Keep only the marker: it leads a later sweep to the staged files.
+            removed = sum(
+                store.delete_prefix(info.key)
+                for info in store.list(paths.prefix)
+                if info.key != paths.commit_pending
+            )
+        else:
+            removed = store.delete_prefix(paths.prefix)
     log.info("cleanup: %d shuffle objects deleted; lease %s", removed, "released" if released else "not held")
     return {"shuffle_objects_deleted": removed, "lease_released": bool(released), "staged_kept": kept_staged}

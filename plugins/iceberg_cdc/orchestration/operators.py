@@ -20,7 +20,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from iceberg_cdc.config import CdcConfig, load_config
-from iceberg_cdc.errors import CdcError, ConfigError
+from iceberg_cdc.errors import FINAL_ERRORS, CdcError, ConfigError
 from iceberg_cdc.orchestration.pyfiles import package_zip
 from iceberg_cdc.orchestration.submit_conf import submit_conf
 from iceberg_cdc.orchestration.task_policy import final_errors
@@ -136,16 +136,7 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
             ) from exc
 
 
-_FINAL_NAMES = (
-    "LeaseLostError",
-    "ConservationError",
-    "CorruptShuffleError",
-    "ConfigError",
-    "SourceHistoryError",
-    "AmbiguousUpdateError",
-    "SinkSchemaError",
-    "UnsupportedSnapshotError",
-)
+_FINAL_NAMES = tuple(error.__name__ for error in FINAL_ERRORS)
 
 
 def _group_error(application_args: list[str]) -> str | None:

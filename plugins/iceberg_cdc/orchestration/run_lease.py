@@ -21,13 +21,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
+from iceberg_cdc.coordination.lease import HolderState, LeaseInfo, probe_conditional_writes
 from iceberg_cdc.orchestration.context import Context
 
 log = logging.getLogger("iceberg_cdc")
 
 LEASE_TTL_ENV = "CDC_LEASE_TTL_SECONDS"
 DEFAULT_LEASE_TTL_SECONDS = 300.0
+_PROBED: set[str] = set()  # stores whose conditional writes were checked in this process
 
 
 def lease_ttl_seconds() -> float:
@@ -52,8 +53,16 @@ def take(
     try_number: int | None = None,
     holder_state: Callable[[LeaseInfo], HolderState] | None = None,
 ) -> LeaseInfo:
-    """Take the table's lease for this run with a new epoch (detect)."""
-    return ctx.lease().acquire(
+    """Take the table's lease for this run with a new epoch (detect).
+
+    The first time in a process, the store is probed: an S3-compatible store
+    that ignores conditional requests would let two runs hold one table.
+    """
+    lease = ctx.lease()
+    if lease.store.uri not in _PROBED:
+        probe_conditional_writes(lease.store)
+        _PROBED.add(lease.store.uri)
+    return lease.acquire(
         run_id, lease_ttl_seconds(), dag_id=dag_id, try_number=try_number, holder_state=holder_state
     )
 

@@ -15,17 +15,9 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowFailException
 
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
-from iceberg_cdc.errors import (
-    ConfigError,
-    ConservationError,
-    CorruptShuffleError,
-    LeaseLostError,
-    SourceHistoryError,
-)
+from iceberg_cdc.errors import FINAL_ERRORS
 
 TASK_RETRIES_ENV = "CDC_TASK_RETRIES"  # retries of every task (default 2)
-# Errors that a retry of the same task cannot fix: the run must stop (the next run starts afresh).
-_FINAL_ERRORS = (LeaseLostError, ConservationError, CorruptShuffleError, ConfigError, SourceHistoryError)
 
 
 def task_retries() -> int:
@@ -38,7 +30,7 @@ def final_errors() -> Iterator[None]:
     """Turn errors no retry can fix into AirflowFailException (no retries), message first."""
     try:
         yield
-    except _FINAL_ERRORS as exc:
+    except FINAL_ERRORS as exc:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
 

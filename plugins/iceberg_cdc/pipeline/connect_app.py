@@ -139,6 +139,14 @@ def unit_error(info: dict[str, Any]) -> Exception:
     return ConnectJobError(f"{info['type']}: {info['message']}")
 
 
+_URL_PARAMETER = re.compile(r"(token|user_id)\s*=\s*[^;\s'\"]+", re.IGNORECASE)
+
+
+def _without_url_secrets(text: str) -> str:
+    """``text`` with Spark Connect URL parameter values (a token) blanked: pyspark quotes them in errors."""
+    return _URL_PARAMETER.sub(lambda m: f"{m.group(1)}=***", text)
+
+
 def job_error(exc: BaseException, phase: str, group: int, url: str) -> Exception:
     """What a failed Connect job means, message first: the unit's error, else the job's in one line."""
     info = unit_failure(exc)
@@ -147,6 +155,7 @@ def job_error(exc: BaseException, phase: str, group: int, url: str) -> Exception
     text = str(exc).strip()
     lines = _ERROR_LINE.findall(text)
     summary = f"{lines[-1][0]}: {lines[-1][1]}" if lines else (text.splitlines() or [type(exc).__name__])[0]
+    summary = _without_url_secrets(summary)
     return ConnectJobError(
         f"{phase} group {group + 1} failed on the Spark Connect server {describe(url)}: {summary}"
     )
@@ -335,8 +344,10 @@ def run_group(
         try:
             spark = session(url, package_zip(), package_digest())
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise ConnectJobError(f"cannot open a Spark Connect session on {describe(url)}: {first}") from exc
+            first = _without_url_secrets((str(exc).strip().splitlines() or [type(exc).__name__])[0])
+            raise ConnectJobError(
+                f"cannot open a Spark Connect session on {describe(url)}: {first}"
+            ) from None
         log.info("Spark Connect session on %s", describe(url))
         return ConnectUnitRunner(spark, url, group)
 

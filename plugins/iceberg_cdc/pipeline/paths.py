@@ -22,8 +22,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from iceberg_cdc.shuffle.layout import INDEX_SUFFIX
-
 _ATTEMPT_KEY = re.compile(r"^snapshot-(-?\d+)/(epoch-\d+)/")
 
 
@@ -108,9 +106,3 @@ class SnapshotPaths:
 
     def stats(self, phase: str) -> str:
         return self.prefix + f"stats/{phase}.json"
-
-    def task_of_index_key(self, key: str) -> str | None:
-        """The write task id of a map output index key, or None for other keys."""
-        if key.startswith(self.map_prefix) and key.endswith(INDEX_SUFFIX):
-            return key[len(self.map_prefix) : -len(INDEX_SUFFIX)]
-        return None

@@ -150,7 +150,10 @@ def run_phase_group(
         heartbeat.check()
     except Exception as exc:
         if phase == "write":
-            mark_failed_writes(store, plan, list(units), heartbeat.lost or exc)
+            try:
+                mark_failed_writes(store, plan, list(units), heartbeat.lost or exc)
+            except Exception:  # the unit's own error (raised below) matters more than the markers
+                log.exception("could not leave failure markers for the write group")
         with contextlib.suppress(Exception):  # the error itself matters more than its record
             log.error("%s", record_group_error(store, plan, phase, group, heartbeat.lost or exc))
         if heartbeat.lost is not None and exc is not heartbeat.lost:

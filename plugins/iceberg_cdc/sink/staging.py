@@ -113,8 +113,16 @@ def write_staged_file(
         finally:
             writer.close()
         size = stream.tell()
-    finally:
-        stream.close()
+    except BaseException:
+        # A failed write publishes nothing where the stream can abort (the retrying FileIO's
+        # spooled upload); elsewhere the partial file stays unreferenced and cleanup removes it.
+        abort = getattr(stream, "abort", None)
+        if callable(abort):
+            abort()
+        else:
+            stream.close()
+        raise
+    stream.close()
     return StagedFile(path=path, record_count=records, file_size=size)
 
 
