@@ -40,14 +40,14 @@ from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.sink.commit import advance_watermark, commit_changes
 from iceberg_cdc.sink.datafiles import data_files_from_parquet
 from iceberg_cdc.sink.table import INITIAL_LOAD_KEY
-from iceberg_cdc.storage import ObjectStore
+from iceberg_cdc.storage import ObjectStore, get_json_many
 
 log = logging.getLogger("iceberg_cdc")
 
 
 def _staged_records(store: ObjectStore, paths: SnapshotPaths) -> list[dict[str, Any]]:
-    keys = [info.key for info in store.list(paths.staged_prefix) if info.key.endswith(".json")]
-    return [json.loads(store.get(key)) for key in sorted(keys)]
+    keys = sorted(info.key for info in store.list(paths.staged_prefix) if info.key.endswith(".json"))
+    return get_json_many(store, keys)
 
 
 def _own_plan(store: ObjectStore, detected: dict[str, Any]) -> SnapshotPlan:

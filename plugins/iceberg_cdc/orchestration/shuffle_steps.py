@@ -27,7 +27,7 @@ from iceberg_cdc.shuffle.coalesce import coalesce as plan_ranges
 from iceberg_cdc.shuffle.fetch import MapOutputSpan
 from iceberg_cdc.shuffle.layout import data_key
 from iceberg_cdc.shuffle.reader import read_index
-from iceberg_cdc.storage import ObjectStore
+from iceberg_cdc.storage import ObjectStore, get_json_many
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -60,13 +60,12 @@ def missing_map_outputs(ctx: Context, detected: dict[str, Any]) -> tuple[list[st
 def written_records(store: ObjectStore, plan: SnapshotPlan) -> dict[str, dict[str, Any]]:
     """Task id -> the row record its write task left, for every record of this attempt."""
     paths = plan.paths
-    keys = [info.key for info in store.list(paths.written_prefix)]
-    records: dict[str, dict[str, Any]] = {}
-    for key in keys:
-        task = paths.task_of_written_key(key)
-        if task is not None:
-            records[task] = json.loads(store.get(key))
-    return records
+    tasks = {
+        key: task
+        for key in (info.key for info in store.list(paths.written_prefix))
+        if (task := paths.task_of_written_key(key)) is not None
+    }
+    return dict(zip(tasks.values(), get_json_many(store, list(tasks)), strict=True))
 
 
 def _span_rows(record: dict[str, Any], start: int, end: int, name: str, partitions: int) -> int:

@@ -233,7 +233,7 @@ def run_insert_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[
             )
             for batch in batches:
                 inserts = pa.Table.from_batches([batch]).append_column(
-                    change_type, pa.array(["INSERT"] * batch.num_rows, pa.string())
+                    change_type, pa.repeat(pa.scalar("INSERT", pa.string()), batch.num_rows)
                 )
                 yield from to_sink_arrow(inserts, sink_schema, plan.ordinal, plan.snapshot_id).to_batches()
 

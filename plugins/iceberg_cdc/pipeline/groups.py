@@ -16,7 +16,7 @@ from iceberg_cdc.pipeline import executor_tasks
 from iceberg_cdc.pipeline.paths import SnapshotPaths
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import Runtime
-from iceberg_cdc.storage import ObjectStore
+from iceberg_cdc.storage import ObjectStore, get_json_many
 
 UnitFunction = Callable[[SnapshotPlan, Runtime, Any], dict[str, Any]]
 
@@ -63,7 +63,6 @@ def record_phase(
 def phase_seconds(store: ObjectStore, paths: SnapshotPaths) -> dict[str, float]:
     """Seconds per phase of one attempt, from every stats record (groups of a phase add up)."""
     seconds: dict[str, float] = {}
-    for info in store.list(paths.prefix + "stats/"):
-        document = json.loads(store.get(info.key))
+    for document in get_json_many(store, [info.key for info in store.list(paths.prefix + "stats/")]):
         seconds[document["phase"]] = seconds.get(document["phase"], 0.0) + float(document.get("seconds", 0))
     return {k: round(v, 2) for k, v in seconds.items()}

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from iceberg_cdc.coordination.lease import TableLease
 from iceberg_cdc.errors import CdcError, LeaseLostError, ObjectNotFoundError
-from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name
+from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_key
 from iceberg_cdc.source.planning import WriteTask
 from iceberg_cdc.storage.base import ObjectStore
 
@@ -148,10 +148,11 @@ class SnapshotPlan:
 
 def _plan_gone(store: ObjectStore, key: str) -> CdcError:
     """Why a plan is missing: swept by a run that took the table over (LeaseLostError), or otherwise."""
-    table, _, rest = key.partition("/snapshot-")
-    holder = TableLease(store, table).current() if table and rest else None
-    epoch = rest.split("/")[1] if rest.count("/") >= 2 else ""
-    if holder is not None and epoch.startswith("epoch-") and epoch != f"epoch-{holder.epoch}":
+    table = key.partition("/snapshot-")[0]
+    found = attempt_of_key(table, key)
+    holder = TableLease(store, table).current() if found is not None else None
+    epoch = found[1] if found is not None else ""
+    if holder is not None and epoch != attempt_name(holder.epoch):
         return LeaseLostError(
             f"the plan {store.describe(key)} is gone: the run that made it ({epoch}) lost the lease of "
             f"{table}, and {holder.holder()} has taken the table over and swept that run's objects. This "

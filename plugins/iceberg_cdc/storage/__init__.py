@@ -7,10 +7,10 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from iceberg_cdc.storage.base import ObjectInfo, ObjectStore, ObjectWriter
+from iceberg_cdc.storage.base import ObjectInfo, ObjectStore, ObjectWriter, get_json_many
 from iceberg_cdc.storage.local import LocalObjectStore
 
-__all__ = ["ObjectInfo", "ObjectStore", "ObjectWriter", "LocalObjectStore", "open_store"]
+__all__ = ["ObjectInfo", "ObjectStore", "ObjectWriter", "LocalObjectStore", "get_json_many", "open_store"]
 
 
 _S3_CLIENTS: dict[tuple[int, tuple[tuple[str, str], ...]], Any] = {}

@@ -355,11 +355,22 @@ class S3ObjectStore(ObjectStore):
 
     def _unreachable(self, exc: Exception, key: str, method: Any, rounds: int = 1) -> TransientStorageError:
         """A connection-level failure that outlasted the retries."""
+        return self._transient(
+            key,
+            method,
+            rounds,
+            "failed after {attempts} attempts ({exc}); check that the endpoint is reachable and healthy",
+            exc=exc,
+        )
+
+    def _transient(
+        self, key: str, method: Any, rounds: int, what: str, **values: Any
+    ) -> TransientStorageError:
+        """Retries ran out on a transient failure: name the object, the operation and the attempts."""
         operation = getattr(method, "__name__", "request")
         attempts = self._attempts() * rounds
         return TransientStorageError(
-            f"{self.describe(key)}: S3 {operation} failed after {attempts} attempts ({exc}); check that "
-            f"the endpoint is reachable and healthy. {_RETRY_SAFE}",
+            f"{self.describe(key)}: S3 {operation} {what.format(attempts=attempts, **values)}. {_RETRY_SAFE}",
             retry_safe=True,
             location=self.describe(key),
             operation=operation,
@@ -373,15 +384,13 @@ class S3ObjectStore(ObjectStore):
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         where = self.describe(key)
         if code in _TRANSIENT_CODES or (isinstance(status, int) and (status >= 500 or status == 429)):
-            operation = getattr(method, "__name__", "request")
-            attempts = self._attempts() * rounds
-            return TransientStorageError(
-                f"{where}: S3 kept answering {code or status} to {operation} for {attempts} attempts; "
-                f"check the endpoint's health (or raise its request rate limit). {_RETRY_SAFE}",
-                retry_safe=True,
-                location=where,
-                operation=operation,
-                attempts=attempts,
+            return self._transient(
+                key,
+                method,
+                rounds,
+                "kept answering {answer} for {attempts} attempts; check the endpoint's "
+                "health (or raise its request rate limit)",
+                answer=code or status,
             )
         if code in ("NoSuchKey", "404", "NotFound"):
             return ObjectNotFoundError(f"{where} does not exist")
