@@ -56,11 +56,11 @@ from iceberg_cdc.sink.table import (
 from iceberg_cdc.watermark import Watermark
 from tests.support.auth_s3 import auth_s3_server
 from tests.support.iceberg_tables import (
+    add_deletion_vector,
     add_equality_deletes,
     add_position_deletes,
     cow_rewrite,
     live_files,
-    replace_files,
 )
 from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
 from tests.support.oracle import expected_changes, row_key
@@ -180,18 +180,30 @@ def test_identifier_column_that_does_not_exist(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["position", "equality"])
-def test_delete_files_fail_until_the_change_is_redone_copy_on_write(tmp_path, kind):
+def test_merge_on_read_deletes_are_captured(tmp_path, kind):
+    pipeline = InlinePipeline(tmp_path)
+    started(pipeline)
+    source = pipeline.source
+    if kind == "position":
+        deleted, _ = add_position_deletes(source, live_files(source)[0].file_path, [0, 3])
+    else:
+        deleted, _ = add_equality_deletes(source, [0, 3, 999])  # 999: a key the table never had
+    assert [r.snapshot_id for r in pipeline.catch_up()] == [deleted]
+    assert processed_once(pipeline, deleted) == Counter({"DELETE": 2})
+    removed = changes_of(pipeline.sink, deleted)
+    assert sorted(removed.column("id").to_pylist()) == [0, 3]
+    assert set(removed.column("status").to_pylist()) == {"new"}  # full row images
+
+
+def test_deletion_vectors_fail_until_the_change_is_redone(tmp_path):
     pipeline = InlinePipeline(tmp_path)
     first = started(pipeline)
     source = pipeline.source
-    if kind == "position":
-        bad, delete_path = add_position_deletes(source, live_files(source)[0].file_path, [0, 3])
-    else:
-        bad, delete_path = add_equality_deletes(source, [0, 3])
+    bad, dv_path = add_deletion_vector(source, live_files(source)[0])
     message = fails_cleanly(pipeline, UnsupportedSnapshotError)
-    assert str(bad) in message and delete_path in message
-    assert "copy-on-write" in message and f"rollback_to_snapshot({first})" in message
-    # The way out the message gives: roll back, and make the same change copy-on-write.
+    assert str(bad) in message and dv_path in message and "deletion vector" in message
+    assert f"rollback_to_snapshot({first})" in message and "compact" in message
+    # The way out the message gives: roll back, and make the same change again.
     pipeline.source.manage_snapshots().rollback_to_snapshot(first).commit()
     redo = cow_merge(pipeline.source, delete_keys=[0, 3])
     assert [r.snapshot_id for r in pipeline.catch_up()] == [redo]
@@ -199,21 +211,16 @@ def test_delete_files_fail_until_the_change_is_redone_copy_on_write(tmp_path, ki
     assert not commits_of(pipeline, bad)
 
 
-def test_initial_load_over_live_delete_files_needs_a_compaction(tmp_path):
+def test_initial_load_over_live_delete_files_loads_the_live_rows(tmp_path):
     pipeline = InlinePipeline(tmp_path, table={"start": "latest"})
     source = pipeline.create_source(SCHEMA)
     source.append(rows(range(10)))
-    _, delete_path = add_position_deletes(source, live_files(source)[0].file_path, [1])
-    message = fails_cleanly(pipeline, UnsupportedSnapshotError)
-    assert delete_path in message and "compact" in message
-    # Compaction: the same live rows in a new file; the old position delete no longer applies.
-    source = pipeline.source
-    compacted = replace_files(source, live_files(source), source.scan().to_arrow())
-    assert [r.snapshot_id for r in pipeline.catch_up()] == [compacted]
-    sink_rows = changes_of(pipeline.sink, compacted)
+    loaded, _ = add_position_deletes(source, live_files(source)[0].file_path, [1])
+    assert [r.snapshot_id for r in pipeline.catch_up()] == [loaded]
+    sink_rows = changes_of(pipeline.sink, loaded)
     assert sorted(sink_rows.column("id").to_pylist()) == [i for i in range(10) if i != 1]
     assert set(sink_rows.column("_change_type").to_pylist()) == {"INSERT"}
-    assert len(commits_of(pipeline, compacted)) == 1 and pipeline.run().action == "caught_up"
+    assert len(commits_of(pipeline, loaded)) == 1 and pipeline.run().action == "caught_up"
 
 
 # -- 3. expired snapshots ---------------------------------------------------------------------------

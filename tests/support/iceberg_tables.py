@@ -8,8 +8,10 @@ manifests are exactly what pyiceberg writes:
 * :func:`cow_rewrite` — one copy-on-write snapshot that removes files and adds
   rewritten ones (what Spark's MERGE / UPDATE / DELETE commit);
 * :func:`replace_files` — a compaction (operation ``replace``);
-* :func:`add_position_deletes` — a merge-on-read position delete file in a
-  delete manifest (what Spark commits with ``write.delete.mode=merge-on-read``).
+* :func:`add_position_deletes` / :func:`add_equality_deletes` — merge-on-read
+  delete files (what Spark commits with ``write.delete.mode=merge-on-read``,
+  and Flink upserts), through :mod:`iceberg_cdc.devtools.mor`;
+* :func:`add_deletion_vector` — a format-v3 deletion vector entry (refused).
 """
 
 from __future__ import annotations
@@ -18,24 +20,19 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
     FileFormat,
-    ManifestContent,
-    ManifestEntry,
-    ManifestEntryStatus,
-    ManifestFile,
-    ManifestWriterV2,
 )
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Summary
-from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
-from pyiceberg.typedef import EMPTY_DICT, Record
+from pyiceberg.table.update.snapshot import _OverwriteFiles
+from pyiceberg.typedef import EMPTY_DICT
 
+from iceberg_cdc.devtools import mor
 from iceberg_cdc.devtools.cow import rewrite_files
 
 NAMESPACE = "db"
@@ -112,89 +109,36 @@ def replace_files(table: Table, remove: list[DataFile], add: pa.Table) -> int:
     return current_id(table)
 
 
-class _DeleteManifestWriter(ManifestWriterV2):
-    """pyiceberg's v2 manifest writer, writing a delete manifest (content = deletes)."""
-
-    def content(self) -> ManifestContent:
-        return ManifestContent.DELETES
-
-    @property
-    def _meta(self) -> dict[str, str]:
-        return {**super()._meta, "content": "deletes"}
-
-
-class _AddDeleteFiles(_FastAppendFiles):
-    """A fast append that also adds delete files in a delete manifest."""
-
-    def __init__(self, delete_files: list[DataFile], **kwargs) -> None:
-        super().__init__(**kwargs)
-        self._delete_files = delete_files
-
-    def _manifests(self) -> list[ManifestFile]:
-        manifests = super()._manifests()
-        metadata = self._transaction.table_metadata
-        writer = _DeleteManifestWriter(
-            metadata.spec(),
-            metadata.schema(),
-            self.new_manifest_output(),
-            self._snapshot_id,
-            self._compression,
-        )
-        with writer:
-            for delete_file in self._delete_files:
-                writer.add(
-                    ManifestEntry.from_args(
-                        status=ManifestEntryStatus.ADDED,
-                        snapshot_id=self._snapshot_id,
-                        sequence_number=None,
-                        file_sequence_number=None,
-                        data_file=delete_file,
-                    )
-                )
-        return [*manifests, writer.to_manifest_file()]
-
-
-def _commit_delete_file(
-    table: Table, prefix: str, rows: pa.Table, content: DataFileContent, **extra
-) -> tuple[int, str]:
-    """Write ``rows`` as one delete file and commit it in a delete manifest. Returns (snapshot id, path)."""
-    path = f"{table.location()}/data/{prefix}-{uuid.uuid4().hex}.parquet"
-    local = path.removeprefix("file://")
-    pq.write_table(rows, local)
-    delete_file = DataFile.from_args(
-        content=content,
-        file_path=path,
-        file_format=FileFormat.PARQUET,
-        partition=Record(),
-        record_count=rows.num_rows,
-        file_size_in_bytes=Path(local).stat().st_size,
-        **extra,
-    )
-    delete_file.spec_id = table.metadata.default_spec_id
-    with table.transaction() as tx:
-        producer = _AddDeleteFiles([delete_file], operation=Operation.DELETE, transaction=tx, io=table.io)
-        with producer:
-            pass
-    return current_id(table), path
-
-
 def add_position_deletes(table: Table, data_file_path: str, positions: list[int]) -> tuple[int, str]:
     """A merge-on-read DELETE: one position delete file for ``data_file_path``. Returns (snapshot id, path)."""
-    deletes = pa.table(
-        {
-            "file_path": pa.array([data_file_path] * len(positions), pa.string()),
-            "pos": pa.array(positions, pa.int64()),
-        }
-    )
-    return _commit_delete_file(table, "pos-deletes", deletes, DataFileContent.POSITION_DELETES)
+    (data_file,) = [f for f in live_files(table) if f.file_path == data_file_path]
+    delete_file = mor.position_delete_file(table, data_file, positions)
+    return mor.commit_row_delta(table, add=[delete_file], operation=Operation.DELETE), delete_file.file_path
 
 
 def add_equality_deletes(table: Table, ids: list[int], column: str = "id") -> tuple[int, str]:
     """A merge-on-read DELETE by key: one equality delete file on ``column``, as Flink or Spark write it."""
-    return _commit_delete_file(
-        table,
-        "eq-deletes",
-        pa.table({column: pa.array(ids, pa.int64())}),
-        DataFileContent.EQUALITY_DELETES,
-        equality_ids=[table.schema().find_field(column).field_id],
+    keys = pa.table({column: pa.array(ids, pa.int64())})
+    delete_file = mor.equality_delete_file(table, keys)
+    return mor.commit_row_delta(table, add=[delete_file], operation=Operation.DELETE), delete_file.file_path
+
+
+def add_deletion_vector(table: Table, data_file: DataFile) -> tuple[int, str]:
+    """A format-v3 deletion vector entry (Puffin) for ``data_file``: what the pipeline cannot read yet.
+
+    Only the manifest entry matters to the pipeline's planning, which refuses
+    it before any Puffin bytes are read; the file holds a placeholder.
+    """
+    path = f"{table.location()}/data/dv-{uuid.uuid4().hex}.puffin"
+    with table.io.new_output(path).create() as stream:
+        stream.write(b"PFA1")
+    delete_file = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=path,
+        file_format=FileFormat.PUFFIN,
+        partition=data_file.partition,
+        record_count=1,
+        file_size_in_bytes=4,
     )
+    delete_file.spec_id = data_file.spec_id
+    return mor.commit_row_delta(table, add=[delete_file], operation=Operation.DELETE), path

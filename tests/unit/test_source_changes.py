@@ -26,9 +26,12 @@ from iceberg_cdc.source.changes import (
     require_supported,
     snapshot_changes,
 )
+from iceberg_cdc.source.deletes import DeleteFileRef
 from iceberg_cdc.source.reading import read_data_file
 from iceberg_cdc.source.tables import load_source_table, resolve_identifier_columns
 from tests.support.iceberg_tables import (
+    add_deletion_vector,
+    add_equality_deletes,
     add_position_deletes,
     cow_rewrite,
     create_table,
@@ -193,7 +196,7 @@ def test_replace_snapshot_is_skipped_and_supported(catalog):
     require_supported(changes)
 
 
-def test_position_delete_file_is_rejected_with_the_fix(catalog):
+def test_position_delete_of_a_kept_file_requires_the_new_delete(catalog):
     table = create_table(catalog, "t")
     table.append(orders([1, 2, 3]))
     (data_file,) = live_files(table)
@@ -202,30 +205,44 @@ def test_position_delete_file_is_rejected_with_the_fix(catalog):
 
     changes = snapshot_changes(table, snapshot_id)
     assert changes.delete_files == (delete_path,)
-    assert changes.kind == "with_deletes"
-    with pytest.raises(UnsupportedSnapshotError) as raised:
-        require_supported(changes)
-    message = str(raised.value)
-    assert str(snapshot_id) in message and delete_path in message
-    assert "1 delete file" in message and "copy-on-write" in message
+    assert changes.kind == "with_deletes" and changes.added == ()
+    (kept,) = changes.deleted
+    assert (kept.path, kept.deletes, kept.require) == (data_file.file_path, (), (delete_path,))
+    assert set(changes.delete_refs) == {delete_path}
+    assert changes.delete_refs[delete_path].kind == "position"
+    require_supported(changes)
 
 
-def test_rewriting_a_file_that_has_live_deletes_is_rejected_until_compaction(catalog):
+def test_rewriting_a_file_that_has_live_deletes_applies_them_until_compaction(catalog):
     table = create_table(catalog, "t")
     table.append(orders([1, 2, 3]))
     (data_file,) = live_files(table)
     _, delete_path = add_position_deletes(table, data_file.file_path, [1])
 
     rewrite = snapshot_changes(table, cow_rewrite(table, [data_file], orders([1, 3], note="v2")))
-    assert rewrite.inherited_delete_files == (delete_path,)
-    with pytest.raises(UnsupportedSnapshotError, match="already deleted"):
-        require_supported(rewrite)
+    (removed,) = rewrite.deleted
+    assert removed.deletes == (delete_path,) and removed.require == ()
+    assert all(ref.deletes == () for ref in rewrite.added)  # the delete names the old file only
 
     # Compaction writes new files (newer sequence number): the old delete file no longer applies.
     replace_files(table, live_files(table), orders([1, 3], note="v2"))
     after = snapshot_changes(table, cow_rewrite(table, live_files(table), orders([1], note="v3")))
-    assert after.inherited_delete_files == ()
-    require_supported(after)
+    assert all(ref.deletes == () for ref in after.deleted) and after.delete_refs == {}
+
+
+def test_equality_deletes_apply_to_older_rows_only(catalog):
+    table = create_table(catalog, "t")
+    table.append(orders([1, 2, 3]))
+    (old,) = live_files(table)
+    snapshot_id, delete_path = add_equality_deletes(table, [2])
+    changes = snapshot_changes(table, snapshot_id)
+    (kept,) = changes.deleted
+    assert kept.path == old.file_path and kept.require == (delete_path,)
+    assert changes.delete_refs[delete_path].kind == "equality"
+    # A file appended after the delete has a higher sequence number: the delete never applies to it.
+    table.append(orders([2]))
+    newer = snapshot_changes(table, current_id(table))
+    assert newer.kind == "insert_only" and newer.added[0].deletes == ()
 
 
 def test_initial_load_lists_every_live_file(catalog):
@@ -241,15 +258,25 @@ def test_initial_load_lists_every_live_file(catalog):
     require_supported(changes)
 
 
-def test_initial_load_with_live_delete_files_is_rejected(catalog):
+def test_initial_load_applies_live_delete_files(catalog):
     table = create_table(catalog, "t")
     table.append(orders([1, 2, 3]))
     (data_file,) = live_files(table)
     snapshot_id, delete_path = add_position_deletes(table, data_file.file_path, [0])
     changes = initial_load_changes(table, snapshot_id)
-    assert changes.inherited_delete_files == (delete_path,)
-    with pytest.raises(UnsupportedSnapshotError):
+    assert changes.added[0].deletes == (delete_path,)
+    require_supported(changes)
+
+
+def test_deletion_vector_is_rejected_with_the_way_out(catalog):
+    table = create_table(catalog, "t")
+    table.append(orders([1, 2, 3]))
+    snapshot_id, dv_path = add_deletion_vector(table, live_files(table)[0])
+    changes = snapshot_changes(table, snapshot_id)
+    with pytest.raises(UnsupportedSnapshotError) as raised:
         require_supported(changes)
+    message = str(raised.value)
+    assert str(snapshot_id) in message and dv_path in message and "deletion vector" in message
 
 
 def test_expired_snapshot_cannot_be_read(catalog):
@@ -282,16 +309,20 @@ def test_kind_rules():
     assert _changes(added=(ref,)).kind == "insert_only"
     assert _changes(deleted=(ref,)).kind == "with_deletes"
     assert _changes(added=(ref,), deleted=(ref,)).kind == "with_deletes"
-    assert _changes(delete_files=("d.parquet",)).kind == "with_deletes"
+    # Delete files that apply to no data file change no row.
+    assert _changes(delete_files=("d.parquet",)).kind == "empty"
     assert _changes(operation="replace", added=(ref,), deleted=(ref,)).kind == "replace"
-    require_supported(_changes(operation="replace", delete_files=("d.parquet",)))
+    require_supported(_changes(operation="replace", unsupported=("d.puffin is a deletion vector",)))
+    with pytest.raises(UnsupportedSnapshotError, match=r"d\.puffin"):
+        require_supported(_changes(deleted=(ref,), unsupported=("d.puffin is a deletion vector",)))
 
 
 def test_json_round_trip():
     changes = _changes(
-        added=(DataFileRef("s3://b/a.parquet", 10, 2, 0),),
-        deleted=(DataFileRef("s3://b/d.parquet", 20, 4, 1),),
+        added=(DataFileRef("s3://b/a.parquet", 10, 2, 0, deletes=("s3://b/x.parquet",)),),
+        deleted=(DataFileRef("s3://b/d.parquet", 20, 4, 1, require=("s3://b/x.parquet",)),),
         delete_files=("s3://b/x.parquet",),
+        delete_refs={"s3://b/x.parquet": DeleteFileRef("s3://b/x.parquet", "equality", 9, 3, 7, (1, 2))},
         parent_id=None,
     )
     assert SnapshotChanges.from_dict(json.loads(json.dumps(changes.to_dict()))) == changes

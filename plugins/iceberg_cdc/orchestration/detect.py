@@ -221,6 +221,7 @@ def _detect(ctx: Context, run_id: str, snapshot_id: int | None, held: LeaseInfo)
         epoch=held.epoch,
         lease_ttl_seconds=base["lease_ttl"],
         name_mapping_json=table_name_mapping_json(source),
+        delete_files={path: ref.to_dict() for path, ref in sorted(changes.delete_refs.items())},
     )
     plan.save(store, paths.plan)
     phase = plan.phase

@@ -40,14 +40,18 @@ def _where(plan: SnapshotPlan) -> str:
     return f"snapshot {plan.snapshot_id} of {plan.source} (run {plan.run_id!r}, epoch {plan.epoch})"
 
 
-def check_written(plan: SnapshotPlan, task: WriteTask, rows: Mapping[str, int]) -> None:
-    """A write (or insert) task wrote exactly the rows its files hold, per operation."""
+def check_written(
+    plan: SnapshotPlan, task: WriteTask, rows: Mapping[str, int], masked: Mapping[str, int] | None = None
+) -> None:
+    """A write (or insert) task wrote the rows its files hold, per operation, less those deletes masked."""
+    masked = masked or {}
     for op in ("DELETE", "INSERT"):
         expected = sum(f.record_count for f in task.files if f.op == op)
-        got = int(rows.get(op, 0))
-        if got != expected:
+        got, dropped = int(rows.get(op, 0)), int(masked.get(op, 0))
+        if got + dropped != expected:
+            by_deletes = f" (+ {dropped} rows not live by delete files)" if dropped else ""
             raise ConservationError(
-                f"{_where(plan)}: write task {task.task_id} read {got} {op} rows from its "
+                f"{_where(plan)}: write task {task.task_id} read {got} {op} rows{by_deletes} from its "
                 f"{sum(1 for f in task.files if f.op == op)} file(s), but their manifests record "
                 f"{expected} rows. A data file was replaced after it was committed, or the reader "
                 f"dropped rows. {_RETRY}"
@@ -70,6 +74,7 @@ class Conservation:
     """The figures a commit is checked on; they go into the sink snapshot's summary."""
 
     input_rows: int  # rows of the planned files, from the manifests
+    masked_rows: int  # rows of those files that merge-on-read deletes left out (not live, or unchanged)
     shuffled_rows: int  # rows the write tasks wrote to the shuffle (0 on the insert-only path)
     read_rows: int  # rows the read (or insert) tasks read back
     carryover_rows: int
@@ -78,6 +83,7 @@ class Conservation:
     def summary(self) -> dict[str, str]:
         return {
             "cdc.rows.input": str(self.input_rows),
+            "cdc.rows.masked": str(self.masked_rows),
             "cdc.rows.shuffled": str(self.shuffled_rows),
             "cdc.rows.read": str(self.read_rows),
             "cdc.rows.carryover": str(self.carryover_rows),
@@ -126,17 +132,24 @@ def check_snapshot(
     input_rows = plan.input_records
     shuffled = 0
     if plan.kind == "with_deletes":
+        masked = sum(
+            sum(int(v) for v in written.get(t.task_id, {}).get("masked", {}).values())
+            for t in plan.write_tasks
+        )
+    else:
+        masked = sum(int(r["stats"].get("masked_rows", 0)) for r in staged)
+    if plan.kind == "with_deletes":
         missing_written = sorted(t.task_id for t in plan.write_tasks if t.task_id not in written)
         if missing_written:
             raise ConservationError(
                 f"{where}: no row record for map output(s) {missing_written[:5]}. {_RETRY}"
             )
         shuffled = sum(sum(int(v) for v in written[t.task_id]["rows"].values()) for t in plan.write_tasks)
-        if shuffled != input_rows:
+        if shuffled + masked != input_rows:
             raise ConservationError(
-                f"{where}: the write tasks wrote {shuffled} rows to the shuffle, but the snapshot's "
-                f"{sum(len(t.files) for t in plan.write_tasks)} input files hold {input_rows} rows "
-                f"(manifest record counts). {_RETRY}"
+                f"{where}: the write tasks wrote {shuffled} rows to the shuffle (and delete files masked "
+                f"{masked}), but the snapshot's {sum(len(t.files) for t in plan.write_tasks)} input files "
+                f"hold {input_rows} rows (manifest record counts). {_RETRY}"
             )
         planned = sum(int(r["rows"]) for r in ranges or ())
         if planned != shuffled:
@@ -156,9 +169,10 @@ def check_snapshot(
                     f"task staged {f['record_count']}: the file was replaced or is missing. {_RETRY}"
                 )
             changes += rows
-    if read != input_rows or read != carryover + changes:
+    if read + masked != input_rows or read != carryover + changes:
         raise ConservationError(
-            f"{where}: rows do not add up: input files {input_rows}, shuffled {shuffled}, read back "
-            f"{read}, carryover {carryover} + changes staged {changes} = {carryover + changes}. {_RETRY}"
+            f"{where}: rows do not add up: input files {input_rows} (masked by delete files {masked}), "
+            f"shuffled {shuffled}, read back {read}, carryover {carryover} + changes staged {changes} = "
+            f"{carryover + changes}. {_RETRY}"
         )
-    return Conservation(input_rows, shuffled, read, carryover, changes)
+    return Conservation(input_rows, masked, shuffled, read, carryover, changes)

@@ -39,6 +39,8 @@ from iceberg_cdc.shuffle.rows import Op, shuffle_schema
 from iceberg_cdc.shuffle.writer import MapOutputWriter
 from iceberg_cdc.sink.schema import sink_arrow_schema, to_sink_arrow
 from iceberg_cdc.sink.staging import staged_file_path, write_staged_file
+from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
+from iceberg_cdc.source.planning import InputFile
 from iceberg_cdc.source.reading import name_mapping_from_json, output_schema, read_data_file
 
 T = TypeVar("T")
@@ -93,6 +95,38 @@ def _schemas(plan: SnapshotPlan):
     return source, sink
 
 
+class _InputRows:
+    """A task's input files as batches of the rows that count, with merge-on-read deletes applied.
+
+    Rows a delete file says are not live (or, for a kept file, rows no new
+    delete names) are dropped and counted per operation in ``masked``, so
+    conservation still adds up to the manifests' record counts.
+    """
+
+    def __init__(self, plan: SnapshotPlan, io, schema) -> None:
+        self._plan, self._io, self._schema = plan, io, schema
+        self._mapping = name_mapping_from_json(plan.name_mapping_json)
+        self._loader: DeleteLoader | None = None
+        self.masked = {"DELETE": 0, "INSERT": 0}
+
+    def batches(self, file: InputFile) -> Iterator[pa.RecordBatch]:
+        batches = read_data_file(
+            self._io,
+            file.path,
+            self._schema,
+            name_mapping=self._mapping,
+            partition_values=file.partition_values,
+        )
+        if not (file.deletes or file.require):
+            yield from batches
+            return
+        if self._loader is None:
+            self._loader = DeleteLoader(self._io, self._schema, self._plan.delete_refs())
+        live = LiveRows(self._loader, file.path, file.deletes, file.require)
+        yield from live.filter(batches)
+        self.masked[file.op] += live.masked
+
+
 def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[str, Any]:
     """SHUFFLE_WRITE: read the task's files and write its map output."""
     reset_peak_rss()
@@ -110,20 +144,18 @@ def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[s
         ) as writer,
     ):
         reading = _Clock()
-        mapping = name_mapping_from_json(plan.name_mapping_json)
+        inputs = _InputRows(plan, io, source_schema)
         for file in task.files:
-            batches = read_data_file(
-                io, file.path, source_schema, name_mapping=mapping, partition_values=file.partition_values
-            )
-            for batch in reading.timed(batches):
+            for batch in reading.timed(inputs.batches(file)):
                 writer.write(batch, Op[file.op])
         committing = time.perf_counter()
         stats = writer.commit()
-    check_written(plan, task, stats.rows)
+    check_written(plan, task, stats.rows, inputs.masked)
     written = {
         "task_id": task_id,
         "epoch": plan.epoch,
         "rows": stats.rows,
+        "masked": inputs.masked,
         "partition_rows": stats.partition_rows,
         "data_bytes": stats.data_bytes,
     }
@@ -133,6 +165,7 @@ def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[s
     return {
         "task_id": task_id,
         "rows": stats.rows,
+        "masked_rows": sum(inputs.masked.values()),
         "input_bytes": stats.input_bytes,
         "shuffle_bytes": stats.data_bytes,
         "spills": stats.spills,
@@ -223,15 +256,11 @@ def run_insert_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[
     source_schema, sink_schema = _schemas(plan)
     io = runtime.file_io(plan.sink_location)
     change_type = pa.field(CHANGE_TYPE_COLUMN, pa.string(), nullable=False)
-
-    mapping = name_mapping_from_json(plan.name_mapping_json)
+    inputs = _InputRows(plan, io, source_schema)
 
     def sink_batches():
         for file in task.files:
-            batches = read_data_file(
-                io, file.path, source_schema, name_mapping=mapping, partition_values=file.partition_values
-            )
-            for batch in batches:
+            for batch in inputs.batches(file):
                 inserts = pa.Table.from_batches([batch]).append_column(
                     change_type, pa.repeat(pa.scalar("INSERT", pa.string()), batch.num_rows)
                 )
@@ -241,9 +270,10 @@ def run_insert_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[
     staged = write_staged_file(
         io, _staged_path(plan, part), sink_batches(), schema=sink_arrow_schema(sink_schema)
     )
-    check_written(plan, task, {"DELETE": 0, "INSERT": staged.record_count})
+    check_written(plan, task, {"DELETE": 0, "INSERT": staged.record_count}, inputs.masked)
     stats = {**vars(MergeStats(input_rows=staged.record_count, inserts=staged.record_count))}
     stats["rows_read"] = staged.record_count
+    stats["masked_rows"] = sum(inputs.masked.values())
     stats["seconds"] = round(time.perf_counter() - started, 3)
     return _record(plan, runtime, part, staged, stats)
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from iceberg_cdc.coordination.lease import TableLease
 from iceberg_cdc.errors import CdcError, LeaseLostError, ObjectNotFoundError
 from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_key
+from iceberg_cdc.source.deletes import DeleteFileRef
 from iceberg_cdc.source.planning import WriteTask
 from iceberg_cdc.storage.base import ObjectStore
 
@@ -87,6 +88,8 @@ class SnapshotPlan:
     epoch: int = 0  # the run's lease epoch: its fencing token and the namespace of its objects
     lease_ttl_seconds: float = 300.0
     name_mapping_json: str | None = None  # the source's schema.name-mapping.default, for files without ids
+    # Merge-on-read: path -> DeleteFileRef dict of every delete file an input file names.
+    delete_files: dict[str, Any] = field(default_factory=dict)
     version: int = PLAN_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -108,6 +111,9 @@ class SnapshotPlan:
     @property
     def phase(self) -> str:
         return "write" if self.kind == "with_deletes" else "insert"
+
+    def delete_refs(self) -> dict[str, DeleteFileRef]:
+        return {path: DeleteFileRef.from_dict(ref) for path, ref in self.delete_files.items()}
 
     def task(self, task_id: str) -> WriteTask:
         for task in self.write_tasks:

@@ -13,9 +13,17 @@ DELETED-only manifests into the next snapshot's manifest list (measured: the
 second snapshot of ``overwrite()`` lists the first one's delete manifest), so
 keying on the manifest is also what keeps a removal from being counted twice.
 
-Merge-on-read delete files (position / equality deletes, deletion vectors) are
-recorded but not handled: :func:`require_supported` rejects any snapshot that
-needs them, with the fix in the message.
+**Merge-on-read.** When delete files are live in the snapshot or its parent,
+a file's rows are its *live* rows (:mod:`iceberg_cdc.source.deletes`): the
+snapshot removes the live rows (in the parent) of the data files it removes,
+adds the live rows (in the snapshot) of the data files it adds, and for a data
+file kept in both, removes the rows its new delete files delete (and adds back
+rows whose delete file it dropped without rewriting the data, which a valid
+history only does for rows already gone). Each input file carries the delete
+files to apply (``deletes``) and, for a kept file, the ones a row must match
+to count (``require``); executors do the matching. Delete files that cannot be
+read yet (deletion vectors, ORC/Avro deletes) make the snapshot unsupported,
+with the way out in the message (:func:`require_supported`).
 """
 
 from __future__ import annotations
@@ -24,13 +32,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestEntryStatus
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.transforms import IdentityTransform
 
 from iceberg_cdc.errors import SourceHistoryError, UnsupportedSnapshotError
+from iceberg_cdc.source.deletes import DeleteFileRef, DeleteIndex
 from iceberg_cdc.source.reading import partition_value_to_json
 
 PartitionValues = Mapping[int, Any]
@@ -77,6 +86,9 @@ class DataFileRef:
     """One data file a snapshot added or removed: what a write task needs to read it.
 
     ``partition_values``: identity-partition values (:func:`identity_partition_values`).
+    ``deletes``: paths of the delete files whose rows are not live (merge-on-read).
+    ``require``: for a data file the snapshot kept, the delete files a row must
+    match to be part of the change (empty: every live row is).
     """
 
     path: str
@@ -84,9 +96,11 @@ class DataFileRef:
     record_count: int
     spec_id: int
     partition_values: PartitionValues | None = field(default=None, hash=False)
+    deletes: tuple[str, ...] = ()
+    require: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        data = {
+        data: dict[str, Any] = {
             "path": self.path,
             "size": self.size,
             "record_count": self.record_count,
@@ -94,6 +108,10 @@ class DataFileRef:
         }
         if self.partition_values is not None:  # absent when none: older readers and plans stay valid
             data["partition_values"] = partition_values_to_dict(self.partition_values)
+        if self.deletes:
+            data["deletes"] = list(self.deletes)
+        if self.require:
+            data["require"] = list(self.require)
         return data
 
     @classmethod
@@ -104,6 +122,8 @@ class DataFileRef:
             record_count=int(data["record_count"]),
             spec_id=int(data["spec_id"]),
             partition_values=partition_values_from_dict(data.get("partition_values")),
+            deletes=tuple(str(p) for p in data.get("deletes", ())),
+            require=tuple(str(p) for p in data.get("require", ())),
         )
 
 
@@ -111,11 +131,12 @@ class DataFileRef:
 class SnapshotChanges:
     """The files one snapshot added and removed, and how the pipeline must treat it.
 
-    ``delete_files`` are merge-on-read delete files the snapshot added.
-    ``inherited_delete_files`` are live delete files from earlier snapshots that
-    may apply to rows this change reads (the removed data files, or for an
-    initial load the live ones): reading those data files raw would report rows
-    that were already deleted. Both make the snapshot unsupported for now.
+    ``deleted`` and ``added`` list the data files whose live rows the snapshot
+    removed and added; a data file it kept appears there too when delete files
+    changed its live rows (with ``require``). ``delete_files`` are the delete
+    files the snapshot added; ``delete_refs`` every delete file some input
+    applies, by path. ``unsupported`` says why a live delete file cannot be
+    applied (:func:`require_supported` turns it into an error).
     """
 
     snapshot_id: int
@@ -127,20 +148,20 @@ class SnapshotChanges:
     added: tuple[DataFileRef, ...]
     deleted: tuple[DataFileRef, ...]
     delete_files: tuple[str, ...] = ()
-    inherited_delete_files: tuple[str, ...] = ()
+    delete_refs: Mapping[str, DeleteFileRef] = field(default_factory=dict)
+    unsupported: tuple[str, ...] = ()
 
     @property
     def kind(self) -> ChangeKind:
         """How the pipeline handles the snapshot.
 
         ``replace`` (compaction: same rows in new files) is skipped whatever it
-        touched. A snapshot that added delete files counts as ``with_deletes``
-        even without removed data files, so it can never pass as ``empty`` —
-        callers still run :func:`require_supported` first, which rejects it.
+        touched. Delete files that apply to no data file change no row: such a
+        snapshot is ``empty``.
         """
         if self.operation == "replace":
             return "replace"
-        if self.deleted or self.delete_files:
+        if self.deleted:
             return "with_deletes"
         if self.added:
             return "insert_only"
@@ -157,7 +178,8 @@ class SnapshotChanges:
             "added": [f.to_dict() for f in self.added],
             "deleted": [f.to_dict() for f in self.deleted],
             "delete_files": list(self.delete_files),
-            "inherited_delete_files": list(self.inherited_delete_files),
+            "delete_refs": {path: ref.to_dict() for path, ref in sorted(self.delete_refs.items())},
+            "unsupported": list(self.unsupported),
         }
 
     @classmethod
@@ -173,11 +195,19 @@ class SnapshotChanges:
             added=tuple(DataFileRef.from_dict(f) for f in data["added"]),
             deleted=tuple(DataFileRef.from_dict(f) for f in data["deleted"]),
             delete_files=tuple(str(p) for p in data.get("delete_files", ())),
-            inherited_delete_files=tuple(str(p) for p in data.get("inherited_delete_files", ())),
+            delete_refs={
+                str(path): DeleteFileRef.from_dict(ref) for path, ref in data.get("delete_refs", {}).items()
+            },
+            unsupported=tuple(str(r) for r in data.get("unsupported", ())),
         )
 
 
-def _ref(entry: ManifestEntry, specs: Mapping[int, PartitionSpec]) -> DataFileRef:
+def _ref(
+    entry: ManifestEntry,
+    specs: Mapping[int, PartitionSpec],
+    deletes: Iterable[str] = (),
+    require: Iterable[str] = (),
+) -> DataFileRef:
     data_file = entry.data_file
     spec = specs.get(int(data_file.spec_id))
     return DataFileRef(
@@ -186,6 +216,8 @@ def _ref(entry: ManifestEntry, specs: Mapping[int, PartitionSpec]) -> DataFileRe
         record_count=int(data_file.record_count),
         spec_id=int(data_file.spec_id),
         partition_values=None if spec is None else identity_partition_values(spec, data_file),
+        deletes=tuple(sorted(deletes)),
+        require=tuple(sorted(require)),
     )
 
 
@@ -218,49 +250,43 @@ def _header(table: Table, snapshot: Snapshot) -> dict[str, Any]:
     }
 
 
-def _delete_files_applying_to(
-    table: Table, snapshot: Snapshot | None, data_entries: list[ManifestEntry]
-) -> tuple[str, ...]:
-    """Live delete files of ``snapshot`` that may apply to any of ``data_entries``.
+def _live_entries(table: Table, snapshot: Snapshot | None, content: ManifestContent) -> list[ManifestEntry]:
+    """Every live entry (ADDED or EXISTING) of the snapshot's manifests of one content type."""
+    if snapshot is None:
+        return []
+    entries: list[ManifestEntry] = []
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content == content:
+            entries.extend(manifest.fetch_manifest_entry(table.io, discard_deleted=True))
+    return entries
 
-    Conservative and cheap: a position delete (or deletion vector) can apply
-    to a data file only when its data sequence number is >= the data file's,
-    an equality delete only when it is >; a delete naming its one referenced
-    data file applies to that file only. Partitions are not compared, so a
-    dangling delete of another partition can still make a snapshot fail, with
-    the same fix (compaction, which removes or outdates the delete files).
-    """
-    if snapshot is None or not data_entries:
-        return ()
-    manifests = [m for m in snapshot.manifests(table.io) if m.content == ManifestContent.DELETES]
-    if not manifests:
-        return ()
-    min_seq = min(int(e.sequence_number or 0) for e in data_entries)
-    paths = {e.data_file.file_path for e in data_entries}
-    found: set[str] = set()
-    for manifest in manifests:
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            delete_file = entry.data_file
-            seq = int(entry.sequence_number or 0)
-            if delete_file.content == DataFileContent.EQUALITY_DELETES:
-                applies = seq > min_seq
-            else:
-                referenced = getattr(delete_file, "referenced_data_file", None)
-                applies = seq >= min_seq and (referenced is None or referenced in paths)
-            if applies:
-                found.add(delete_file.file_path)
-    return tuple(sorted(found))
+
+def _delete_index(table: Table, snapshot: Snapshot | None, schema_id: int) -> DeleteIndex:
+    schemas = table.schemas()
+    schema = schemas.get(schema_id, table.schema())
+    return DeleteIndex(_live_entries(table, snapshot, ManifestContent.DELETES), table.specs(), schema)
+
+
+def _used_refs(refs: Iterable[DataFileRef], *indexes: DeleteIndex) -> dict[str, DeleteFileRef]:
+    used: dict[str, DeleteFileRef] = {}
+    for ref in refs:
+        for path in (*ref.deletes, *ref.require):
+            for index in indexes:
+                if path in index.refs:
+                    used[path] = index.refs[path]
+                    break
+    return used
 
 
 def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
-    """The files ``snapshot_id`` added and removed, read from the manifests it wrote.
+    """The live rows ``snapshot_id`` removed and added, as files (and delete files) to read.
 
     Raises :class:`SourceHistoryError` when the snapshot is not in the table's
     metadata (expired).
     """
     snapshot = _snapshot(table, snapshot_id)
     specs = table.specs()
-    added: list[DataFileRef] = []
+    added_entries: list[ManifestEntry] = []
     deleted_entries: list[ManifestEntry] = []
     delete_files: list[str] = []
     for manifest in snapshot.manifests(table.io):
@@ -271,20 +297,45 @@ def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
                 if entry.status == ManifestEntryStatus.ADDED:
                     delete_files.append(entry.data_file.file_path)
             elif entry.status == ManifestEntryStatus.ADDED:
-                added.append(_ref(entry, specs))
+                added_entries.append(entry)
             elif entry.status == ManifestEntryStatus.DELETED:
                 deleted_entries.append(entry)
     header = _header(table, snapshot)
-    inherited: tuple[str, ...] = ()
-    if deleted_entries and header["operation"] != "replace" and snapshot.parent_snapshot_id is not None:
-        parent = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
-        inherited = _delete_files_applying_to(table, parent, deleted_entries)
+    if header["operation"] == "replace":  # same rows in new files: nothing of it is read
+        return SnapshotChanges(
+            **header,
+            added=_by_path(_ref(e, specs) for e in added_entries),
+            deleted=_by_path(_ref(e, specs) for e in deleted_entries),
+            delete_files=tuple(sorted(delete_files)),
+        )
+    parent = (
+        table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
+        if snapshot.parent_snapshot_id is not None
+        else None
+    )
+    before = _delete_index(table, parent, header["schema_id"])
+    after = _delete_index(table, snapshot, header["schema_id"])
+    deleted = [_ref(e, specs, before.for_data_file(e)) for e in deleted_entries]
+    added = [_ref(e, specs, after.for_data_file(e)) for e in added_entries]
+    new_deletes, dropped_deletes = set(after.refs) - set(before.refs), set(before.refs) - set(after.refs)
+    if new_deletes or dropped_deletes:
+        # Data files kept by the snapshot whose live rows its delete files changed.
+        added_paths = {e.data_file.file_path for e in added_entries}
+        for entry in _live_entries(table, snapshot, ManifestContent.DATA):
+            if entry.data_file.file_path in added_paths:
+                continue
+            deletes_before, deletes_after = before.for_data_file(entry), after.for_data_file(entry)
+            if deletes_after - deletes_before:
+                deleted.append(_ref(entry, specs, deletes_before, deletes_after - deletes_before))
+            if deletes_before - deletes_after:
+                added.append(_ref(entry, specs, deletes_after, deletes_before - deletes_after))
     return SnapshotChanges(
         **header,
         added=_by_path(added),
-        deleted=_by_path(_ref(e, specs) for e in deleted_entries),
+        deleted=_by_path(deleted),
         delete_files=tuple(sorted(delete_files)),
-        inherited_delete_files=inherited,
+        delete_refs=_used_refs([*deleted, *added], after, before),
+        unsupported=tuple(dict.fromkeys([*after.unsupported, *before.unsupported])),
     )
 
 
@@ -292,23 +343,23 @@ def initial_load_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
     """The whole state of ``snapshot_id`` as added files: the start of a sink that begins at ``latest``.
 
     Every live data file (ADDED or EXISTING in any of the snapshot's data
-    manifests) is listed as added, so the kind is ``insert_only``; live delete
-    files that may apply to them are recorded as inherited, and make the load
-    unsupported.
+    manifests) is listed as added, with the live delete files that apply to
+    it, so the kind is ``insert_only`` and only live rows are loaded.
     """
     snapshot = _snapshot(table, snapshot_id)
     specs = table.specs()
-    live: list[ManifestEntry] = []
-    for manifest in snapshot.manifests(table.io):
-        if manifest.content == ManifestContent.DATA:
-            live.extend(manifest.fetch_manifest_entry(table.io, discard_deleted=True))
     header = _header(table, snapshot)
     header["operation"] = "append"  # the load inserts the current rows, whatever made the snapshot
+    index = _delete_index(table, snapshot, header["schema_id"])
+    added = [
+        _ref(e, specs, index.for_data_file(e)) for e in _live_entries(table, snapshot, ManifestContent.DATA)
+    ]
     return SnapshotChanges(
         **header,
-        added=_by_path(_ref(e, specs) for e in live),
+        added=_by_path(added),
         deleted=(),
-        inherited_delete_files=_delete_files_applying_to(table, snapshot, live),
+        delete_refs=_used_refs(added, index),
+        unsupported=tuple(index.unsupported),
     )
 
 
@@ -318,10 +369,6 @@ _RESTART_FROM_COMPACTED = (
     "compacted state: drop the sink table (the next run creates it again) and set `start: latest` "
     "for this table, so the next run loads the current rows as INSERTs"
 )
-_COPY_ON_WRITE = (
-    "To keep it from happening again, set the table's write.delete.mode, write.update.mode and "
-    "write.merge.mode to copy-on-write."
-)
 
 
 def _rollback_hint(changes: SnapshotChanges) -> str:
@@ -330,42 +377,32 @@ def _rollback_hint(changes: SnapshotChanges) -> str:
         f"roll the table back to snapshot {parent}, the one before it (Spark: CALL "
         f"system.rollback_to_snapshot('<table>', {parent}); pyiceberg: "
         f"table.manage_snapshots().rollback_to_snapshot({parent}).commit(); this also drops any "
-        "snapshot after it) and make the change again with copy-on-write"
+        "snapshot after it) and make the change again with Parquet position/equality deletes or "
+        "copy-on-write"
     )
 
 
 def require_supported(changes: SnapshotChanges) -> None:
-    """Fail a snapshot whose rows cannot be read without applying merge-on-read delete files.
+    """Fail a snapshot whose live rows depend on delete files this release cannot read.
 
     ``replace`` snapshots pass: they are skipped and nothing of them is read.
-    The message says why (the pipeline reads data files only) and both ways
-    out: redo the change copy-on-write after a rollback, or compact and restart
-    the sink from the compacted state. Nothing has been committed by then, so
-    the watermark stays before the snapshot.
+    Position and equality delete files in Parquet are applied; deletion
+    vectors (format v3) and ORC/Avro delete files are not yet. The message says
+    which file and both ways out. Nothing has been committed by then, so the
+    watermark stays before the snapshot.
     """
-    if changes.kind == "replace":
+    if changes.kind == "replace" or not changes.unsupported:
         return
     unsupported = (
-        "Merge-on-read deletes are not supported yet: the pipeline reads data files only. Nothing "
-        "was committed; the sink's watermark stays before this snapshot, and every run fails here "
-        "until the table's history changes."
+        "Nothing was committed; the sink's watermark stays before this snapshot, and every run fails "
+        "here until the table's history changes."
     )
-    if changes.delete_files:
-        raise UnsupportedSnapshotError(
-            f"Snapshot {changes.snapshot_id} added {len(changes.delete_files)} delete file(s) "
-            f"(position/equality deletes or deletion vectors), e.g. {changes.delete_files[0]}. "
-            f"{unsupported} To go on, either {_rollback_hint(changes)}, or {_RESTART_FROM_COMPACTED}. "
-            f"{_COPY_ON_WRITE}"
-        )
-    if changes.inherited_delete_files:
-        ways_out = (
-            f"either {_rollback_hint(changes)}, or {_RESTART_FROM_COMPACTED}"
-            if changes.deleted
-            else _RESTART_FROM_COMPACTED
-        )
-        raise UnsupportedSnapshotError(
-            f"Snapshot {changes.snapshot_id} reads data files that {len(changes.inherited_delete_files)} "
-            f"earlier delete file(s) may apply to, e.g. {changes.inherited_delete_files[0]}; reading "
-            f"them without applying those deletes would report rows that were already deleted. "
-            f"{unsupported} To go on, {ways_out}. {_COPY_ON_WRITE}"
-        )
+    ways_out = (
+        f"either {_rollback_hint(changes)}, or {_RESTART_FROM_COMPACTED}"
+        if changes.deleted or changes.delete_files
+        else _RESTART_FROM_COMPACTED
+    )
+    raise UnsupportedSnapshotError(
+        f"Snapshot {changes.snapshot_id} has {len(changes.unsupported)} live delete file(s) the pipeline "
+        f"cannot apply: {changes.unsupported[0]}. {unsupported} To go on, {ways_out}."
+    )

@@ -41,6 +41,11 @@ class InputFile:
     to fill partition columns the file itself lacks (Hive-layout files).
     They are not part of the task id: a path names one file, whose partition
     never changes.
+
+    ``deletes`` / ``require`` (merge-on-read): the delete files whose rows are
+    not live, and those a row must match to count (a kept file's newly deleted
+    rows); see :class:`~iceberg_cdc.source.changes.DataFileRef`. They are part
+    of the task id when present.
     """
 
     path: str
@@ -48,6 +53,8 @@ class InputFile:
     record_count: int
     op: Op
     partition_values: PartitionValues | None = field(default=None, hash=False)
+    deletes: tuple[str, ...] = ()
+    require: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.op not in _OPS:
@@ -59,7 +66,19 @@ class InputFile:
         data = {"path": self.path, "size": self.size, "record_count": self.record_count, "op": self.op}
         if self.partition_values is not None:  # absent when none: plans stay as they were
             data["partition_values"] = partition_values_to_dict(self.partition_values)
+        if self.deletes:
+            data["deletes"] = list(self.deletes)
+        if self.require:
+            data["require"] = list(self.require)
         return data
+
+    @property
+    def key(self) -> str:
+        """``op:path``, plus the delete files when there are any: what the task id hashes."""
+        base = f"{self.op}:{self.path}"
+        if not (self.deletes or self.require):
+            return base
+        return f"{base}|deletes={','.join(self.deletes)}|require={','.join(self.require)}"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InputFile:
@@ -69,12 +88,14 @@ class InputFile:
             record_count=int(data["record_count"]),
             op=data["op"],
             partition_values=partition_values_from_dict(data.get("partition_values")),
+            deletes=tuple(str(p) for p in data.get("deletes", ())),
+            require=tuple(str(p) for p in data.get("require", ())),
         )
 
 
 def task_id_of(files: tuple[InputFile, ...] | list[InputFile]) -> str:
-    """First 16 hex digits of sha256 over the sorted ``op:path`` strings, one per line."""
-    keys = sorted(f"{f.op}:{f.path}" for f in files)
+    """First 16 hex digits of sha256 over the sorted :attr:`InputFile.key` strings, one per line."""
+    keys = sorted(f.key for f in files)
     return hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
 
 
@@ -112,7 +133,10 @@ def input_files(changes: SnapshotChanges) -> list[InputFile]:
     """The snapshot's removed files as DELETE inputs and its added files as INSERT inputs."""
 
     def convert(refs: tuple[DataFileRef, ...], op: Op) -> list[InputFile]:
-        return [InputFile(r.path, r.size, r.record_count, op, r.partition_values) for r in refs]
+        return [
+            InputFile(r.path, r.size, r.record_count, op, r.partition_values, r.deletes, r.require)
+            for r in refs
+        ]
 
     return convert(changes.deleted, "DELETE") + convert(changes.added, "INSERT")
 

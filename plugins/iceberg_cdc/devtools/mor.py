@@ -1,0 +1,288 @@
+"""Merge-on-read changes to an Iceberg table, committed the way Spark and Flink commit them.
+
+pyiceberg 0.12 writes no delete files, yet the pipeline must be tested (and
+demonstrated, and benchmarked) on tables written by engines that do. This
+module writes them with the spec's layouts and commits them through
+manifests, as a ``RowDelta`` does:
+
+* **position delete files** (Spark ``MERGE``/``UPDATE``/``DELETE`` in
+  merge-on-read mode): Parquet with ``file_path`` (field id 2147483546) and
+  ``pos`` (2147483545), sorted by path and position, in the partition of the
+  data files they name, with bounds on ``file_path`` as Spark writes them;
+* **equality delete files** (Flink upserts): Parquet with the key columns
+  (their field ids), ``equality_ids`` in the manifest entry, column bounds
+  and null counts computed like pyiceberg's data files;
+* :func:`commit_row_delta`: ONE snapshot that adds data and delete files and
+  removes data and delete files, rewriting only the manifests that held a
+  removed file (kept entries become EXISTING, removed ones DELETED in a
+  manifest of the same content). New entries inherit the commit's sequence
+  number, so an equality delete committed together with new rows does not
+  apply to them, as in a Flink checkpoint.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.conversions import to_bytes
+from pyiceberg.io.pyarrow import (
+    _dataframe_to_data_files,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+    prune_columns,
+    schema_to_pyarrow,
+)
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestWriterV2,
+)
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation, Summary
+from pyiceberg.table.update.snapshot import _SnapshotProducer
+from pyiceberg.typedef import EMPTY_DICT, Record
+from pyiceberg.types import LongType
+
+from iceberg_cdc.source.deletes import POSITION_PATH_FIELD_ID
+
+POSITION_POS_FIELD_ID = 2147483545
+_POSITION_SCHEMA = pa.schema(
+    [
+        pa.field(
+            "file_path",
+            pa.string(),
+            nullable=False,
+            metadata={"PARQUET:field_id": str(POSITION_PATH_FIELD_ID)},
+        ),
+        pa.field(
+            "pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": str(POSITION_POS_FIELD_ID)}
+        ),
+    ]
+)
+
+
+def write_data_files(table: Table, rows: pa.Table) -> list[DataFile]:
+    """``rows`` as new data files of the table (partitioned by its spec), not yet committed."""
+    if not rows.num_rows:
+        return []
+    files = list(_dataframe_to_data_files(table.metadata, rows.cast(table.schema().as_arrow()), table.io))
+    for data_file in files:
+        data_file.spec_id = table.metadata.default_spec_id
+    return files
+
+
+def _write_parquet(table: Table, prefix: str, rows: pa.Table) -> tuple[str, pq.FileMetaData, int]:
+    path = f"{table.location()}/data/{prefix}-{uuid.uuid4().hex}.parquet"
+    with (
+        table.io.new_output(path).create(overwrite=False) as stream,
+        pq.ParquetWriter(stream, rows.schema) as writer,
+    ):
+        writer.write_table(rows)
+    written = table.io.new_input(path)
+    with written.open() as stream:
+        metadata = pq.ParquetFile(stream).metadata
+    return path, metadata, len(written)
+
+
+def position_delete_file(table: Table, data_file: DataFile, positions: Sequence[int]) -> DataFile:
+    """A position delete file naming ``positions`` of one data file, in that file's partition."""
+    ordered = sorted(set(int(p) for p in positions))
+    rows = pa.Table.from_arrays(
+        [pa.array([data_file.file_path] * len(ordered), pa.string()), pa.array(ordered, pa.int64())],
+        schema=_POSITION_SCHEMA,
+    )
+    path, _, size = _write_parquet(table, "pos-deletes", rows)
+    encoded = data_file.file_path.encode()
+    delete_file = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=data_file.partition,
+        record_count=len(ordered),
+        file_size_in_bytes=size,
+        value_counts={POSITION_PATH_FIELD_ID: len(ordered), POSITION_POS_FIELD_ID: len(ordered)},
+        null_value_counts={POSITION_PATH_FIELD_ID: 0, POSITION_POS_FIELD_ID: 0},
+        lower_bounds={
+            POSITION_PATH_FIELD_ID: encoded,
+            POSITION_POS_FIELD_ID: to_bytes(LongType(), ordered[0]),
+        }
+        if ordered
+        else {},
+        upper_bounds={
+            POSITION_PATH_FIELD_ID: encoded,
+            POSITION_POS_FIELD_ID: to_bytes(LongType(), ordered[-1]),
+        }
+        if ordered
+        else {},
+    )
+    delete_file.spec_id = data_file.spec_id
+    return delete_file
+
+
+def equality_delete_file(
+    table: Table,
+    keys: pa.Table,
+    *,
+    spec_id: int | None = None,
+    partition: Record | None = None,
+) -> DataFile:
+    """An equality delete file on the columns of ``keys`` (named as in the table's schema).
+
+    ``spec_id``/``partition``: the partition it is scoped to (default: the
+    table's default spec with an empty partition, i.e. global when that spec
+    is unpartitioned, as Flink writes an unpartitioned table's deletes).
+    """
+    schema = table.schema()
+    field_ids = [schema.find_field(name).field_id for name in keys.column_names]
+    key_schema = prune_columns(schema, set(field_ids), select_full_types=False)
+    rows = keys.cast(schema_to_pyarrow(key_schema))
+    path, metadata, size = _write_parquet(table, "eq-deletes", rows)
+    stats = data_file_statistics_from_parquet_metadata(
+        metadata,
+        compute_statistics_plan(key_schema, table.properties),
+        parquet_path_to_id_mapping(key_schema),
+    )
+    spec = table.specs()[spec_id if spec_id is not None else table.metadata.default_spec_id]
+    delete_file = DataFile.from_args(
+        content=DataFileContent.EQUALITY_DELETES,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=partition if partition is not None else Record(*([None] * len(spec.fields))),
+        file_size_in_bytes=size,
+        equality_ids=field_ids,
+        **stats.to_serialized_dict(),
+    )
+    delete_file.spec_id = spec.spec_id
+    return delete_file
+
+
+class _DeleteManifestWriter(ManifestWriterV2):
+    """pyiceberg's v2 manifest writer, writing a delete manifest (content = deletes)."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+class _RowDelta(_SnapshotProducer["_RowDelta"]):
+    """One snapshot adding and removing data and delete files (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        add: Sequence[DataFile],
+        remove: Sequence[DataFile],
+        operation: Operation,
+        transaction,
+        io,
+    ) -> None:
+        super().__init__(operation=operation, transaction=transaction, io=io)
+        self._add = list(add)
+        self._remove = {f.file_path for f in remove}
+
+    def _deleted_entries(self) -> list[ManifestEntry]:
+        return []
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        return []
+
+    def _writer(self, content: ManifestContent, spec_id: int):
+        spec = self._transaction.table_metadata.specs()[spec_id]
+        if content == ManifestContent.DELETES:
+            return _DeleteManifestWriter(
+                spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression
+            )
+        return self.new_manifest_writer(spec)
+
+    def _manifests(self) -> list[ManifestFile]:
+        manifests: list[ManifestFile] = []
+        removed: set[str] = set()
+        metadata = self._transaction.table_metadata
+        parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id else None
+        for manifest in parent.manifests(self._io) if parent else ():
+            entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
+            hit = [e for e in entries if e.data_file.file_path in self._remove]
+            if not hit:
+                manifests.append(manifest)
+                continue
+            with self._writer(manifest.content, manifest.partition_spec_id) as writer:
+                for entry in entries:
+                    gone = entry.data_file.file_path in self._remove
+                    writer.add_entry(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.DELETED if gone else ManifestEntryStatus.EXISTING,
+                            snapshot_id=self._snapshot_id if gone else entry.snapshot_id,
+                            sequence_number=entry.sequence_number,
+                            file_sequence_number=entry.file_sequence_number,
+                            data_file=entry.data_file,
+                        )
+                    )
+                    if gone:
+                        removed.add(entry.data_file.file_path)
+            manifests.append(writer.to_manifest_file())
+        missing = self._remove - removed
+        if missing:
+            raise ValueError(f"cannot remove files that are not live: {sorted(missing)[:3]}")
+        groups: dict[tuple[ManifestContent, int], list[DataFile]] = {}
+        for data_file in self._add:
+            content = (
+                ManifestContent.DATA if data_file.content == DataFileContent.DATA else ManifestContent.DELETES
+            )
+            groups.setdefault((content, data_file.spec_id), []).append(data_file)
+        for (content, spec_id), files in sorted(groups.items(), key=lambda kv: (kv[0][0].value, kv[0][1])):
+            with self._writer(content, spec_id) as writer:
+                for data_file in files:
+                    writer.add(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self._snapshot_id,
+                            sequence_number=None,
+                            file_sequence_number=None,
+                            data_file=data_file,
+                        )
+                    )
+            manifests.append(writer.to_manifest_file())
+        return manifests
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        return Summary(operation=self._operation, **snapshot_properties)
+
+
+def commit_row_delta(
+    table: Table,
+    *,
+    add: Sequence[DataFile] = (),
+    remove: Sequence[DataFile] = (),
+    operation: Operation = Operation.OVERWRITE,
+) -> int:
+    """Commit one snapshot that adds ``add`` and removes ``remove`` (data and delete files alike).
+
+    Returns the new snapshot id. ``operation``: ``delete`` for deletes only,
+    ``overwrite`` for a row delta with data (Spark and Flink), ``replace``
+    for a compaction, ``append`` for data only.
+    """
+    with (
+        table.transaction() as tx,
+        _RowDelta(add=add, remove=remove, operation=operation, transaction=tx, io=table.io),
+    ):
+        pass
+    table.refresh()
+    return table.current_snapshot().snapshot_id
+
+
+def key_filter(rows: pa.Table, column: str, keys: Sequence) -> pa.Array:
+    """Rows of ``rows`` whose ``column`` is in ``keys``."""
+    return pc.is_in(rows.column(column), value_set=pa.array(list(keys), rows.schema.field(column).type))
