@@ -41,28 +41,31 @@ def has_equality_deletes(table: Table, snapshot_id: int) -> bool:
     return any(e.data_file.content == DataFileContent.EQUALITY_DELETES for e in _entries(table, snapshot_id))
 
 
-def live_state(table: Table, snapshot_id: int) -> pa.Table:
-    """The snapshot's live rows, in the table's current schema."""
+def live_files(table: Table, snapshot_id: int) -> list[tuple[ManifestEntry, pa.Table, list[bool]]]:
+    """Each live data file of the snapshot: its entry, all its rows (current schema), which are live."""
     entries = _entries(table, snapshot_id)
-    data = [e for e in entries if e.data_file.content == DataFileContent.DATA]
     positions: dict[str, list[tuple[int, int]]] = {}  # data file path -> (delete seq, pos)
     equality = []  # (seq, spec id, partition, global, column names, key set)
     schema = table.schema()
     specs = table.specs()
     for entry in entries:
         delete_file, seq = entry.data_file, int(entry.sequence_number or 0)
+        if delete_file.content == DataFileContent.DATA:
+            continue
         with table.io.new_input(delete_file.file_path).open() as stream:
             if delete_file.content == DataFileContent.POSITION_DELETES:
                 for row in pq.read_table(stream, columns=["file_path", "pos"]).to_pylist():
                     positions.setdefault(row["file_path"], []).append((seq, row["pos"]))
-            elif delete_file.content == DataFileContent.EQUALITY_DELETES:
+            else:
                 names = [schema.find_column_name(i) for i in delete_file.equality_ids]
                 keys = {tuple(r[n] for n in names) for r in pq.read_table(stream).to_pylist()}
                 unpartitioned = not specs[delete_file.spec_id].fields
                 equality.append((seq, delete_file.spec_id, _partition(entry), unpartitioned, names, keys))
-    parts = []
-    for entry in data:
+    out = []
+    for entry in entries:
         data_file, seq = entry.data_file, int(entry.sequence_number or 0)
+        if data_file.content != DataFileContent.DATA:
+            continue
         rows = read_task_rows(table, FileScanTask(data_file))
         gone = {pos for delete_seq, pos in positions.get(data_file.file_path, ()) if delete_seq >= seq}
         scope = [
@@ -71,11 +74,17 @@ def live_state(table: Table, snapshot_id: int) -> pa.Table:
             if delete_seq > seq
             and (unpartitioned or (spec_id, partition) == (data_file.spec_id, _partition(entry)))
         ]
-        keep = []
-        for i, row in enumerate(rows.to_pylist()):
-            deleted = i in gone or any(tuple(row[n] for n in names) in keys for names, keys in scope)
-            keep.append(not deleted)
-        parts.append(rows.filter(pa.array(keep, pa.bool_())))
+        live = [
+            not (i in gone or any(tuple(row[n] for n in names) in keys for names, keys in scope))
+            for i, row in enumerate(rows.to_pylist())
+        ]
+        out.append((entry, rows, live))
+    return out
+
+
+def live_state(table: Table, snapshot_id: int) -> pa.Table:
+    """The snapshot's live rows, in the table's current schema."""
+    parts = [rows.filter(pa.array(live, pa.bool_())) for _, rows, live in live_files(table, snapshot_id)]
     if not parts:
-        return schema.as_arrow().empty_table()
+        return table.schema().as_arrow().empty_table()
     return pa.concat_tables(parts)

@@ -1,0 +1,137 @@
+"""Random merge-on-read histories, each snapshot checked by the replay invariant.
+
+Like :mod:`tests.property.test_random_histories`, but the source's row-level
+changes are merge-on-read: Spark's position deletes (deletes, updates that may
+move a row to another partition, a delete of an already-deleted row), Flink's
+equality-delete upserts (keys absent from the table, a row inserted and
+deleted within one commit), copy-on-write rewrites of files with live
+deletes, compactions that drop every delete file, and re-inserts of deleted
+keys. The states the replay checks against come from the tests' own
+merge-on-read reader (:mod:`tests.support.mor_state`), not the pipeline's.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+
+from iceberg_cdc.source.history import current_ancestry
+from tests.support.history import COLUMN_KINDS, HistoryShape
+from tests.support.inline_pipeline import InlinePipeline
+from tests.support.mor_history import MorHistory
+from tests.support.replay import ADDED, REMOVED, assert_replay, changes_of, multiset
+
+shapes = st.builds(
+    HistoryShape,
+    columns=st.lists(st.sampled_from(sorted(COLUMN_KINDS)), min_size=0, max_size=3).map(tuple),
+    identifier=st.sampled_from([("id",), ("id", "region")]),
+    partitioning=st.sampled_from(["region", "bucket", "none"]),
+)
+seeds = st.integers(0, 2**32 - 1)
+fractions = st.sampled_from([0.0, 0.1, 0.3, 1.0])
+RUN_ACTIONS: Counter = Counter()
+
+
+class MorRandomHistory(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="cdc-mor-history-"))
+        self.history: MorHistory | None = None
+        self.processed: list[int] = []
+
+    @initialize(shape=shapes, seed=seeds, n=st.integers(1, 30), partitions=st.sampled_from([1, 3]))
+    def create(self, shape: HistoryShape, seed: int, n: int, partitions: int) -> None:
+        self.pipeline = InlinePipeline(
+            self.tmp, shuffle={"partitions": partitions, "target_partition_size": "2KB"}
+        )
+        table = self.pipeline.create_source(
+            shape.schema(), partition_spec=shape.spec(), properties={"format-version": "2"}
+        )
+        self.history = MorHistory(table, shape)
+        self.history.append(random.Random(seed), n)
+
+    @rule(seed=seeds, n=st.integers(1, 10))
+    def append(self, seed: int, n: int) -> None:
+        self.history.append(random.Random(seed), n)
+
+    @rule(seed=seeds, fraction=fractions, again=st.booleans())
+    def spark_delete(self, seed: int, fraction: float, again: bool) -> None:
+        self.history.spark_delete(random.Random(seed), fraction, again)
+
+    @rule(seed=seeds, fraction=fractions, move=fractions)
+    def spark_update(self, seed: int, fraction: float, move: float) -> None:
+        self.history.spark_update(random.Random(seed), fraction, move)
+
+    @rule(
+        seed=seeds,
+        updates=st.integers(0, 5),
+        absent=st.integers(0, 2),
+        inserts=st.integers(0, 3),
+        transient=st.booleans(),
+    )
+    def flink_upsert(self, seed: int, updates: int, absent: int, inserts: int, transient: bool) -> None:
+        self.history.flink_upsert(random.Random(seed), updates, absent, inserts, transient)
+
+    @rule(seed=seeds, fraction=fractions)
+    def cow_merge(self, seed: int, fraction: float) -> None:
+        self.history.cow_merge(random.Random(seed), fraction)
+
+    @rule()
+    def compact(self) -> None:
+        self.history.compact()
+
+    @rule(seed=seeds, count=st.integers(1, 3))
+    def reinsert(self, seed: int, count: int) -> None:
+        self.history.reinsert(random.Random(seed), count)
+
+    @rule()
+    def process(self) -> None:
+        source = self.history.table
+        identifier = list(self.history.shape.identifier)
+        for run in self.pipeline.catch_up():
+            assert run.snapshot_id not in self.processed, f"snapshot {run.snapshot_id} processed twice"
+            self.processed.append(run.snapshot_id)
+            RUN_ACTIONS[run.action] += 1
+            if run.action == "skip":
+                assert changes_of(self.pipeline.sink, run.snapshot_id).num_rows == 0
+                continue
+            assert_replay(source, self.pipeline.sink, run.snapshot_id, identifier)
+        source.refresh()
+        current = source.current_snapshot()
+        assert self.pipeline.watermark().snapshot_id == current.snapshot_id
+        assert set(self.processed) == {s.snapshot_id for s in current_ancestry(source)}
+
+    def teardown(self) -> None:
+        try:
+            if self.history is not None:
+                self.process()
+                state = self.history.state()
+                names = state.schema.names
+                changes = self.pipeline.sink.scan().to_arrow()
+                kind = changes.column("_change_type")
+                folded = multiset(changes.filter(pc.is_in(kind, pa.array(ADDED))), names)
+                folded.subtract(multiset(changes.filter(pc.is_in(kind, pa.array(REMOVED))), names))
+                assert +folded == multiset(state, names), "the whole sink does not fold to the table"
+                assert not -folded, "more rows removed than ever added"
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# 60 histories of up to 6 steps in make test; CDC_HISTORIES=600 for a deeper search.
+MorRandomHistory.TestCase.settings = settings(
+    max_examples=max(1, int(os.environ.get("CDC_HISTORIES", "200")) * 3 // 10),
+    stateful_step_count=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+TestMorRandomHistories = MorRandomHistory.TestCase
