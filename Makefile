@@ -12,6 +12,7 @@ TEST_WORKERS ?= 2
 
 help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
+	@echo "             (WRITE_MODE=merge-on-read: the source written with position and equality deletes)"
 	@echo "make sync CONFIG=path.yaml   run each table's DAG until its sink has caught up"
 	@echo "make airflow Airflow on the demo config at http://127.0.0.1:8080 (PORT=...), with the CDC view"
 	@echo "make demo-engine   only the shuffle engine, on one generated snapshot (seconds)"
@@ -53,7 +54,7 @@ test: setup
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 demo: setup
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python scripts/demo.py $(if $(WRITE_MODE),--write-mode $(WRITE_MODE),)
 
 demo-engine: setup
 	$(BIN)/python scripts/demo_engine.py

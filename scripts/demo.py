@@ -2,7 +2,10 @@
 
 Starts a local S3 server, creates ``shop.orders`` (partitioned by region) in a
 SQLite catalog with a history of inserts and copy-on-write MERGEs (value
-updates, partition moves, deletes, a rewrite that changes nothing), runs
+updates, partition moves, deletes, a rewrite that changes nothing) -- or, with
+``--write-mode merge-on-read`` (``make demo WRITE_MODE=merge-on-read``), the
+same history written merge-on-read: Spark's position deletes for the MERGE,
+Flink-style equality deletes for the DELETE and the no-op upsert -- runs
 ``make sync`` (one Airflow DAG run per snapshot; its Spark tasks are clients of
 a local Spark Connect server, ``local[2]``, that sync starts and stops), then
 prints what each snapshot produced, a few change rows, and the replay check:
@@ -11,6 +14,7 @@ state(parent) - removed + added == state(snapshot) for every snapshot.
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 import time
@@ -30,6 +34,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DecimalType, LongType, NestedField, StringType, TimestamptzType
 
 from iceberg_cdc.devtools.cow import cow_merge, table_state
+from iceberg_cdc.devtools.mor import mor_merge
 from iceberg_cdc.devtools.sync import sync
 from iceberg_cdc.local_s3 import LocalS3Server
 
@@ -64,12 +69,33 @@ def orders(rng: np.random.Generator, ids: np.ndarray, status: str, day: int) -> 
     )
 
 
-def build_history(catalog, rng: np.random.Generator) -> list[tuple[int, str]]:
-    """Five snapshots: what a week of an orders table looks like."""
+WRITE_MODES = ("copy-on-write", "merge-on-read")
+
+
+def build_history(
+    catalog, rng: np.random.Generator, write_mode: str = "copy-on-write"
+) -> list[tuple[int, str]]:
+    """Five snapshots: what a week of an orders table looks like.
+
+    ``merge-on-read``: the row-level changes write delete files instead of
+    rewriting data files: position deletes for the MERGE (Spark), equality
+    deletes for the DELETE and the upsert that changes nothing (Flink).
+    """
     catalog.create_namespace("shop")
     spec = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "region"))
-    table = catalog.create_table("shop.orders", schema=SCHEMA, partition_spec=spec)
+    properties = (
+        {f"write.{op}.mode": "merge-on-read" for op in ("delete", "update", "merge")}
+        if write_mode == "merge-on-read"
+        else {}
+    )
+    table = catalog.create_table("shop.orders", schema=SCHEMA, partition_spec=spec, properties=properties)
     history = []
+
+    def merge(deletes: str, **kwargs) -> None:
+        if write_mode == "merge-on-read":
+            mor_merge(table, deletes=deletes, **kwargs)
+        else:
+            cow_merge(table, **kwargs)
 
     table.append(orders(rng, np.arange(0, 20_000), "placed", 0))
     history.append((table.current_snapshot().snapshot_id, "append: 20,000 new orders"))
@@ -86,7 +112,7 @@ def build_history(catalog, rng: np.random.Generator) -> list[tuple[int, str]]:
     )
     deleted = rng.choice(np.setdiff1d(np.arange(20_000), picked.column("id").to_numpy()), 100, replace=False)
     new = orders(rng, np.arange(20_000, 20_300), "placed", 1)
-    cow_merge(table, upserts=pa.concat_tables([updated.cast(new.schema), new]), delete_keys=deleted.tolist())
+    merge("position", upserts=pa.concat_tables([updated.cast(new.schema), new]), delete_keys=deleted.tolist())
     history.append(
         (
             table.current_snapshot().snapshot_id,
@@ -98,16 +124,18 @@ def build_history(catalog, rng: np.random.Generator) -> list[tuple[int, str]]:
     history.append((table.current_snapshot().snapshot_id, "append: 500 new orders"))
 
     churned = rng.choice(20_000, 400, replace=False)
-    cow_merge(table, delete_keys=churned.tolist())
+    merge("equality", delete_keys=churned.tolist())
     history.append((table.current_snapshot().snapshot_id, "DELETE: 400 orders of churned customers"))
 
-    same = table.scan().to_arrow().slice(0, 300)
-    cow_merge(table, upserts=same)
+    same = table_state(table, table.current_snapshot().snapshot_id).slice(0, 300)
+    merge("equality", upserts=same)
     history.append((table.current_snapshot().snapshot_id, "UPDATE that changes nothing (300 rows rewritten)"))
     return history
 
 
-def start_demo(server: LocalS3Server, work: Path = WORK) -> tuple[Path, object, list[tuple[int, str]]]:
+def start_demo(
+    server: LocalS3Server, work: Path = WORK, write_mode: str = "copy-on-write"
+) -> tuple[Path, object, list[tuple[int, str]]]:
     """Buckets, config file and the demo table's history on a running local S3 server."""
     for bucket in ("warehouse", "shuffle"):
         server.client().create_bucket(Bucket=bucket)
@@ -128,17 +156,28 @@ def start_demo(server: LocalS3Server, work: Path = WORK) -> tuple[Path, object, 
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     catalog = load_catalog("demo", **{k: v for k, v in config["catalog"].items() if k != "name"})
     print(f"local S3 on {server.endpoint}; catalog {work / 'catalog.db'}; config {config_path}\n")
-    history = build_history(catalog, np.random.default_rng(7))
+    history = build_history(catalog, np.random.default_rng(7), write_mode)
+    print(f"source written {write_mode}")
     for snapshot_id, what in history:
         print(f"  source snapshot {snapshot_id}: {what}")
     return config_path, catalog, history
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--write-mode",
+        choices=WRITE_MODES,
+        default="copy-on-write",
+        help="how the source's row-level changes are written (default: copy-on-write)",
+    )
+    args = parser.parse_args()
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     with LocalS3Server(log_path=WORK / "s3.log") as s3:
-        config_path, catalog, history = start_demo(s3)
+        config_path, catalog, history = start_demo(s3, write_mode=args.write_mode)
         print(
             "\nmake sync: one Airflow DAG run per snapshot (airflow dags test, Spark Connect local[2]) ...\n",
             flush=True,

@@ -7,7 +7,7 @@ equality-delete upserts (keys absent from the table, a row inserted and
 deleted within one commit), copy-on-write rewrites of files with live
 deletes, compactions that drop every delete file, and re-inserts of deleted
 keys. The states the replay checks against come from the tests' own
-merge-on-read reader (:mod:`tests.support.mor_state`), not the pipeline's.
+merge-on-read reader (:mod:`iceberg_cdc.devtools.mor_state`), not the pipeline's.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ A :class:`MorHistory` owns a source table keyed by ``id`` and applies:
   delete file;
 * ``reinsert`` — keys deleted earlier come back.
 
-Which rows are live comes from :mod:`tests.support.mor_state`, the tests' own
+Which rows are live comes from :mod:`iceberg_cdc.devtools.mor_state`, the tests' own
 reader, never from the pipeline.
 """
 
@@ -31,8 +31,8 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
 from iceberg_cdc.devtools import mor
+from iceberg_cdc.devtools.mor_state import live_files
 from tests.support.history import REGIONS, HistoryShape, HistoryTable
-from tests.support.mor_state import live_files
 
 
 class MorHistory(HistoryTable):

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.table import Table
 
-from tests.support.mor_state import has_equality_deletes, live_state
+from iceberg_cdc.devtools.mor_state import has_equality_deletes, live_state
 from tests.support.oracle import row_key
 
 REMOVED = ("DELETE", "UPDATE_BEFORE")

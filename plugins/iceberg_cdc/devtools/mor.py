@@ -25,6 +25,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -286,3 +287,90 @@ def commit_row_delta(
 def key_filter(rows: pa.Table, column: str, keys: Sequence) -> pa.Array:
     """Rows of ``rows`` whose ``column`` is in ``keys``."""
     return pc.is_in(rows.column(column), value_set=pa.array(list(keys), rows.schema.field(column).type))
+
+
+def _live_rows(table: Table) -> list[tuple[DataFile, pa.Table, np.ndarray]]:
+    """Each live data file with its rows (current schema) and whether each row is live."""
+    from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
+    from iceberg_cdc.source.deletes import DeleteIndex
+    from iceberg_cdc.source.reading import read_data_file
+
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return []
+    entries = [
+        e
+        for m in snapshot.manifests(table.io)
+        for e in m.fetch_manifest_entry(table.io, discard_deleted=True)
+    ]
+    schema = table.schema()
+    index = DeleteIndex(
+        [e for e in entries if e.data_file.content != DataFileContent.DATA], table.specs(), schema
+    )
+    loader = DeleteLoader(table.io, schema, index.refs)
+    out = []
+    for entry in entries:
+        if entry.data_file.content != DataFileContent.DATA:
+            continue
+        rows = pa.Table.from_batches(
+            list(read_data_file(table.io, entry.data_file.file_path, schema)),
+            schema=schema.as_arrow(),
+        )
+        live = LiveRows(loader, entry.data_file.file_path, sorted(index.for_data_file(entry)), ())
+        whole = rows.combine_chunks().to_batches()
+        mask = live.emitted(whole[0], 0) if whole else np.zeros(0, dtype=bool)
+        out.append((entry.data_file, rows, mask))
+    return out
+
+
+def mor_merge(
+    table: Table,
+    *,
+    upserts: pa.Table | None = None,
+    delete_keys: Sequence = (),
+    key: str = "id",
+    deletes: str = "position",
+) -> int | None:
+    """Apply upserts and deletes by ``key`` as ONE merge-on-read snapshot.
+
+    ``deletes="position"``: as Spark's MERGE / UPDATE / DELETE with
+    ``write.*.mode=merge-on-read`` (position deletes of the old rows, one file
+    per data file touched). ``"equality"``: as a Flink upsert (equality
+    deletes on ``key``, one file per partition of the rows replaced). The new
+    rows join the same commit. Returns the new snapshot id, or None.
+    """
+    schema = table.schema().as_arrow()
+    upserts = upserts.cast(schema) if upserts is not None else schema.empty_table()
+    affected = pa.concat_arrays(
+        [upserts.column(key).combine_chunks(), pa.array(list(delete_keys), schema.field(key).type)]
+    )
+    if not len(affected):
+        return None
+    add: list[DataFile] = []
+    by_partition: dict[tuple, tuple[DataFile, list]] = {}
+    for data_file, rows, live in _live_rows(table):
+        hit = pc.is_in(rows.column(key), value_set=affected).to_numpy(zero_copy_only=False) & live
+        if not hit.any():
+            continue
+        if deletes == "position":
+            add.append(position_delete_file(table, data_file, np.flatnonzero(hit).tolist()))
+        else:
+            part = data_file.partition
+            slot = by_partition.setdefault(
+                (data_file.spec_id, tuple(part[i] for i in range(len(part)))), (data_file, [])
+            )
+            slot[1].extend(rows.column(key).filter(pa.array(hit)).to_pylist())
+    for data_file, keys in by_partition.values():
+        add.append(
+            equality_delete_file(
+                table,
+                pa.table({key: pa.array(keys, schema.field(key).type)}),
+                spec_id=data_file.spec_id,
+                partition=data_file.partition,
+            )
+        )
+    add.extend(write_data_files(table, upserts))
+    if not add:
+        return None
+    operation = Operation.OVERWRITE if upserts.num_rows else Operation.DELETE
+    return commit_row_delta(table, add=add, operation=operation)

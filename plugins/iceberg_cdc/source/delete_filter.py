@@ -176,14 +176,19 @@ class LiveRows:
             named |= key_set.matches(batch)
         return named
 
+    def emitted(self, batch: pa.RecordBatch, offset: int) -> np.ndarray:
+        """Which rows of ``batch`` (the file's rows from position ``offset``) are part of the change."""
+        emit = ~self._named(batch, offset, self._deleted_positions, self._deleted_keys)
+        if self._require:
+            emit &= self._named(batch, offset, self._required_positions, self._required_keys)
+        return emit
+
     def filter(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The batches with only the emitted rows (empty batches left out); counts the rest."""
         offset = 0
         for batch in batches:
             n = batch.num_rows
-            emit = ~self._named(batch, offset, self._deleted_positions, self._deleted_keys)
-            if self._require:
-                emit &= self._named(batch, offset, self._required_positions, self._required_keys)
+            emit = self.emitted(batch, offset)
             offset += n
             kept = int(emit.sum())
             self.masked += n - kept

@@ -1,9 +1,10 @@
-"""A table's rows at a snapshot with every delete file applied: the tests' own merge-on-read reader.
+"""A table's rows at a snapshot with every delete file applied: a reference reader for replay checks.
 
 pyiceberg 0.12 applies position deletes in its scans but refuses equality
-deletes, so replay checks on merge-on-read tables need another way to read a
-snapshot's state. This one is written apart from the pipeline's (row by row,
-Python sets, the spec's rules stated plainly), so the two can disagree:
+deletes, so replay checks on merge-on-read tables (the tests, the demo, the
+bench) need another way to read a snapshot's state. This one is written apart
+from the pipeline's own delete handling (row by row, Python sets, the spec's
+rules stated plainly), so the two can disagree; it is for small tables only:
 
 * a position delete ``(file_path, pos)`` with data sequence number >= the
   data file's removes that row;
