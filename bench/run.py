@@ -49,6 +49,7 @@ import report  # noqa: E402
 import workload as wl  # noqa: E402
 import yaml  # noqa: E402
 from latency import compare_modes, latency_line, one_row_latency  # noqa: E402
+from mor_bench import mor_line, run_mor_vs_cow  # noqa: E402
 from pipeline_run import PipelineSetup, breakdown, expected_reads, run_pipeline, sink_changes  # noqa: E402
 from probes import probe  # noqa: E402
 from s3log import RequestLog  # noqa: E402
@@ -381,6 +382,8 @@ def main() -> None:
         bench.request_log = RequestLog(work / "s3.log")
         run_side_by_side(bench, workloads, results)
         run_scaling(bench, workloads, results)
+        results["merge_on_read"] = run_mor_vs_cow(bench, rows, 5, log)
+        results["checks"]["merge_on_read_deletes"] = {"equal": results["merge_on_read"]["equal"]}
         if not args.quick and not args.skip_airflow:
             run_latency(bench, workloads, results)
     finally:
@@ -400,6 +403,7 @@ def main() -> None:
     ok = all(check.get("equal", False) for check in results["checks"].values())
     if not ok:
         print("bench: CHECK FAILED: the pipeline and a comparison run disagree; see pipeline.json 'checks'")
+    print(mor_line(results["merge_on_read"]))
     if "latency_connect" in results:
         print(latency_line(results["latency"]["wall_seconds"], results["latency_connect"]))
     elif "latency" in results:
