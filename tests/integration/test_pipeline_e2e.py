@@ -8,6 +8,8 @@ module's state; each DAG run costs ~20-60 s, mostly JVM starts):
 3. replace (compaction) snapshot: skipped, watermark moves
 4. a run that fails (Spark unreachable), then the retry: nothing lost or duplicated
 5. an idle run: nothing changes
+6. a manual reprocess, a manual run of an unknown snapshot
+7. a merge-on-read upsert (equality deletes and new rows in one commit)
 
 Every step checks the replay invariant for the snapshot it processed.
 """
@@ -24,6 +26,7 @@ import pytest
 
 from iceberg_cdc.devtools.airflow_env import dags_test
 from iceberg_cdc.devtools.cow import cow_merge
+from iceberg_cdc.devtools.mor import mor_merge
 from iceberg_cdc.devtools.sync import sync
 from tests.support.airflow_pipeline import DAG_ID, AirflowPipeline
 from tests.support.iceberg_tables import live_files, replace_files
@@ -153,3 +156,15 @@ def test_manual_run_of_an_unknown_snapshot_fails_clearly(pipeline: Pipeline):
     assert code != 0 or "12345" in log
     assert "12345" in log and "ancestry" in log
     assert not pipeline.lease_exists(), "a failed detect releases the lease"
+
+
+def test_merge_on_read_snapshot_through_spark(pipeline: Pipeline):
+    """A Flink-style upsert (equality deletes + new rows in one commit) through spark-submit."""
+    live = pipeline.source.scan().to_arrow().sort_by("id")
+    ids = live.column("id").to_pylist()
+    changed = rows(ids[:4], ["ap", "ap", "eu", "us"], status="upserted")  # some move region
+    gone = ids[4:7]
+    snapshot = mor_merge(pipeline.source, upserts=changed, delete_keys=gone, deletes="equality")
+    assert pipeline.run() == 0, pipeline.last_log.read_text()[-3000:]
+    assert pipeline.watermark().snapshot_id == snapshot
+    assert pipeline.assert_replay(snapshot) == Counter({"UPDATE_BEFORE": 4, "UPDATE_AFTER": 4, "DELETE": 3})

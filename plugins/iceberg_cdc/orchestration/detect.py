@@ -233,7 +233,7 @@ def _detect(ctx: Context, run_id: str, snapshot_id: int | None, held: LeaseInfo)
         store, paths, "detect", started, files_deleted=len(changes.deleted), files_added=len(changes.added)
     )
     log.info(
-        "snapshot %s of %s (%s, ordinal %s%s): %d deleted + %d added data files (%d rows) -> %d %s tasks in "
+        "snapshot %s of %s (%s, ordinal %s%s): %d deleted + %d added data files%s (%d rows) -> %d %s tasks in "
         "%d Spark job(s); %d more pending; lease epoch %d",
         pending.snapshot_id,
         ctx.table.source,
@@ -242,6 +242,7 @@ def _detect(ctx: Context, run_id: str, snapshot_id: int | None, held: LeaseInfo)
         ", initial load" if pending.is_initial_load else "",
         len(changes.deleted),
         len(changes.added),
+        f", {len(changes.delete_refs)} delete files applied" if changes.delete_refs else "",
         plan.input_records,
         len(tasks),
         phase,
