@@ -28,7 +28,7 @@ with the shuffle on local disk; the last line: pipeline in submit mode,
 Spark-native as one spark-submit).
 
     python bench/run.py            # N = 5 M, about 10-15 minutes
-    python bench/run.py --quick    # N = 100 k, 1-2 minutes: the side-by-side runs only (S3 in process)
+    python bench/run.py --quick    # N = 100 k, about 2 minutes: side by side (S3 in process) and warm Connect
 """
 
 from __future__ import annotations
