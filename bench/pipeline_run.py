@@ -5,7 +5,12 @@ DAG's order), except that the write and read groups run as ``spark-submit``
 of ``spark_jobs/cdc_phase.py --phase write|read --plan KEY --group N``, as
 the DAG's mapped SparkSubmitOperator tasks do, with ``CDC_CONFIG`` naming
 the config file. ``inline=True`` runs the groups in this process instead
-(the same unit functions, no JVM), for quick checks.
+(the same unit functions, no JVM), for quick checks. ``connect_url`` runs
+them on a Spark Connect server as the DAG's connect-mode tasks
+(``SparkConnectPhaseOperator``) do: ``connect_app.run_group`` from this
+process, one client session per group (an Airflow task is a process of its
+own, so it attaches to the server's shared session and adds the package each
+time).
 
 What a run returns: seconds per phase (wall), the Spark applications' own
 figures (group seconds from ``stats/``, per-task seconds split into input
@@ -45,6 +50,7 @@ class PipelineSetup:
     logs: Path
     request_log: RequestLog | None = None  # set when the shuffle is on the local S3 server
     inline: bool = False
+    connect_url: str | None = None  # run the groups on this Spark Connect server
 
 
 class _Phases:
@@ -90,6 +96,38 @@ def _submit_groups(setup: PipelineSetup, phase: str, jobs: list[list[str]]) -> l
     return submits
 
 
+def _connect_groups(setup: PipelineSetup, ctx: steps.Context, jobs: list[list[str]]) -> list[dict[str, Any]]:
+    """The groups as ``SparkConnectPhaseOperator.execute`` runs them, each timed.
+
+    A group's wall time splits into attaching the client session (lease check,
+    its units, session + ``addArtifacts``: ``session_seconds``) and the job
+    (``job_seconds``, the phase driver's own clock around the units).
+    """
+    from iceberg_cdc.pipeline import connect_app
+    from iceberg_cdc.pipeline.spark_app import parse_args
+
+    assert setup.connect_url is not None
+    groups = []
+    for job in jobs:
+        args = parse_args([str(a) for a in job])
+        # A DAG task is a process of its own: it starts without this process's cached session.
+        connect_app.forget_session(setup.connect_url)
+        started = time.perf_counter()
+        run = connect_app.run_group(
+            setup.connect_url, ctx.runtime, args.plan, args.phase, args.group, label=args.label
+        )
+        seconds = time.perf_counter() - started
+        groups.append(
+            {
+                "group": args.group,
+                "seconds": round(seconds, 3),
+                "job_seconds": run.seconds,
+                "session_seconds": round(seconds - run.seconds, 3),
+            }
+        )
+    return groups
+
+
 def _figures(ctx: steps.Context, plan: SnapshotPlan) -> dict[str, Any]:
     """What the phases left in the shuffle store: group documents, ranges, map output sizes."""
     store = ctx.runtime.store()
@@ -121,6 +159,8 @@ def run_pipeline(setup: PipelineSetup) -> dict[str, Any]:
     try:
         if setup.inline:
             _run_phase(ctx, plan, "write", len(plan.groups))
+        elif setup.connect_url:
+            submits["write"] = _connect_groups(setup, ctx, detected["write_args"])
         else:
             submits["write"] = _submit_groups(setup, "write", detected["write_args"])
         phases.done("write")
@@ -132,6 +172,8 @@ def run_pipeline(setup: PipelineSetup) -> dict[str, Any]:
         phases.done("coalesce")
         if setup.inline:
             _run_phase(ctx, plan, "read", read_group_count(plan, store))
+        elif setup.connect_url:
+            submits["read"] = _connect_groups(setup, ctx, read_jobs)
         else:
             submits["read"] = _submit_groups(setup, "read", read_jobs)
         phases.done("read")
@@ -177,7 +219,11 @@ def _span(units: list[dict[str, Any]]) -> float:
     return max(u["finished_at"] for u in units) - min(u["started_at"] for u in units) if units else 0.0
 
 
-def breakdown(result: dict[str, Any]) -> dict[str, Any]:
+SUBMIT_OVERHEAD = "Spark app start/stop"
+CONNECT_OVERHEAD = "session + job start"
+
+
+def breakdown(result: dict[str, Any], *, connect: bool = False) -> dict[str, Any]:
     """Seconds per phase for the chart, the Spark applications' fixed cost, and per-task figures.
 
     A phase run as a Spark application is split into the application's fixed
@@ -187,7 +233,14 @@ def breakdown(result: dict[str, Any]) -> dict[str, Any]:
     importing the package, the driver's stop. The read application's task
     span is further split into fetch + merge and staging (the sink Parquet
     files) in proportion to the tasks' own clocks.
+
+    ``connect``: the groups ran on a Spark Connect server; what is not the
+    tasks' span is the client's session (attach, ``addArtifacts``), the lease
+    check and the job's scheduling and Python workers ("session + job start",
+    in ``spark_fixed_seconds`` too); ``connect`` in the result splits it into
+    the session part and the job part.
     """
+    overhead = CONNECT_OVERHEAD if connect else SUBMIT_OVERHEAD
     mib = float(1 << 20)
     seconds = result["phase_seconds"]
     writes, reads = _units(result, "write"), _units(result, "read")
@@ -197,11 +250,11 @@ def breakdown(result: dict[str, Any]) -> dict[str, Any]:
     stage_share = stage / (fetch_merge + stage) if fetch_merge + stage else 0.0
     phases = {
         "plan": seconds["plan"],
-        "write: Spark app start/stop": max(0.0, seconds["write"] - write_run),
+        f"write: {overhead}": max(0.0, seconds["write"] - write_run),
         "write": write_run,
         "barrier": seconds["barrier"],
         "coalesce": seconds["coalesce"],
-        "read: Spark app start/stop": max(0.0, seconds["read"] - read_run),
+        f"read: {overhead}": max(0.0, seconds["read"] - read_run),
         "read + merge": read_run * (1 - stage_share),
         "stage": read_run * stage_share,
         "commit": seconds["commit"],
@@ -211,11 +264,20 @@ def breakdown(result: dict[str, Any]) -> dict[str, Any]:
     engine_write = sum(w["encode_seconds"] + w["commit_seconds"] for w in writes)
     arrow_read = sum(r["arrow_bytes"] for r in reads)
     shuffle = sum(w["shuffle_bytes"] for w in writes)
+    extra: dict[str, Any] = {}
+    if connect:
+        groups = [g for phase in ("write", "read") for g in result["submits"].get(phase, [])]
+        extra["connect"] = {
+            "groups": len(groups),
+            "session_seconds": round(sum(g["session_seconds"] for g in groups), 3),
+            "job_seconds": round(sum(g["job_seconds"] for g in groups), 3),
+            "job_start_seconds": round(sum(g["job_seconds"] for g in groups) - write_run - read_run, 3),
+        }
     return {
+        **extra,
+        "overhead": overhead,
         "phases": {k: round(v, 3) for k, v in phases.items()},
-        "spark_fixed_seconds": round(
-            phases["write: Spark app start/stop"] + phases["read: Spark app start/stop"], 3
-        ),
+        "spark_fixed_seconds": round(phases[f"write: {overhead}"] + phases[f"read: {overhead}"], 3),
         "tasks": {
             "write_tasks": len(writes),
             "read_ranges": len(reads),

@@ -15,16 +15,20 @@ Runs, in this one invocation, all on Spark ``local[2]``:
 * scaling: the same at N / 10;
 * task memory and per-core speed of the pipeline's own task functions in
   child processes, at both sizes (input files 10x apart);
+* the pipeline (``spark.mode: connect``) and the Spark-native job on one warm
+  Spark Connect server (``connect_run.py``), each run twice, the second timed;
 * small-snapshot latency: a real ``airflow dags test`` run after a one-row
   update, in submit mode and in connect mode (a local Spark Connect server);
 * the engine-only figures of ``engine_bench.py``.
 
-Writes ``bench/results/pipeline.{json,txt,png,md}`` and ends with the line
+Writes ``bench/results/pipeline.{json,txt,png,md}`` and ends with the lines
+``bench (warm Spark Connect): pipeline X s, spark-native Y s, ratio=R`` and
 ``bench: pipeline X s, spark-native Y s, floor Z s, ratio=R`` (R = X / Y, both
-with the shuffle on local disk).
+with the shuffle on local disk; the last line: pipeline in submit mode,
+Spark-native as one spark-submit).
 
     python bench/run.py            # N = 5 M, about 10-15 minutes
-    python bench/run.py --quick    # N = 100 k, 1-2 minutes: the side-by-side runs only (S3 in process)
+    python bench/run.py --quick    # N = 100 k, about 2 minutes: side by side (S3 in process) and warm Connect
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import pyarrow.parquet as pq  # noqa: E402
 import report  # noqa: E402
 import workload as wl  # noqa: E402
 import yaml  # noqa: E402
+from connect_run import connect_line, run_connect  # noqa: E402
 from latency import compare_modes, latency_line, one_row_latency  # noqa: E402
 from mor_bench import mor_line, run_mor_vs_cow  # noqa: E402
 from pipeline_run import PipelineSetup, breakdown, expected_reads, run_pipeline, sink_changes  # noqa: E402
@@ -114,7 +119,12 @@ class Bench:
         return path, raw, parse_config(raw)
 
     def pipeline(
-        self, label: str, workload: wl.Workload, shuffle: str, inline: bool = False
+        self,
+        label: str,
+        workload: wl.Workload,
+        shuffle: str,
+        inline: bool = False,
+        connect_url: str | None = None,
     ) -> dict[str, Any]:
         sink = f"{workload.table}_changes_{label.replace('-', '_')}"
         wl.start_sink_at_parent(self.catalog, workload, sink)
@@ -127,12 +137,16 @@ class Bench:
             self.logs,
             request_log=self.request_log if shuffle == "s3" else None,
             inline=inline,
+            connect_url=connect_url,
         )
         result = run_pipeline(setup)
-        result["breakdown"] = breakdown(result)
+        result["breakdown"] = breakdown(result, connect=connect_url is not None)
         result["expected_reads"] = expected_reads(result)
         result["sink"] = sink
-        result["mode"] = "in-process (no Spark)" if inline else "spark-submit local[2]"
+        if connect_url:
+            result["mode"] = "Spark Connect local[2]"
+        else:
+            result["mode"] = "in-process (no Spark)" if inline else "spark-submit local[2]"
         return result
 
     def spark_app(self, label: str, mode: str, workload: wl.Workload | None, *extra: str) -> dict[str, Any]:
@@ -350,6 +364,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=None, help="N (default 5 M; 100 k with --quick)")
     parser.add_argument("--skip-engine", action="store_true", help="leave engine_bench.py out (--quick does)")
     parser.add_argument("--skip-airflow", action="store_true", help="leave the one-row Airflow run out")
+    parser.add_argument(
+        "--skip-connect", action="store_true", help="leave the warm Spark Connect comparison out"
+    )
     args = parser.parse_args()
     rows = args.rows or (100_000 if args.quick else 5_000_000)
     started = time.perf_counter()
@@ -384,6 +401,16 @@ def main() -> None:
         run_scaling(bench, workloads, results)
         results["merge_on_read"] = run_mor_vs_cow(bench, rows, 5, log)
         results["checks"]["merge_on_read_deletes"] = {"equal": results["merge_on_read"]["equal"]}
+        if not args.skip_connect:
+            run_connect(
+                bench,
+                workloads,
+                results,
+                driver_memory=NATIVE_DRIVER_MEMORY,
+                sql_conf=SPARK_SQL_CONF,
+                same_rows=same_rows,
+                log=log,
+            )
         if not args.quick and not args.skip_airflow:
             run_latency(bench, workloads, results)
     finally:
@@ -408,6 +435,8 @@ def main() -> None:
         print(latency_line(results["latency"]["wall_seconds"], results["latency_connect"]))
     elif "latency" in results:
         print(f"latency: one-row snapshot {results['latency']['wall_seconds']:.1f} s (submit)")
+    if "connect" in results:
+        print(connect_line(results))
     print(
         f"bench: pipeline {h['pipeline_s']:.1f} s, spark-native {h['spark_native_s']:.1f} s, "
         f"floor {h['floor_s']:.1f} s, ratio={h['ratio']:.2f}"

@@ -28,6 +28,11 @@ changelog has (a hash filter on the identifier), with no shuffle at all: the
 least any engine must do here.
 
 Timings go to ``--result`` as JSON: SparkSession start, the job itself, stop.
+
+:func:`run_on_connect` runs the same ``native`` changelog as a Spark Connect
+client job on a running server (``bench/connect_run.py``): ``native`` uses the
+DataFrame API only, which Spark Connect serves as it is; only the plan's text
+comes from the Connect client's ``explain`` instead of the JVM's.
 """
 
 from __future__ import annotations
@@ -91,6 +96,47 @@ def floor(spark, removed: list[str], added: list[str], key: list[str], keep_frac
     buckets = 1_000_000
     keep = F.pmod(F.xxhash64(*key), F.lit(buckets)) < F.lit(int(keep_fraction * buckets))
     return rows.where(keep)
+
+
+def run_on_connect(
+    url: str, removed: list[str], added: list[str], out: str, key: list[str], conf: dict[str, str]
+) -> dict:
+    """``native`` as one client job on the Spark Connect server at ``url``: a new session, the job, release.
+
+    ``conf`` (session SQL settings: shuffle partitions, Parquet codec) is set
+    on this client's own session, so other sessions on the server keep theirs.
+    The plan's text is asked for after the job and left out of the wall time:
+    a Connect ``explain`` is one more analysis of the plan on the server (file
+    listing, Parquet footers), which the job itself does not need.
+    """
+    from pyspark.sql import SparkSession
+
+    started = time.perf_counter()
+    spark = SparkSession.builder.remote(url).create()
+    for name, value in conf.items():
+        spark.conf.set(name, value)
+    session_ready = time.perf_counter()
+    result = native(spark, removed, added, key)
+    job_started_ms = int(time.time() * 1000)
+    job_started = time.perf_counter()
+    result.write.mode("overwrite").parquet(out)
+    job_done = time.perf_counter()
+    job_done_ms = int(time.time() * 1000)
+    plan = result._explain_string(extended=True)
+    plan_seconds = time.perf_counter() - job_done
+    spark.stop()
+    stopped = time.perf_counter()
+    return {
+        "mode": "native",
+        "wall_seconds": round(stopped - started - plan_seconds, 3),
+        "explain_seconds": round(plan_seconds, 3),
+        "session_seconds": round(session_ready - started, 3),
+        "job_seconds": round(job_done - job_started, 3),
+        "stop_seconds": round(stopped - job_done - plan_seconds, 3),
+        "job_window_ms": [job_started_ms, job_done_ms],
+        "exchanges": plan.count("Exchange hashpartitioning"),
+        "plan": plan,
+    }
 
 
 def main() -> None:

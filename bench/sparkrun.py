@@ -39,6 +39,10 @@ class Submit:
 def spark_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The venv's bin first on PATH: spark-submit finds its Spark home through ``python``."""
     env = dict(os.environ)
+    # A Spark Connect session opened in this process (the warm-server runs) leaves these set; a
+    # spark-submit application started after it must not become a Connect client.
+    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
+        env.pop(name, None)
     env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])
     env["PYSPARK_PYTHON"] = sys.executable
     env.update(extra or {})
@@ -117,17 +121,33 @@ _METRICS = {
 }
 
 
-def read_stages(event_dir: Path) -> list[dict]:
-    """Completed stages of every application logged in ``event_dir``: seconds, tasks, I/O, shuffle."""
+def read_stages(
+    event_dir: Path, *, in_progress: bool = False, since_ms: int | None = None, until_ms: int | None = None
+) -> list[dict]:
+    """Completed stages of every application logged in ``event_dir``: seconds, tasks, I/O, shuffle.
+
+    ``in_progress``: also the log of an application still running (a Spark
+    Connect server), whose last line may be cut; ``since_ms`` / ``until_ms``:
+    only stages submitted in that window (epoch milliseconds), one client
+    job's stages on a shared server.
+    """
     stages = []
     for path in sorted(Path(event_dir).iterdir()):
-        if not path.is_file() or path.suffix == ".inprogress":
+        if not path.is_file() or (path.suffix == ".inprogress" and not in_progress):
             continue
         for line in path.read_text().splitlines():
-            event = json.loads(line)
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # the running application's last line, half written
             if event.get("Event") != "SparkListenerStageCompleted":
                 continue
             info = event["Stage Info"]
+            submitted = info["Submission Time"]
+            if (since_ms is not None and submitted < since_ms) or (
+                until_ms is not None and submitted > until_ms
+            ):
+                continue
             metrics = {
                 _METRICS[a["Name"]]: int(a["Value"])
                 for a in info.get("Accumulables", [])
@@ -138,7 +158,7 @@ def read_stages(event_dir: Path) -> list[dict]:
                     "stage": info["Stage ID"],
                     "name": info["Stage Name"].split(" at ")[0],
                     "tasks": info["Number of Tasks"],
-                    "seconds": round((info["Completion Time"] - info["Submission Time"]) / 1000, 3),
+                    "seconds": round((info["Completion Time"] - submitted) / 1000, 3),
                     **metrics,
                 }
             )

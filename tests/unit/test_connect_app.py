@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import types
 import uuid
 
 import pyarrow as pa
@@ -110,3 +112,24 @@ def test_one_shared_session_per_package_version_and_day():
 )
 def test_session_id_joins_the_urls_parameters(url, expected):
     assert connect_app.with_session_id(url, "S") == expected
+
+
+def test_worker_heap_is_frozen_once_per_new_imports_and_only_in_a_spark_task(monkeypatch):
+    from pyspark import TaskContext
+
+    calls = []
+    monkeypatch.setattr(connect_app.gc, "collect", lambda: calls.append("collect"))
+    monkeypatch.setattr(connect_app.gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(connect_app, "_frozen_with_modules", 0)
+    connect_app.settle_worker_heap()
+    assert calls == []  # not in a Spark task: the test process's GC is left alone
+    TaskContext._setTaskContext(TaskContext._getOrCreate())
+    try:
+        connect_app.settle_worker_heap()
+        connect_app.settle_worker_heap()  # nothing imported since: no second collection
+        assert calls == ["collect", "freeze"]
+        monkeypatch.setitem(sys.modules, "cdc_test_new_module", types.ModuleType("cdc_test_new_module"))
+        connect_app.settle_worker_heap()
+        assert calls == ["collect", "freeze"] * 2
+    finally:
+        TaskContext._setTaskContext(None)
