@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from iceberg_cdc.errors import AmbiguousUpdateError, CorruptShuffleError
-from iceberg_cdc.pipeline import connect_app
+from iceberg_cdc.pipeline import connect_app, worker_heap
 from iceberg_cdc.pipeline.connect_app import ConnectJobError, UnitFailed, describe, job_error
 
 
@@ -118,18 +118,18 @@ def test_worker_heap_is_frozen_once_per_new_imports_and_only_in_a_spark_task(mon
     from pyspark import TaskContext
 
     calls = []
-    monkeypatch.setattr(connect_app.gc, "collect", lambda: calls.append("collect"))
-    monkeypatch.setattr(connect_app.gc, "freeze", lambda: calls.append("freeze"))
-    monkeypatch.setattr(connect_app, "_frozen_with_modules", 0)
-    connect_app.settle_worker_heap()
+    monkeypatch.setattr(worker_heap.gc, "collect", lambda: calls.append("collect"))
+    monkeypatch.setattr(worker_heap.gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(worker_heap, "_frozen_with_modules", 0)
+    worker_heap.settle_worker_heap()
     assert calls == []  # not in a Spark task: the test process's GC is left alone
     TaskContext._setTaskContext(TaskContext._getOrCreate())
     try:
-        connect_app.settle_worker_heap()
-        connect_app.settle_worker_heap()  # nothing imported since: no second collection
+        worker_heap.settle_worker_heap()
+        worker_heap.settle_worker_heap()  # nothing imported since: no second collection
         assert calls == ["collect", "freeze"]
         monkeypatch.setitem(sys.modules, "cdc_test_new_module", types.ModuleType("cdc_test_new_module"))
-        connect_app.settle_worker_heap()
+        worker_heap.settle_worker_heap()
         assert calls == ["collect", "freeze"] * 2
     finally:
         TaskContext._setTaskContext(None)

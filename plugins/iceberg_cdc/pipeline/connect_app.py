@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import gc
 import hashlib
 import json
 import logging
@@ -52,6 +51,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from iceberg_cdc import errors
+from iceberg_cdc.pipeline import worker_heap
 from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS
 from iceberg_cdc.pipeline.phase_driver import GroupRun, run_phase_group
 from iceberg_cdc.pipeline.plan import SnapshotPlan
@@ -82,37 +82,6 @@ def describe(url: str) -> str:
 
 # --- on the server's Python workers ------------------------------------------------------------
 
-_frozen_with_modules = 0  # on a server's Python worker: len(sys.modules) at its last gc.freeze()
-
-
-def settle_worker_heap() -> None:
-    """On a Spark Python worker: hide what its imports left alive from the cyclic GC (``gc.freeze``).
-
-    A reused PySpark worker runs a full ``gc.collect()`` after every task,
-    before it takes the next one (``pyspark/daemon.py``). With pyarrow,
-    pyiceberg and this package imported (~120 k objects) that collection takes
-    0.1-0.2 s, more on a busy host -- on every task, while the task's core
-    waits. Frozen objects are skipped by the cyclic GC (refcounting still frees
-    them), so the collections after this see only the tasks' own objects:
-    40 one-unit tasks on ``local[2]`` took 2.7-3.0 s instead of 7.6-7.9 s (a busy
-    2-core host).
-
-    It runs (a collection, then the freeze) only when a unit imported modules
-    since the last freeze -- a few times in a worker's life -- so whatever
-    cycles are alive then and die later stay uncollected only those few times.
-    Outside a Spark task (tests, the in-process runner) it does nothing.
-    """
-    global _frozen_with_modules
-    if len(sys.modules) == _frozen_with_modules:
-        return
-    from pyspark import TaskContext
-
-    if TaskContext.get() is None:
-        return
-    gc.collect()
-    gc.freeze()
-    _frozen_with_modules = len(sys.modules)
-
 
 def _unit_mapper(phase: str, plan: SnapshotPlan, runtime: Runtime, units: list[Any]):
     """The function ``mapInArrow`` pickles: unit numbers in, ``(unit, result JSON)`` batches out."""
@@ -142,7 +111,7 @@ def _unit_mapper(phase: str, plan: SnapshotPlan, runtime: Runtime, units: list[A
             yield pa.RecordBatch.from_arrays(
                 [pa.array(numbers, pa.int64()), pa.array(results, pa.string())], names=["unit", "result"]
             )
-        settle_worker_heap()  # by reference: its state lives in the worker's imported module
+        worker_heap.settle_worker_heap()  # by reference: its state lives in the worker's module
 
     run_units.__name__ = run_units.__qualname__ = f"cdc_{phase}_units"
     return run_units

@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 from iceberg_cdc.config import load_config
+from iceberg_cdc.pipeline import worker_heap
 from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS
 from iceberg_cdc.pipeline.phase_driver import run_phase_group
 from iceberg_cdc.pipeline.plan import SnapshotPlan
@@ -50,11 +51,14 @@ class RddUnitRunner:
 
     def map_units(self, phase: str, plan: SnapshotPlan, runtime: Runtime, units: list[Any]) -> list[Any]:
         function = PHASE_FUNCTIONS[phase]
-        return (
-            self.spark.sparkContext.parallelize(units, max(1, len(units)))
-            .map(lambda unit: function(plan, runtime, unit))
-            .collect()
-        )
+
+        def run_unit(unit: Any) -> Any:
+            try:
+                return function(plan, runtime, unit)
+            finally:
+                worker_heap.settle_worker_heap()  # by reference: its state lives in the worker's module
+
+        return self.spark.sparkContext.parallelize(units, max(1, len(units))).map(run_unit).collect()
 
     def cancel(self) -> None:
         self.spark.sparkContext.cancelAllJobs()
