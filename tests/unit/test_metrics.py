@@ -31,6 +31,7 @@ def test_commit_figures_and_lag_are_emitted_per_table():
         "carryover_rows": 37800,
         "shuffle_bytes": 813056,
         "seconds": {"write": 4.3, "read": 3.4},
+        "skewed_partitions": 2,
     }
     emit_commit(stats, "shop.orders", committed)
     emit_lag(stats, "shop.orders", 8)
@@ -41,6 +42,7 @@ def test_commit_figures_and_lag_are_emitted_per_table():
     assert ("incr", "cdc.shop__orders.snapshots.committed", None, tags) in stats.calls
     assert ("timing", "cdc.shop__orders.phase.write", timedelta(seconds=4.3), tags) in stats.calls
     assert ("gauge", "cdc.shop__orders.lag.snapshots", 8.0, tags) in stats.calls
+    assert ("gauge", "cdc.shop__orders.shuffle.skewed_partitions", 2.0, tags) in stats.calls
 
 
 def test_names_are_statsd_safe():

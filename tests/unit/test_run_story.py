@@ -23,6 +23,19 @@ def test_a_shuffled_snapshot_says_what_changed_and_where_time_went():
     )
 
 
+def test_skew_is_named_in_the_story():
+    committed = {
+        "committed": True,
+        "inserts": 1,
+        "shuffle_bytes": 2048,
+        "skewed_partitions": 2,
+        "skew_max_ratio": 41.3,
+    }
+    assert story(DETECTED, committed) == (
+        "snapshot 42 (overwrite, #7): +1 -0 ±0 updates, 2.0 KB shuffled, 2 skewed partitions, largest 41x the median"
+    )
+
+
 def test_other_outcomes_are_named():
     assert story({"action": "caught_up"}) == "caught up"
     skip = {**DETECTED, "action": "skip", "reason": "replace", "operation": "replace"}

@@ -188,10 +188,21 @@ def test_commits_without_figures_and_skew_warnings():
     assert older.change_rows == 8 and older.balanced is None and older.seconds == {} and older.skew == []
     assert older.to_dict()["source_snapshot_id"] == "42"  # 64-bit ids as strings in JSON
     assert processed_snapshot(snapshot, {"cdc.source-table": SOURCE}) is None  # a reprocess's delete snapshot
-    assert skew_warnings({"cdc.skewed": "3,17"}) == ["skewed partitions 3, 17: a read task took each alone"]
-    assert skew_warnings({"cdc.skewed": "[5]"}) == ["skewed partition 5: a read task took each alone"]
-    assert skew_warnings({"cdc.skewed": "[]", "cdc.inserts": "3"}) == []
-    assert skew_warnings({"cdc.skew-max-ratio": "12.5"}) == ["skew-max-ratio: 12.5"]
+    skewed = {
+        "cdc.skewed": "2",
+        "cdc.skew.max-ratio": "41.3",
+        "cdc.skew.max-bytes": str(12 * 2**20),
+        "cdc.skew.partitions": "17,3",
+    }
+    assert skew_warnings(skewed) == [
+        "2 skewed partitions (17, 3): the largest holds 12.0 MiB, 41x the median partition; "
+        "a read task took each alone (skewed keys)"
+    ]
+    assert skew_warnings({"cdc.skewed": "30", "cdc.skew.partitions": "1,2"})[0].startswith(
+        "30 skewed partitions (1, 2, …); "
+    )
+    assert skew_warnings({"cdc.skewed": "0", "cdc.inserts": "3"}) == []
+    assert skew_warnings({"cdc.inserts": "3"}) == []
     unbalanced = processed_snapshot(
         snapshot,
         {
@@ -204,6 +215,55 @@ def test_commits_without_figures_and_skew_warnings():
 
 
 # ---------------------------------------------------------------- the Airflow side, without Airflow
+
+
+def test_skew_found_by_coalesce_reaches_the_commit_summary_and_the_page(tmp_path, monkeypatch):
+    """A real MERGE through the pipeline's steps, with coalesce told to call any above-median partition skewed."""
+    from iceberg_cdc.devtools.cow import cow_merge
+    from iceberg_cdc.orchestration import shuffle_steps
+    from iceberg_cdc.shuffle.coalesce import coalesce
+    from iceberg_cdc.ui.app import create_app
+
+    monkeypatch.setattr(
+        shuffle_steps,
+        "plan_ranges",
+        lambda sizes, t, m: coalesce(sizes, t, m, skew_factor=1.0, skew_min_bytes=0),
+    )
+    pipeline = InlinePipeline(tmp_path)
+    source = pipeline.create_source(SCHEMA)
+    source.append(rows(range(40)))
+    pipeline.catch_up()
+    merge = cow_merge(source, upserts=rows([1, 2], region="eu", status="paid"), delete_keys=[3])
+    [run] = pipeline.catch_up()
+    assert run.committed["skewed_partitions"] >= 1 and run.committed["skew_max_ratio"] > 1.0
+    summary = next(
+        s.summary.additional_properties
+        for s in pipeline.sink.snapshots()
+        if s.summary.additional_properties.get("cdc.source-snapshot-id") == str(merge)
+    )
+    count = int(summary["cdc.skewed"])
+    assert count == run.committed["skewed_partitions"] == len(summary["cdc.skew.partitions"].split(","))
+    assert float(summary["cdc.skew.max-ratio"]) == run.committed["skew_max_ratio"]
+    assert int(summary["cdc.skew.max-bytes"]) > int(summary["cdc.skew.median-bytes"]) > 0
+    [status] = collect_status(pipeline.config, with_lease=False)
+    latest, first = status.recent
+    assert latest.skew and latest.skew[0].startswith(f"{count} skewed partition")
+    assert first.skew == []  # insert-only: no shuffle, no skew figures
+    assert status.skewed_commits == 1
+    app = create_app(config_loader=lambda: pipeline.config, airflow=FakeAirflow())
+    app.dependency_overrides[authenticated_user] = lambda: "alice"
+    page = TestClient(app).get("/").text
+    assert 'data-field="skew-warning"' in page and 'data-field="skew"' in page
+    assert "1 of the last 2 commits had skewed partitions" in page
+
+
+def test_no_skew_is_recorded_as_zero_for_a_shuffled_snapshot(history):
+    merge = next(
+        s.summary.additional_properties
+        for s in history.pipeline.sink.snapshots()
+        if s.summary.additional_properties.get("cdc.source-snapshot-id") == str(history.merge)
+    )
+    assert merge["cdc.skewed"] == "0" and "cdc.skew.max-ratio" not in merge
 
 
 def test_first_error_line_of_a_task_log():

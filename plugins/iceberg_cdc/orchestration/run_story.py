@@ -44,6 +44,11 @@ def outcome(committed: dict[str, Any]) -> str:
         parts.append(f"carryover {_count(committed['carryover_rows'])}")
     if committed.get("shuffle_bytes"):
         parts.append(f"{_bytes(committed['shuffle_bytes'])} shuffled")
+    if committed.get("skewed_partitions"):
+        count = committed["skewed_partitions"]
+        ratio = committed.get("skew_max_ratio")
+        worst = f", largest {ratio:.0f}x the median" if ratio else ""
+        parts.append(f"{count} skewed partition{'s' if count != 1 else ''}{worst}")
     seconds = committed.get("seconds") or {}
     phases = [f"{phase} {seconds[phase]:.1f} s" for phase in ("write", "insert", "read") if phase in seconds]
     line = " ".join(parts[:3]) + (", " + ", ".join(parts[3:]) if parts[3:] else "")

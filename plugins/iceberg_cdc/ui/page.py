@@ -158,7 +158,7 @@ def _recent_table(status: TableStatus, now: datetime) -> str:
     )
     body = []
     for s in status.recent:
-        warnings = "".join(f'<div class="warn">⚠ {_e(w)}</div>' for w in s.skew)
+        warnings = "".join(f'<div class="warn" data-field="skew-warning">⚠ {_e(w)}</div>' for w in s.skew)
         body.append(
             f'<tr data-snapshot="{_e(s.source_snapshot_id)}">'
             f'<td class="num">{_e(fmt_int(s.ordinal))}</td>'
@@ -278,6 +278,17 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
     elif runs is not None and not runs.error:
         known = "" if runs.known else " (the DAG is not in Airflow's database yet)"
         items.append(("Latest run", f'<span class="muted">none{_e(known)}</span>'))
+    if status.skewed_commits:
+        newest = next(s for s in status.recent if s.skew)
+        items.append(
+            (
+                "Skew",
+                f'<span class="warn" data-field="skew">⚠ {_e(status.skewed_commits)} of the last '
+                f"{_e(len(status.recent))} commits had skewed partitions</span> (latest: snapshot "
+                f'<span class="mono">{_e(newest.source_snapshot_id)}</span>, {_e(newest.skew[0])}); '
+                "skewed keys make one read task do most of the work",
+            )
+        )
     if runs is not None and runs.paused:
         items.append(("DAG", '<span class="warn">paused</span>'))
     items.append(("Start", _e(status.start)))
