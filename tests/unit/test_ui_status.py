@@ -357,6 +357,7 @@ class FakeAirflow:
                     f"{url}/tasks/detect",
                 )
             ],
+            note="failed at detect: SourceHistoryError: snapshot 123 is not in the ancestry",
         )
         return DagRuns(dag_id, f"{base}/dags/{dag_id}", True, False, failed, [failed])
 
@@ -430,6 +431,10 @@ def test_error_lines_need_the_right_to_read_task_logs(history):
     client, _ = _client(history, FakeAirflow(logs=False))
     [failed] = client.get("/api/tables").json()["tables"][0]["airflow"]["failed_runs"]
     assert failed["first_error"] is None and failed["failed_tasks"][0]["task_id"] == "detect"
+    assert failed["note"].startswith("failed at detect: SourceHistoryError")
+    # The page falls back to the run's note, which Airflow shows to every reader of the DAG's runs.
+    page = client.get("/").text
+    assert 'data-field="run-note">failed at detect: SourceHistoryError: snapshot 123' in page
 
 
 def test_the_page(history):
@@ -446,6 +451,7 @@ def test_the_page(history):
     assert f'href="/dags/{DAG_ID}/runs/manual__2026-01-02T03%3A04%3A05%2B00%3A00" target="_top"' in page
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert 'id="auto-refresh"' in page
+    assert 'data-field="latest-note">failed at detect: SourceHistoryError: snapshot 123' in page
 
 
 def test_links_follow_the_mount_and_airflow_base_path(history):

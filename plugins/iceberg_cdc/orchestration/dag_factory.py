@@ -46,7 +46,12 @@ from iceberg_cdc.orchestration.operators import (  # noqa: F401  (re-exported fo
 from iceberg_cdc.orchestration.run_lease import lease_ttl_seconds
 from iceberg_cdc.orchestration.run_story import chained_run_id, story
 from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
-from iceberg_cdc.orchestration.task_policy import airflow_holder_state, final_errors, task_retries
+from iceberg_cdc.orchestration.task_policy import (
+    airflow_holder_state,
+    final_errors,
+    record_error,
+    task_retries,
+)
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -132,7 +137,13 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         },
         # Transient failures (an S3 blip, a killed worker) are retried where they happen: every
         # step is idempotent within the run's lease epoch. Errors a retry cannot fix fail at once.
-        default_args={"retries": task_retries(), "retry_delay": timedelta(seconds=15)},
+        # A task that fails for good records its error line (XCom cdc_error) for the run's note,
+        # which the plugin's listener writes when the run ends (orchestration/run_notes.py).
+        default_args={
+            "retries": task_retries(),
+            "retry_delay": timedelta(seconds=15),
+            "on_failure_callback": record_error,
+        },
     ) as dag:
 
         @task(task_id="detect")

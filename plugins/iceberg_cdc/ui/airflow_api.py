@@ -95,6 +95,7 @@ class RunInfo:
     snapshot_id: str | None  # the conf's snapshot_id of a manual reprocess
     url: str
     failed_tasks: list[FailedTask] = field(default_factory=list)
+    note: str | None = None  # the run's note: what it did, or why it failed (plugin's listener)
 
     @property
     def first_error(self) -> str | None:
@@ -299,6 +300,7 @@ class AirflowSide:
             snapshot_id=None if snapshot is None else str(snapshot),
             url=run_url(base, run.dag_id, run.run_id),
             failed_tasks=tasks,
+            note=run.note or None,
         )
 
     def _error_line(self, ti: Any) -> str | None:

@@ -202,11 +202,16 @@ def _failed_runs(runs: Any, now: datetime) -> str:
             or '<span class="muted">—</span>'
         )
         error = next((t.error for t in run.failed_tasks if t.error), None)
-        error_html = (
-            f'<code class="error-line">{_e(error)}</code>'
-            if error
-            else '<span class="muted">not in the log (see the task\'s log)</span>'
-        )
+        if error:
+            error_html = f'<code class="error-line">{_e(error)}</code>'
+        elif run.note:  # e.g. `airflow dags test` runs: no log to read, but the run's note names the error
+            error_html = (
+                f'<code class="error-line" data-field="run-note">{_e(run.note)}</code>'
+                '<div class="muted">from the run\'s note</div>'
+            )
+        else:
+            error_html = '<span class="muted">not in the log (see the task\'s log)</span>'
+
         snapshot = f'<div class="muted">snapshot {_e(run.snapshot_id)}</div>' if run.snapshot_id else ""
         body.append(
             f'<tr data-run="{_e(run.run_id)}">'
@@ -272,7 +277,12 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
             (
                 "Latest run",
                 f'<a href="{_e(latest.url)}" target="_top" class="mono">{_e(latest.run_id)}</a> '
-                f"{_run_badge(latest.state)} {_time_tag(latest.ended_at or latest.started_at or latest.run_after, now)}",
+                f"{_run_badge(latest.state)} {_time_tag(latest.ended_at or latest.started_at or latest.run_after, now)}"
+                + (
+                    f'<div class="run-note" data-field="latest-note">{_e(latest.note)}</div>'
+                    if latest.note
+                    else ""
+                ),
             )
         )
     elif runs is not None and not runs.error:
@@ -369,6 +379,7 @@ header p { margin: 0 0 14px; color: var(--muted); }
 .badge.error { background: var(--bad); } .badge.unknown { background: var(--muted); }
 .run-state { font-weight: 600; } .run-state.success { color: var(--ok); } .run-state.failed { color: var(--bad); }
 .run-state.running, .run-state.queued { color: var(--warn); }
+.run-note { font-size: 0.9em; margin-top: 2px; }
 .dag-link { font-size: 13px; font-weight: normal; margin-left: 8px; }
 .facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 8px 0 0; }
 .facts dt { color: var(--muted); } .facts dd { margin: 0; }
