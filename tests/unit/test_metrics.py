@@ -25,6 +25,7 @@ def test_commit_figures_and_lag_are_emitted_per_table():
     stats = Recorder()
     committed = {
         "committed": True,
+        "snapshot_id": 42,
         "inserts": 300,
         "deletes": 100,
         "updates": 1000,
@@ -47,3 +48,13 @@ def test_commit_figures_and_lag_are_emitted_per_table():
 
 def test_names_are_statsd_safe():
     assert metric_prefix("db.my table") == "cdc.db__my_table"
+
+
+def test_a_caught_up_run_counts_no_snapshot():
+    stats = Recorder()
+    emit_commit(stats, "shop.orders", {"committed": False, "reason": "caught up"})
+    assert stats.calls == []
+    emit_commit(
+        stats, "shop.orders", {"committed": False, "snapshot_id": 7, "reason": "skipped replace snapshot"}
+    )
+    assert stats.calls == [("incr", "cdc.shop__orders.snapshots.uncommitted", None, {"table": "shop.orders"})]

@@ -58,6 +58,8 @@ def airflow_stats() -> StatsBackend:
 
 def emit_commit(stats: StatsBackend, source: str, committed: dict[str, Any]) -> None:
     """Rows by change type, carryover, shuffle bytes and seconds per phase of one committed snapshot."""
+    if committed.get("snapshot_id") is None:  # caught up: the run had no snapshot to count
+        return
     prefix, tags = metric_prefix(source), {"table": source}
     for key, name in COUNTERS.items():
         value = committed.get(key)
