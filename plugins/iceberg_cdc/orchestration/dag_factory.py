@@ -257,7 +257,7 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
                 chain = params.get("snapshot_id") is None
             return bool(mark["remaining"]) and bool(chain)
 
-        trigger_next = TriggerDagRunOperator(
+        trigger_next = ChainRunOperator(
             task_id="trigger_next_run",
             trigger_dag_id=table.dag_id,
             wait_for_completion=False,
@@ -278,6 +278,16 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         teardown = cleanup(detected).as_teardown(setups=detected)
         mark >> teardown
     return dag
+
+
+class ChainRunOperator(TriggerDagRunOperator):
+    """TriggerDagRunOperator whose ``note`` is a template too (the provider renders only the run id and conf).
+
+    The chained run's note says how many snapshots were pending when it was
+    started; the plugin's listener replaces it with what the run did when it ends.
+    """
+
+    template_fields = (*TriggerDagRunOperator.template_fields, "note")
 
 
 def _is_backfill(dag_run: Any) -> bool:
