@@ -191,7 +191,8 @@ def test_the_json_api_with_a_token(server):
     status, _, body = _request(f"{server.base}/api/v2/dags/{DAG_ID}/dagRuns", token=server.token)
     assert status == 200, body
     [run] = json.loads(body)["dag_runs"]
-    assert run["note"] == failed["note"]  # the note Airflow's Runs list and grid show
+    assert run["note"] == failed["note"]  # the note Airflow's run page shows
+    assert [r["note"] for r in airflow["recent_runs"]] == [failed["note"]]
     status, _, body = _request(f"{server.base}/cdc/api/tables/{SOURCE}", token=server.token)
     assert status == 200 and json.loads(body)["watermark"] == table["watermark"]
 

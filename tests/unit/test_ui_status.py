@@ -359,7 +359,18 @@ class FakeAirflow:
             ],
             note="failed at detect: SourceHistoryError: snapshot 123 is not in the ancestry",
         )
-        return DagRuns(dag_id, f"{base}/dags/{dag_id}", True, False, failed, [failed])
+        done = RunInfo(
+            run_id="chained__s42__20260102T030000",
+            state="success",
+            run_type="manual",
+            run_after=datetime(2026, 1, 2, 3, 0, 0, tzinfo=UTC),
+            started_at=None,
+            ended_at=datetime(2026, 1, 2, 3, 1, 0, tzinfo=UTC),
+            snapshot_id=None,
+            url=f"{base}/dags/{dag_id}/runs/chained__s42__20260102T030000",
+            note="snapshot 42 (overwrite, #3): +0 -1 ±2 updates, carryover 14, 1.2 KB shuffled",
+        )
+        return DagRuns(dag_id, f"{base}/dags/{dag_id}", True, False, failed, [failed], [failed, done])
 
     def login_url(self, next_url):
         return f"/auth/login?next={next_url}"
@@ -452,6 +463,9 @@ def test_the_page(history):
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert 'id="auto-refresh"' in page
     assert 'data-field="latest-note">failed at detect: SourceHistoryError: snapshot 123' in page
+    # Recent runs, each with its note (Airflow's own Runs list shows no notes)
+    assert 'data-field="recent-runs"' in page
+    assert "snapshot 42 (overwrite, #3): +0 -1 ±2 updates, carryover 14, 1.2 KB shuffled" in page
 
 
 def test_links_follow_the_mount_and_airflow_base_path(history):

@@ -226,6 +226,32 @@ def _failed_runs(runs: Any, now: datetime) -> str:
     )
 
 
+def _recent_runs(runs: Any, now: datetime) -> str:
+    """The DAG's last runs with their notes: what each did, or why it failed (Airflow's Runs list has no note column)."""
+    if runs is None or runs.error or not getattr(runs, "recent", None):
+        return ""
+    body = []
+    for run in runs.recent:
+        note = (
+            f'<span data-field="run-note">{_e(run.note)}</span>'
+            if run.note
+            else '<span class="muted">no note (the run has not ended, or ended before runs were noted)</span>'
+        )
+        body.append(
+            f'<tr data-run="{_e(run.run_id)}">'
+            f'<td><a href="{_e(run.url)}" target="_top" class="mono">{_e(run.run_id)}</a></td>'
+            f"<td>{_run_badge(run.state)}</td>"
+            f"<td>{_time_tag(run.ended_at or run.started_at or run.run_after, now)}</td>"
+            f"<td>{note}</td></tr>"
+        )
+    return (
+        "<h3>Recent runs</h3>"
+        '<div class="scroll"><table class="grid runs" data-field="recent-runs"><thead><tr><th>Run</th>'
+        "<th>State</th><th>Ended</th><th>Note</th></tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
+
+
 def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
     items = []
     if status.watermark_snapshot_id is not None:
@@ -319,6 +345,7 @@ def _section(status: TableStatus, runs: Any, now: datetime) -> str:
         f"{_badge(status)} {dag_link}</h2>"
         f"{errors}{notes}{_facts(status, runs, now)}"
         f"<h3>Last processed snapshots</h3>{_recent_table(status, now)}"
+        f"{_recent_runs(runs, now)}"
         f"<h3>Failed runs</h3>{_failed_runs(runs, now)}"
         "</section>"
     )
