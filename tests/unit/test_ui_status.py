@@ -194,13 +194,13 @@ def test_commits_without_figures_and_skew_warnings():
         "cdc.skew.max-bytes": str(12 * 2**20),
         "cdc.skew.partitions": "17,3",
     }
-    assert skew_warnings(skewed) == [
-        "2 skewed partitions (17, 3): the largest holds 12.0 MiB, 41x the median partition; "
-        "a read task took each alone (skewed keys)"
+    assert skew_warnings(skewed) == ["2 skewed partitions (17, 3): largest 12.0 MiB, 41x the median"]
+    assert skew_warnings({**skewed, "cdc.skewed": "1", "cdc.skew.partitions": "17"}) == [
+        "1 skewed partition (17): 12.0 MiB, 41x the median"
     ]
-    assert skew_warnings({"cdc.skewed": "30", "cdc.skew.partitions": "1,2"})[0].startswith(
-        "30 skewed partitions (1, 2, …); "
-    )
+    assert skew_warnings({"cdc.skewed": "30", "cdc.skew.partitions": "1,2"}) == [
+        "30 skewed partitions (1, 2, …)"
+    ]
     assert skew_warnings({"cdc.skewed": "0", "cdc.inserts": "3"}) == []
     assert skew_warnings({"cdc.inserts": "3"}) == []
     unbalanced = processed_snapshot(

@@ -172,7 +172,7 @@ def _recent_table(status: TableStatus, now: datetime) -> str:
             f'<td class="num" data-field="shuffle-bytes">{_e(fmt_bytes(s.shuffle_bytes))}</td>'
             f"<td>{_conservation(s)}</td>"
             f'<td class="phases">{_phases(s)}</td>'
-            f"<td>{warnings or '<span class=muted>—</span>'}</td>"
+            f'<td class="warnings">{warnings or "<span class=muted>—</span>"}</td>'
             "</tr>"
         )
     return (
@@ -321,8 +321,8 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
                 "Skew",
                 f'<span class="warn" data-field="skew">⚠ {_e(status.skewed_commits)} of the last '
                 f"{_e(len(status.recent))} commits had skewed partitions</span> (latest: snapshot "
-                f'<span class="mono">{_e(newest.source_snapshot_id)}</span>, {_e(newest.skew[0])}); '
-                "skewed keys make one read task do most of the work",
+                f'<span class="mono">{_e(newest.source_snapshot_id)}</span>, {_e(newest.skew[0])}): '
+                "skewed keys; a read task takes each skewed partition alone and is the run's long pole",
             )
         )
     if runs is not None and runs.paused:
@@ -407,6 +407,7 @@ header p { margin: 0 0 14px; color: var(--muted); }
 .run-state { font-weight: 600; } .run-state.success { color: var(--ok); } .run-state.failed { color: var(--bad); }
 .run-state.running, .run-state.queued { color: var(--warn); }
 .run-note { font-size: 0.9em; margin-top: 2px; }
+td.warnings { min-width: 14em; }
 .dag-link { font-size: 13px; font-weight: normal; margin-left: 8px; }
 .facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 8px 0 0; }
 .facts dt { color: var(--muted); } .facts dd { margin: 0; }

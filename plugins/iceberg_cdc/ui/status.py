@@ -263,9 +263,9 @@ def skew_warnings(summary: Mapping[str, str]) -> list[str]:
     ratio = _float(summary.get("cdc.skew.max-ratio", ""))
     size = _int(summary.get("cdc.skew.max-bytes"))
     if ratio is not None and size is not None:
-        which = "it holds" if count == 1 else "the largest holds"
-        text += f": {which} {_size(size)}, {ratio:.0f}x the median partition"
-    return [text + "; a read task took each alone (skewed keys)"]
+        which = "" if count == 1 else "largest "
+        text += f": {which}{_size(size)}, {ratio:.0f}x the median"
+    return [text]
 
 
 def _size(size: float) -> str:
