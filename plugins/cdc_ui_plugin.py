@@ -6,18 +6,23 @@ one mounts :func:`iceberg_cdc.ui.app.create_app` in the API server at
 ``/cdc`` and adds "CDC" to the UI's navigation, which shows the page in
 Airflow's frame at ``/plugin/cdc``. Every data route of the app requires a
 user authenticated by Airflow's auth manager and shows only the tables whose
-DAG that user may read; see ``docs/ui.md``.
+DAG that user may read; see ``docs/ui.md``. Its listener
+(:mod:`iceberg_cdc.orchestration.run_notes`) writes each CDC DAG run's note
+when the run ends, in the scheduler.
 """
 
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
+from iceberg_cdc.orchestration import run_notes
 from iceberg_cdc.ui.app import MOUNT_PREFIX, create_app
 
 
 class CdcUiPlugin(AirflowPlugin):
     name = "iceberg_cdc_ui"
+    # When a CDC DAG run ends, its note in the Runs list and grid says what it did, or why it failed.
+    listeners = [run_notes]  # noqa: RUF012
     fastapi_apps = [  # noqa: RUF012 (AirflowPlugin declares these as class attributes)
         {"app": create_app(), "url_prefix": MOUNT_PREFIX, "name": "Change data capture"}
     ]

@@ -325,6 +325,26 @@ def _redact(value: Any, key: str = "") -> Any:
     return value
 
 
+def secret_values(config: CdcConfig) -> set[str]:
+    """The config's secret values (of secret keys, and passwords inside URLs), to scrub from messages."""
+    found: set[str] = set()
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, str(k))
+        elif isinstance(value, list | tuple):
+            for v in value:
+                walk(v, key)
+        elif isinstance(value, str):
+            if is_secret_key(key):
+                found.add(value)
+            found.update(m.group(0)[1:-1] for m in re.finditer(r":[^/:@\s]+@", value) if "://" in value)
+
+    walk(config.model_dump(mode="json"), "")
+    return {value for value in found if value}
+
+
 def dag_id_for(source: str) -> str:
     """``shop.orders`` -> ``cdc__shop__orders`` (the public contract)."""
     return "cdc__" + source.replace(".", "__")

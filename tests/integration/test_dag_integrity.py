@@ -128,3 +128,21 @@ def test_dag_file_without_config_reports_the_variable(tmp_path, monkeypatch):
     monkeypatch.delenv("CDC_CONFIG", raising=False)
     bag = DagBag(dag_folder="dags")
     assert any("CDC_CONFIG" in str(error) for error in bag.import_errors.values())
+
+
+def test_every_task_records_its_error_and_the_chained_runs_note_is_rendered():
+    dag = build_dags(parse_config(CONFIG))["cdc__shop__orders"]
+    from iceberg_cdc.orchestration.task_policy import record_error
+
+    for task in dag.tasks:
+        callbacks = task.on_failure_callback
+        assert record_error in (callbacks if isinstance(callbacks, list) else [callbacks]), task.task_id
+    trigger = dag.get_task("trigger_next_run")
+    assert "note" in trigger.template_fields  # the provider's operator leaves the note unrendered
+
+    class Ti:
+        @staticmethod
+        def xcom_pull(task_ids):
+            return {"remaining": 3, "chained_run_id": "chained__s7__x"}
+
+    assert trigger.render_template(trigger.note, {"ti": Ti()}) == "chained: 3 snapshot(s) pending"

@@ -186,6 +186,13 @@ def test_the_json_api_with_a_token(server):
     assert failed["state"] == "failed" and failed["snapshot_id"] == "1"
     assert failed["url"].startswith(f"/dags/{DAG_ID}/runs/manual__")
     assert [t["task_id"] for t in failed["failed_tasks"]] == ["detect"]
+    # The plugin's listener noted why the run failed (dags test logs to the console only: no log line).
+    assert failed["note"].startswith("failed at detect: SourceHistoryError: "), failed["note"]
+    status, _, body = _request(f"{server.base}/api/v2/dags/{DAG_ID}/dagRuns", token=server.token)
+    assert status == 200, body
+    [run] = json.loads(body)["dag_runs"]
+    assert run["note"] == failed["note"]  # the note Airflow's run page shows
+    assert [r["note"] for r in airflow["recent_runs"]] == [failed["note"]]
     status, _, body = _request(f"{server.base}/cdc/api/tables/{SOURCE}", token=server.token)
     assert status == 200 and json.loads(body)["watermark"] == table["watermark"]
 

@@ -25,12 +25,14 @@ def test_commit_figures_and_lag_are_emitted_per_table():
     stats = Recorder()
     committed = {
         "committed": True,
+        "snapshot_id": 42,
         "inserts": 300,
         "deletes": 100,
         "updates": 1000,
         "carryover_rows": 37800,
         "shuffle_bytes": 813056,
         "seconds": {"write": 4.3, "read": 3.4},
+        "skewed_partitions": 2,
     }
     emit_commit(stats, "shop.orders", committed)
     emit_lag(stats, "shop.orders", 8)
@@ -41,7 +43,18 @@ def test_commit_figures_and_lag_are_emitted_per_table():
     assert ("incr", "cdc.shop__orders.snapshots.committed", None, tags) in stats.calls
     assert ("timing", "cdc.shop__orders.phase.write", timedelta(seconds=4.3), tags) in stats.calls
     assert ("gauge", "cdc.shop__orders.lag.snapshots", 8.0, tags) in stats.calls
+    assert ("gauge", "cdc.shop__orders.shuffle.skewed_partitions", 2.0, tags) in stats.calls
 
 
 def test_names_are_statsd_safe():
     assert metric_prefix("db.my table") == "cdc.db__my_table"
+
+
+def test_a_caught_up_run_counts_no_snapshot():
+    stats = Recorder()
+    emit_commit(stats, "shop.orders", {"committed": False, "reason": "caught up"})
+    assert stats.calls == []
+    emit_commit(
+        stats, "shop.orders", {"committed": False, "snapshot_id": 7, "reason": "skipped replace snapshot"}
+    )
+    assert stats.calls == [("incr", "cdc.shop__orders.snapshots.uncommitted", None, {"table": "shop.orders"})]

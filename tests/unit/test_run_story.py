@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from iceberg_cdc.orchestration.run_story import chained_run_id, story
+from iceberg_cdc.orchestration.run_story import (
+    NOTE_LIMIT,
+    FailedTask,
+    chained_run_id,
+    error_line,
+    run_note,
+    scrub,
+    story,
+)
 
 DETECTED = {"action": "shuffle", "snapshot_id": 42, "operation": "overwrite", "ordinal": 7}
 
@@ -23,6 +31,19 @@ def test_a_shuffled_snapshot_says_what_changed_and_where_time_went():
     )
 
 
+def test_skew_is_named_in_the_story():
+    committed = {
+        "committed": True,
+        "inserts": 1,
+        "shuffle_bytes": 2048,
+        "skewed_partitions": 2,
+        "skew_max_ratio": 41.3,
+    }
+    assert story(DETECTED, committed) == (
+        "snapshot 42 (overwrite, #7): +1 -0 ±0 updates, 2.0 KB shuffled, 2 skewed partitions, largest 41x the median"
+    )
+
+
 def test_other_outcomes_are_named():
     assert story({"action": "caught_up"}) == "caught up"
     skip = {**DETECTED, "action": "skip", "reason": "replace", "operation": "replace"}
@@ -38,3 +59,127 @@ def test_other_outcomes_are_named():
 def test_chained_runs_name_their_snapshot():
     assert chained_run_id(123, "20250101T000000") == "chained__s123__20250101T000000"
     assert chained_run_id(None, "x") == "chained__next__x"
+
+
+# ---------------------------------------------------------------- the run's note
+
+
+COMMITTED = {
+    "committed": True,
+    "inserts": 300,
+    "deletes": 100,
+    "updates": 1000,
+    "story": "snapshot 42 (overwrite, #7): +300 -100 ±1,000 updates",
+}
+
+
+def test_a_successful_run_notes_its_story_and_what_is_pending():
+    assert run_note("success", detected=DETECTED, committed=COMMITTED) == COMMITTED["story"]
+    with_more = run_note("success", detected=DETECTED, committed=COMMITTED, mark={"remaining": 3})
+    assert with_more == COMMITTED["story"] + "; 3 more pending"
+    # No story in commit's XCom (an older commit task): built from detect's and commit's XComs.
+    plain = {k: v for k, v in COMMITTED.items() if k != "story"}
+    assert run_note("success", detected=DETECTED, committed=plain).startswith(
+        "snapshot 42 (overwrite, #7): +300"
+    )
+
+
+def test_caught_up_and_skipped_runs():
+    caught_up = {"action": "caught_up", "remaining": 0}
+    commit = {"committed": False, "reason": "caught up", "story": "caught up"}
+    assert run_note("success", detected=caught_up, committed=commit, mark={"remaining": 0}) == "caught up"
+    assert run_note("success", detected=caught_up) == "caught up"
+    skip = {**DETECTED, "action": "skip", "reason": "replace", "operation": "replace"}
+    assert run_note("success", detected=skip, committed={"committed": False}) == (
+        "snapshot 42 (replace, #7): skipped (replace: no logical change)"
+    )
+    assert run_note("success") == "succeeded"
+    assert run_note("success", reason="Dag Run's state was manually set to `success`.").startswith(
+        "succeeded ("
+    )
+
+
+def test_a_failed_run_names_the_first_failed_task_and_its_error():
+    failed = [
+        FailedTask("shuffle_read", 1, "AmbiguousUpdateError: key (7,) has 2 DELETE rows"),
+        FailedTask("watermark", -1, None),
+    ]
+    assert run_note("failed", detected=DETECTED, failed=failed) == (
+        "snapshot 42 (overwrite, #7): failed at shuffle_read[1]: AmbiguousUpdateError: key (7,) has 2 DELETE "
+        "rows (also failed: watermark)"
+    )
+    # detect failed: no snapshot yet; a busy table is a failure naming the holder, never a silent skip
+    lease = [FailedTask("detect", -1, "LeaseHeldError: shop.orders is held by run scheduled__x (epoch 4)")]
+    assert run_note("failed", failed=lease) == (
+        "failed at detect: LeaseHeldError: shop.orders is held by run scheduled__x (epoch 4)"
+    )
+    # the failed task recorded no error (killed, found dead by the scheduler)
+    assert run_note("failed", detected=DETECTED, failed=[FailedTask("commit")]) == (
+        "snapshot 42 (overwrite, #7): commit failed (see its log)"
+    )
+    # a later task's error explains when the first to fail recorded none
+    mixed = [FailedTask("shuffle_write", 0), FailedTask("barrier", -1, "CorruptShuffleError: bad block")]
+    assert run_note("failed", failed=mixed) == (
+        "failed at barrier: CorruptShuffleError: bad block (also failed: shuffle_write[0])"
+    )
+    assert run_note("failed", reason="Dag Run's state was manually set to `failed`.") == (
+        "failed: Dag Run's state was manually set to `failed`."
+    )
+
+
+def test_notes_carry_no_secrets_and_fit_airflows_column():
+    leaky = [
+        FailedTask(
+            "detect",
+            -1,
+            "StorageError: s3://key:hunter2@bucket refused; s3.secret-access-key=abcd1234 "
+            'password: "p4ss word" sc://h:15002/;token=tok123;x AKIAABCDEFGHIJKLMNOP',
+        )
+    ]
+    note = run_note("failed", failed=leaky)
+    for secret in ("hunter2", "abcd1234", "p4ss word", "tok123", "AKIAABCDEFGHIJKLMNOP"):
+        assert secret not in note, note
+    assert "s3.secret-access-key=***" in note and "://key:***@bucket" in note
+    assert scrub("config value s3cr3t-value leaked", ["s3cr3t-value"]) == "config value *** leaked"
+    long = run_note("failed", failed=[FailedTask("detect", -1, "x" * 5000)])
+    assert len(long) == NOTE_LIMIT and long.endswith("…")
+
+
+def test_error_lines_name_the_pipelines_error_first():
+    assert (
+        error_line("AirflowFailException", "LeaseHeldError: held by run r1\nmore")
+        == "LeaseHeldError: held by run r1"
+    )
+    assert error_line("AirflowException", "Cannot execute: spark-submit --master local") == (
+        "AirflowException: Cannot execute: spark-submit --master local"
+    )
+    assert error_line("ValueError", "") == "ValueError"
+    assert error_line("SourceHistoryError", "snapshot 1 is not in the ancestry") == (
+        "SourceHistoryError: snapshot 1 is not in the ancestry"
+    )
+
+
+def test_the_failure_callback_records_a_scrubbed_error_line(monkeypatch):
+    from iceberg_cdc.orchestration import task_policy
+
+    class Ti:
+        def __init__(self):
+            self.pushed = {}
+
+        def xcom_push(self, key, value):
+            self.pushed[key] = value
+
+    monkeypatch.setattr(task_policy, "_config_secrets", lambda: {"catalog-secret-value"})
+    ti = Ti()
+    error = RuntimeError("cannot reach catalog with catalog-secret-value\ntraceback follows")
+    task_policy.record_error({"exception": error, "ti": ti})
+    assert ti.pushed == {task_policy.ERROR_XCOM_KEY: "RuntimeError: cannot reach catalog with ***"}
+    quiet = Ti()
+    task_policy.record_error({"exception": None, "ti": quiet})  # found dead: nothing to tell
+    assert quiet.pushed == {}
+
+    class Broken(Ti):
+        def xcom_push(self, key, value):
+            raise ConnectionError("API server gone")
+
+    task_policy.record_error({"exception": error, "ti": Broken()})  # logged, never raised

@@ -188,10 +188,21 @@ def test_commits_without_figures_and_skew_warnings():
     assert older.change_rows == 8 and older.balanced is None and older.seconds == {} and older.skew == []
     assert older.to_dict()["source_snapshot_id"] == "42"  # 64-bit ids as strings in JSON
     assert processed_snapshot(snapshot, {"cdc.source-table": SOURCE}) is None  # a reprocess's delete snapshot
-    assert skew_warnings({"cdc.skewed": "3,17"}) == ["skewed partitions 3, 17: a read task took each alone"]
-    assert skew_warnings({"cdc.skewed": "[5]"}) == ["skewed partition 5: a read task took each alone"]
-    assert skew_warnings({"cdc.skewed": "[]", "cdc.inserts": "3"}) == []
-    assert skew_warnings({"cdc.skew-max-ratio": "12.5"}) == ["skew-max-ratio: 12.5"]
+    skewed = {
+        "cdc.skewed": "2",
+        "cdc.skew.max-ratio": "41.3",
+        "cdc.skew.max-bytes": str(12 * 2**20),
+        "cdc.skew.partitions": "17,3",
+    }
+    assert skew_warnings(skewed) == ["2 skewed partitions (17, 3): largest 12.0 MiB, 41x the median"]
+    assert skew_warnings({**skewed, "cdc.skewed": "1", "cdc.skew.partitions": "17"}) == [
+        "1 skewed partition (17): 12.0 MiB, 41x the median"
+    ]
+    assert skew_warnings({"cdc.skewed": "30", "cdc.skew.partitions": "1,2"}) == [
+        "30 skewed partitions (1, 2, …)"
+    ]
+    assert skew_warnings({"cdc.skewed": "0", "cdc.inserts": "3"}) == []
+    assert skew_warnings({"cdc.inserts": "3"}) == []
     unbalanced = processed_snapshot(
         snapshot,
         {
@@ -204,6 +215,55 @@ def test_commits_without_figures_and_skew_warnings():
 
 
 # ---------------------------------------------------------------- the Airflow side, without Airflow
+
+
+def test_skew_found_by_coalesce_reaches_the_commit_summary_and_the_page(tmp_path, monkeypatch):
+    """A real MERGE through the pipeline's steps, with coalesce told to call any above-median partition skewed."""
+    from iceberg_cdc.devtools.cow import cow_merge
+    from iceberg_cdc.orchestration import shuffle_steps
+    from iceberg_cdc.shuffle.coalesce import coalesce
+    from iceberg_cdc.ui.app import create_app
+
+    monkeypatch.setattr(
+        shuffle_steps,
+        "plan_ranges",
+        lambda sizes, t, m: coalesce(sizes, t, m, skew_factor=1.0, skew_min_bytes=0),
+    )
+    pipeline = InlinePipeline(tmp_path)
+    source = pipeline.create_source(SCHEMA)
+    source.append(rows(range(40)))
+    pipeline.catch_up()
+    merge = cow_merge(source, upserts=rows([1, 2], region="eu", status="paid"), delete_keys=[3])
+    [run] = pipeline.catch_up()
+    assert run.committed["skewed_partitions"] >= 1 and run.committed["skew_max_ratio"] > 1.0
+    summary = next(
+        s.summary.additional_properties
+        for s in pipeline.sink.snapshots()
+        if s.summary.additional_properties.get("cdc.source-snapshot-id") == str(merge)
+    )
+    count = int(summary["cdc.skewed"])
+    assert count == run.committed["skewed_partitions"] == len(summary["cdc.skew.partitions"].split(","))
+    assert float(summary["cdc.skew.max-ratio"]) == run.committed["skew_max_ratio"]
+    assert int(summary["cdc.skew.max-bytes"]) > int(summary["cdc.skew.median-bytes"]) > 0
+    [status] = collect_status(pipeline.config, with_lease=False)
+    latest, first = status.recent
+    assert latest.skew and latest.skew[0].startswith(f"{count} skewed partition")
+    assert first.skew == []  # insert-only: no shuffle, no skew figures
+    assert status.skewed_commits == 1
+    app = create_app(config_loader=lambda: pipeline.config, airflow=FakeAirflow())
+    app.dependency_overrides[authenticated_user] = lambda: "alice"
+    page = TestClient(app).get("/").text
+    assert 'data-field="skew-warning"' in page and 'data-field="skew"' in page
+    assert "1 of the last 2 commits had skewed partitions" in page
+
+
+def test_no_skew_is_recorded_as_zero_for_a_shuffled_snapshot(history):
+    merge = next(
+        s.summary.additional_properties
+        for s in history.pipeline.sink.snapshots()
+        if s.summary.additional_properties.get("cdc.source-snapshot-id") == str(history.merge)
+    )
+    assert merge["cdc.skewed"] == "0" and "cdc.skew.max-ratio" not in merge
 
 
 def test_first_error_line_of_a_task_log():
@@ -297,8 +357,20 @@ class FakeAirflow:
                     f"{url}/tasks/detect",
                 )
             ],
+            note="failed at detect: SourceHistoryError: snapshot 123 is not in the ancestry",
         )
-        return DagRuns(dag_id, f"{base}/dags/{dag_id}", True, False, failed, [failed])
+        done = RunInfo(
+            run_id="chained__s42__20260102T030000",
+            state="success",
+            run_type="manual",
+            run_after=datetime(2026, 1, 2, 3, 0, 0, tzinfo=UTC),
+            started_at=None,
+            ended_at=datetime(2026, 1, 2, 3, 1, 0, tzinfo=UTC),
+            snapshot_id=None,
+            url=f"{base}/dags/{dag_id}/runs/chained__s42__20260102T030000",
+            note="snapshot 42 (overwrite, #3): +0 -1 ±2 updates, carryover 14, 1.2 KB shuffled",
+        )
+        return DagRuns(dag_id, f"{base}/dags/{dag_id}", True, False, failed, [failed], [failed, done])
 
     def login_url(self, next_url):
         return f"/auth/login?next={next_url}"
@@ -370,6 +442,10 @@ def test_error_lines_need_the_right_to_read_task_logs(history):
     client, _ = _client(history, FakeAirflow(logs=False))
     [failed] = client.get("/api/tables").json()["tables"][0]["airflow"]["failed_runs"]
     assert failed["first_error"] is None and failed["failed_tasks"][0]["task_id"] == "detect"
+    assert failed["note"].startswith("failed at detect: SourceHistoryError")
+    # The page falls back to the run's note, which Airflow shows to every reader of the DAG's runs.
+    page = client.get("/").text
+    assert 'data-field="run-note">failed at detect: SourceHistoryError: snapshot 123' in page
 
 
 def test_the_page(history):
@@ -386,6 +462,10 @@ def test_the_page(history):
     assert f'href="/dags/{DAG_ID}/runs/manual__2026-01-02T03%3A04%3A05%2B00%3A00" target="_top"' in page
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert 'id="auto-refresh"' in page
+    assert 'data-field="latest-note">failed at detect: SourceHistoryError: snapshot 123' in page
+    # Recent runs, each with its note (Airflow's own Runs list shows no notes)
+    assert 'data-field="recent-runs"' in page
+    assert "snapshot 42 (overwrite, #3): +0 -1 ±2 updates, carryover 14, 1.2 KB shuffled" in page
 
 
 def test_links_follow_the_mount_and_airflow_base_path(history):

@@ -34,7 +34,7 @@ from iceberg_cdc.orchestration import run_lease
 from iceberg_cdc.orchestration.context import Context
 from iceberg_cdc.orchestration.shuffle_steps import written_records
 from iceberg_cdc.pipeline.conservation import check_snapshot
-from iceberg_cdc.pipeline.groups import phase_seconds
+from iceberg_cdc.pipeline.groups import phase_records, phase_seconds, skew_summary
 from iceberg_cdc.pipeline.paths import SnapshotPaths
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.sink.commit import advance_watermark, commit_changes
@@ -122,9 +122,12 @@ def commit(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
         footer_rows={f.file_path: f.record_count for f in data_files},
     )
     figures = _sum_figures(records)
-    seconds = phase_seconds(store, paths)
+    phases = phase_records(store, paths)
+    seconds = phase_seconds(store, paths, phases)
+    skew = skew_summary(phases)
     summary = {f"cdc.{k.replace('_', '-')}": str(v) for k, v in figures.items()}
     summary.update({f"cdc.seconds.{k}": str(v) for k, v in seconds.items()})
+    summary.update(skew)
     summary.update(conservation.summary())
     summary["cdc.operation"] = plan.operation
     summary[INITIAL_LOAD_KEY] = "true" if plan.initial_load else "false"
@@ -177,4 +180,15 @@ def commit(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
         **figures,
         "conservation": vars(conservation),
         "seconds": seconds,
+        **_skew_figures(skew),
     }
+
+
+def _skew_figures(skew: dict[str, str]) -> dict[str, Any]:
+    """Skew for commit's XCom (the run's story, metrics): how many partitions, the largest one's ratio."""
+    if not skew:
+        return {}
+    figures: dict[str, Any] = {"skewed_partitions": int(skew["cdc.skewed"])}
+    if "cdc.skew.max-ratio" in skew:
+        figures["skew_max_ratio"] = float(skew["cdc.skew.max-ratio"])
+    return figures

@@ -46,7 +46,12 @@ from iceberg_cdc.orchestration.operators import (  # noqa: F401  (re-exported fo
 from iceberg_cdc.orchestration.run_lease import lease_ttl_seconds
 from iceberg_cdc.orchestration.run_story import chained_run_id, story
 from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
-from iceberg_cdc.orchestration.task_policy import airflow_holder_state, final_errors, task_retries
+from iceberg_cdc.orchestration.task_policy import (
+    airflow_holder_state,
+    final_errors,
+    record_error,
+    task_retries,
+)
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -132,7 +137,13 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         },
         # Transient failures (an S3 blip, a killed worker) are retried where they happen: every
         # step is idempotent within the run's lease epoch. Errors a retry cannot fix fail at once.
-        default_args={"retries": task_retries(), "retry_delay": timedelta(seconds=15)},
+        # A task that fails for good records its error line (XCom cdc_error) for the run's note,
+        # which the plugin's listener writes when the run ends (orchestration/run_notes.py).
+        default_args={
+            "retries": task_retries(),
+            "retry_delay": timedelta(seconds=15),
+            "on_failure_callback": record_error,
+        },
     ) as dag:
 
         @task(task_id="detect")
@@ -246,7 +257,7 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
                 chain = params.get("snapshot_id") is None
             return bool(mark["remaining"]) and bool(chain)
 
-        trigger_next = TriggerDagRunOperator(
+        trigger_next = ChainRunOperator(
             task_id="trigger_next_run",
             trigger_dag_id=table.dag_id,
             wait_for_completion=False,
@@ -267,6 +278,16 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         teardown = cleanup(detected).as_teardown(setups=detected)
         mark >> teardown
     return dag
+
+
+class ChainRunOperator(TriggerDagRunOperator):
+    """TriggerDagRunOperator whose ``note`` is a template too (the provider renders only the run id and conf).
+
+    The chained run's note says how many snapshots were pending when it was
+    started; the plugin's listener replaces it with what the run did when it ends.
+    """
+
+    template_fields = (*TriggerDagRunOperator.template_fields, "note")
 
 
 def _is_backfill(dag_run: Any) -> bool:

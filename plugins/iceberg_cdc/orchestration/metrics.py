@@ -3,7 +3,7 @@
 Names carry the table (``cdc.shop__orders.rows.inserts``) so plain StatsD
 keeps tables apart; the same ``table`` tag goes along for backends with tags.
 Emitted from the commit task (rows by change type, carryover, shuffle bytes,
-seconds per phase, conservation counts) and the watermark task (lag: pending
+skewed partitions, seconds per phase) and the watermark task (lag: pending
 snapshots). Airflow's stats module is passed in, so the emission itself is
 plain code that tests drive with a recorder.
 """
@@ -58,6 +58,8 @@ def airflow_stats() -> StatsBackend:
 
 def emit_commit(stats: StatsBackend, source: str, committed: dict[str, Any]) -> None:
     """Rows by change type, carryover, shuffle bytes and seconds per phase of one committed snapshot."""
+    if committed.get("snapshot_id") is None:  # caught up: the run had no snapshot to count
+        return
     prefix, tags = metric_prefix(source), {"table": source}
     for key, name in COUNTERS.items():
         value = committed.get(key)
@@ -66,6 +68,8 @@ def emit_commit(stats: StatsBackend, source: str, committed: dict[str, Any]) -> 
     stats.incr(
         f"{prefix}.snapshots.{'committed' if committed.get('committed') else 'uncommitted'}", tags=tags
     )
+    if isinstance(committed.get("skewed_partitions"), int):  # shuffled snapshots only
+        stats.gauge(f"{prefix}.shuffle.skewed_partitions", float(committed["skewed_partitions"]), tags=tags)
     for phase, seconds in (committed.get("seconds") or {}).items():
         stats.timing(f"{prefix}.phase.{phase}", timedelta(seconds=float(seconds)), tags=tags)
 

@@ -93,6 +93,7 @@ class SparkConnectPhaseOperator(BaseOperator):
         super().__init__(**kwargs)
         self.application_args = list(application_args or [])
         self.conn_id = conn_id
+        self._runners: list[Any] = []
 
     def execute(self, context: Any) -> None:
         from iceberg_cdc.pipeline import connect_app
@@ -108,7 +109,24 @@ class SparkConnectPhaseOperator(BaseOperator):
                 args.phase,
                 args.group,
                 label=args.label,
+                on_runner=self._runners.append,
             )
+
+    def on_kill(self) -> None:
+        """Airflow stops the task (marked failed or cleared, timed out, SIGTERM): stop its job on the server.
+
+        The task runner calls this from its SIGTERM handler (and after an
+        ``execution_timeout``); without it the Connect server would run the
+        group's job to its end for nobody. Only this task's job is
+        interrupted, by its tag: the server session is shared by every task
+        of the package version, so ``interruptAll`` would stop the others too.
+        """
+        runners = getattr(self, "_runners", [])
+        if not runners:
+            self.log.info("on_kill: no Spark Connect job started yet; nothing to interrupt")
+            return
+        for runner in runners:
+            runner.cancel()  # logs and never raises: a kill must not fail over a lost connection
 
 
 class CdcSparkSubmitOperator(SparkSubmitOperator):

@@ -143,6 +143,7 @@ def coalesce(ctx: Context, detected: dict[str, Any]) -> list[list[str]]:
         shuffle_bytes=int(result.total_size),
         ranges=[r["size"] for r in ranges],
         skewed=[s.partition for s in result.skewed],
+        skew=[{"partition": s.partition, "size": s.size, "median": s.median} for s in result.skewed],
     )
     log.info(
         "coalesce: %d map outputs, %d bytes and %d rows in %d partitions -> %d read ranges in %d job(s)",

@@ -46,6 +46,7 @@ import time
 import traceback
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -337,9 +338,21 @@ class ConnectUnitRunner:
 
 
 def run_group(
-    url: str, runtime: Runtime, plan_key: str, phase: str, group: int, *, label: str = ""
+    url: str,
+    runtime: Runtime,
+    plan_key: str,
+    phase: str,
+    group: int,
+    *,
+    label: str = "",
+    on_runner: Callable[[ConnectUnitRunner], None] | None = None,
 ) -> GroupRun:
-    """Run one phase group on the Spark Connect server at ``url``; raises the pipeline's errors."""
+    """Run one phase group on the Spark Connect server at ``url``; raises the pipeline's errors.
+
+    ``on_runner`` is handed the group's runner as soon as it exists, so a
+    caller that is told to stop (Airflow's ``on_kill``) can interrupt the
+    group's job with :meth:`ConnectUnitRunner.cancel`.
+    """
     from iceberg_cdc.orchestration.pyfiles import package_digest, package_zip
 
     def start_runner(plan: SnapshotPlan) -> ConnectUnitRunner:
@@ -351,7 +364,10 @@ def run_group(
                 f"cannot open a Spark Connect session on {describe(url)}: {first}"
             ) from None
         log.info("Spark Connect session on %s", describe(url))
-        return ConnectUnitRunner(spark, url, group)
+        runner = ConnectUnitRunner(spark, url, group)
+        if on_runner is not None:
+            on_runner(runner)
+        return runner
 
     return run_phase_group(runtime, plan_key, phase, group, start_runner, label=label)
 

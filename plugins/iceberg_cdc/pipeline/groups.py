@@ -60,9 +60,53 @@ def record_phase(
     store.put(paths.stats(phase), json.dumps(document).encode())
 
 
-def phase_seconds(store: ObjectStore, paths: SnapshotPaths) -> dict[str, float]:
+def phase_records(store: ObjectStore, paths: SnapshotPaths) -> list[dict[str, Any]]:
+    """Every stats record of one attempt (one listing): detect's, coalesce's, each Spark group's."""
+    return get_json_many(store, [info.key for info in store.list(paths.prefix + "stats/")])
+
+
+def phase_seconds(
+    store: ObjectStore, paths: SnapshotPaths, records: list[dict[str, Any]] | None = None
+) -> dict[str, float]:
     """Seconds per phase of one attempt, from every stats record (groups of a phase add up)."""
     seconds: dict[str, float] = {}
-    for document in get_json_many(store, [info.key for info in store.list(paths.prefix + "stats/")]):
+    for document in phase_records(store, paths) if records is None else records:
         seconds[document["phase"]] = seconds.get(document["phase"], 0.0) + float(document.get("seconds", 0))
     return {k: round(v, 2) for k, v in seconds.items()}
+
+
+SKEW_LISTED = 20  # partitions named in ``cdc.skew.partitions``; the count says how many there are
+
+
+def skew_summary(records: list[dict[str, Any]]) -> dict[str, str]:
+    """Skew coalesce found, as sink summary keys; {} when the attempt had no coalesce (no shuffle).
+
+    ``cdc.skewed``: how many partitions were skewed (``0`` when none);
+    ``cdc.skew.max-ratio``: the largest one's size over the median non-empty
+    partition's; ``cdc.skew.max-bytes`` / ``cdc.skew.median-bytes``: both
+    sizes; ``cdc.skew.partitions``: which ones (the first 20, largest first).
+    """
+    coalesce = next((r for r in records if r.get("phase") == "coalesce"), None)
+    if coalesce is None:
+        return {}
+    skew = sorted(coalesce.get("skew") or [], key=lambda s: (-int(s["size"]), int(s["partition"])))
+    if not skew and coalesce.get("skewed"):  # a record from before sizes were kept
+        return {
+            "cdc.skewed": str(len(coalesce["skewed"])),
+            "cdc.skew.partitions": _listed(coalesce["skewed"]),
+        }
+    if not skew:
+        return {"cdc.skewed": "0"}
+    largest = skew[0]
+    median = max(int(largest["median"]), 1)
+    return {
+        "cdc.skewed": str(len(skew)),
+        "cdc.skew.max-ratio": f"{int(largest['size']) / median:.1f}",
+        "cdc.skew.max-bytes": str(int(largest["size"])),
+        "cdc.skew.median-bytes": str(int(largest["median"])),
+        "cdc.skew.partitions": _listed([s["partition"] for s in skew]),
+    }
+
+
+def _listed(partitions: list[Any]) -> str:
+    return ",".join(str(int(p)) for p in partitions[:SKEW_LISTED])

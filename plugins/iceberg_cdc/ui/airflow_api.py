@@ -95,6 +95,7 @@ class RunInfo:
     snapshot_id: str | None  # the conf's snapshot_id of a manual reprocess
     url: str
     failed_tasks: list[FailedTask] = field(default_factory=list)
+    note: str | None = None  # the run's note: what it did, or why it failed (plugin's listener)
 
     @property
     def first_error(self) -> str | None:
@@ -123,6 +124,7 @@ class DagRuns:
     paused: bool | None = None
     latest: RunInfo | None = None
     failed: list[RunInfo] = field(default_factory=list)
+    recent: list[RunInfo] = field(default_factory=list)  # newest first, each with its note
     error: str | None = None  # why Airflow's side could not be read
 
     def to_dict(self) -> dict[str, Any]:
@@ -133,6 +135,7 @@ class DagRuns:
             "paused": self.paused,
             "latest_run": self.latest.to_dict() if self.latest else None,
             "failed_runs": [run.to_dict() for run in self.failed],
+            "recent_runs": [run.to_dict() for run in self.recent],
             "error": self.error,
         }
 
@@ -182,8 +185,9 @@ def _clip(text: str) -> str:
 class AirflowSide:
     """Reads from the running Airflow: authorization decisions, DAG runs, task logs."""
 
-    def __init__(self, *, failed_limit: int = 5, read_logs: bool = True) -> None:
+    def __init__(self, *, failed_limit: int = 5, recent_limit: int = 10, read_logs: bool = True) -> None:
         self.failed_limit = failed_limit
+        self.recent_limit = recent_limit
         self.read_logs = read_logs
         # (dag, run, task, map index, try) -> (first error line, monotonic expiry or None for never)
         self._log_cache: dict[tuple[str, str, str, int, int], tuple[str | None, float | None]] = {}
@@ -253,9 +257,11 @@ class AirflowSide:
                 .where(DagRun.dag_id == dag_id)
                 .order_by(DagRun.run_after.desc(), DagRun.id.desc())
             )
-            latest = session.scalars(newest.limit(1)).first()
-            if latest is not None:
-                result.latest = self._run_info(latest, base, [])
+            recent = session.scalars(newest.limit(max(1, self.recent_limit))).all()
+            result.recent = [self._run_info(run, base, []) for run in recent]
+            if result.recent:
+                result.latest = result.recent[0]
+            result.recent = result.recent[: self.recent_limit]
             failed_runs = session.scalars(
                 newest.where(DagRun.state == DagRunState.FAILED).limit(self.failed_limit)
             ).all()
@@ -284,6 +290,7 @@ class AirflowSide:
                 result.failed.append(info)
                 if result.latest is not None and result.latest.run_id == run.run_id:
                     result.latest = info
+                result.recent = [info if r.run_id == run.run_id else r for r in result.recent]
 
     @staticmethod
     def _run_info(run: Any, base: str, tasks: list[FailedTask]) -> RunInfo:
@@ -299,6 +306,7 @@ class AirflowSide:
             snapshot_id=None if snapshot is None else str(snapshot),
             url=run_url(base, run.dag_id, run.run_id),
             failed_tasks=tasks,
+            note=run.note or None,
         )
 
     def _error_line(self, ti: Any) -> str | None:

@@ -158,7 +158,7 @@ def _recent_table(status: TableStatus, now: datetime) -> str:
     )
     body = []
     for s in status.recent:
-        warnings = "".join(f'<div class="warn">⚠ {_e(w)}</div>' for w in s.skew)
+        warnings = "".join(f'<div class="warn" data-field="skew-warning">⚠ {_e(w)}</div>' for w in s.skew)
         body.append(
             f'<tr data-snapshot="{_e(s.source_snapshot_id)}">'
             f'<td class="num">{_e(fmt_int(s.ordinal))}</td>'
@@ -172,7 +172,7 @@ def _recent_table(status: TableStatus, now: datetime) -> str:
             f'<td class="num" data-field="shuffle-bytes">{_e(fmt_bytes(s.shuffle_bytes))}</td>'
             f"<td>{_conservation(s)}</td>"
             f'<td class="phases">{_phases(s)}</td>'
-            f"<td>{warnings or '<span class=muted>—</span>'}</td>"
+            f'<td class="warnings">{warnings or "<span class=muted>—</span>"}</td>'
             "</tr>"
         )
     return (
@@ -202,11 +202,16 @@ def _failed_runs(runs: Any, now: datetime) -> str:
             or '<span class="muted">—</span>'
         )
         error = next((t.error for t in run.failed_tasks if t.error), None)
-        error_html = (
-            f'<code class="error-line">{_e(error)}</code>'
-            if error
-            else '<span class="muted">not in the log (see the task\'s log)</span>'
-        )
+        if error:
+            error_html = f'<code class="error-line">{_e(error)}</code>'
+        elif run.note:  # e.g. `airflow dags test` runs: no log to read, but the run's note names the error
+            error_html = (
+                f'<code class="error-line" data-field="run-note">{_e(run.note)}</code>'
+                '<div class="muted">from the run\'s note</div>'
+            )
+        else:
+            error_html = '<span class="muted">not in the log (see the task\'s log)</span>'
+
         snapshot = f'<div class="muted">snapshot {_e(run.snapshot_id)}</div>' if run.snapshot_id else ""
         body.append(
             f'<tr data-run="{_e(run.run_id)}">'
@@ -217,6 +222,32 @@ def _failed_runs(runs: Any, now: datetime) -> str:
     return (
         '<div class="scroll"><table class="grid failed" data-field="failed-runs"><thead><tr><th>Run</th>'
         "<th>Ended</th><th>Failed task</th><th>First error</th></tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
+
+
+def _recent_runs(runs: Any, now: datetime) -> str:
+    """The DAG's last runs with their notes: what each did, or why it failed (Airflow's Runs list has no note column)."""
+    if runs is None or runs.error or not getattr(runs, "recent", None):
+        return ""
+    body = []
+    for run in runs.recent:
+        note = (
+            f'<span data-field="run-note">{_e(run.note)}</span>'
+            if run.note
+            else '<span class="muted">no note (the run has not ended, or ended before runs were noted)</span>'
+        )
+        body.append(
+            f'<tr data-run="{_e(run.run_id)}">'
+            f'<td><a href="{_e(run.url)}" target="_top" class="mono">{_e(run.run_id)}</a></td>'
+            f"<td>{_run_badge(run.state)}</td>"
+            f"<td>{_time_tag(run.ended_at or run.started_at or run.run_after, now)}</td>"
+            f"<td>{note}</td></tr>"
+        )
+    return (
+        "<h3>Recent runs</h3>"
+        '<div class="scroll"><table class="grid runs" data-field="recent-runs"><thead><tr><th>Run</th>'
+        "<th>State</th><th>Ended</th><th>Note</th></tr></thead>"
         f"<tbody>{''.join(body)}</tbody></table></div>"
     )
 
@@ -272,12 +303,28 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
             (
                 "Latest run",
                 f'<a href="{_e(latest.url)}" target="_top" class="mono">{_e(latest.run_id)}</a> '
-                f"{_run_badge(latest.state)} {_time_tag(latest.ended_at or latest.started_at or latest.run_after, now)}",
+                f"{_run_badge(latest.state)} {_time_tag(latest.ended_at or latest.started_at or latest.run_after, now)}"
+                + (
+                    f'<div class="run-note" data-field="latest-note">{_e(latest.note)}</div>'
+                    if latest.note
+                    else ""
+                ),
             )
         )
     elif runs is not None and not runs.error:
         known = "" if runs.known else " (the DAG is not in Airflow's database yet)"
         items.append(("Latest run", f'<span class="muted">none{_e(known)}</span>'))
+    if status.skewed_commits:
+        newest = next(s for s in status.recent if s.skew)
+        items.append(
+            (
+                "Skew",
+                f'<span class="warn" data-field="skew">⚠ {_e(status.skewed_commits)} of the last '
+                f"{_e(len(status.recent))} commits had skewed partitions</span> (latest: snapshot "
+                f'<span class="mono">{_e(newest.source_snapshot_id)}</span>, {_e(newest.skew[0])}): '
+                "skewed keys; a read task takes each skewed partition alone and is the run's long pole",
+            )
+        )
     if runs is not None and runs.paused:
         items.append(("DAG", '<span class="warn">paused</span>'))
     items.append(("Start", _e(status.start)))
@@ -298,6 +345,7 @@ def _section(status: TableStatus, runs: Any, now: datetime) -> str:
         f"{_badge(status)} {dag_link}</h2>"
         f"{errors}{notes}{_facts(status, runs, now)}"
         f"<h3>Last processed snapshots</h3>{_recent_table(status, now)}"
+        f"{_recent_runs(runs, now)}"
         f"<h3>Failed runs</h3>{_failed_runs(runs, now)}"
         "</section>"
     )
@@ -358,6 +406,8 @@ header p { margin: 0 0 14px; color: var(--muted); }
 .badge.error { background: var(--bad); } .badge.unknown { background: var(--muted); }
 .run-state { font-weight: 600; } .run-state.success { color: var(--ok); } .run-state.failed { color: var(--bad); }
 .run-state.running, .run-state.queued { color: var(--warn); }
+.run-note { font-size: 0.9em; margin-top: 2px; }
+td.warnings { min-width: 14em; }
 .dag-link { font-size: 13px; font-weight: normal; margin-left: 8px; }
 .facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 8px 0 0; }
 .facts dt { color: var(--muted); } .facts dd { margin: 0; }

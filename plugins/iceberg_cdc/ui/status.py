@@ -244,25 +244,36 @@ def _phase_key(phase: str) -> tuple[int, str]:
 
 
 def skew_warnings(summary: Mapping[str, str]) -> list[str]:
-    """Skew a commit recorded, as readable warnings; [] when it recorded none.
+    """Skew a commit recorded, as readable warnings; [] when it recorded none (or found none).
 
-    No release writes skew into the summary yet (coalesce logs it and keeps it
-    in its phase record); any ``cdc.skew*`` key a commit carries is shown, so
-    the page picks it up the day commits record it. ``cdc.skewed`` is read as
-    a list of partitions (``"3,17"`` or ``"[3, 17]"``).
+    The commit step writes ``cdc.skewed`` (how many partitions were skewed),
+    ``cdc.skew.max-ratio`` (the largest one over the median partition),
+    ``cdc.skew.max-bytes`` and ``cdc.skew.partitions``
+    (:func:`iceberg_cdc.pipeline.groups.skew_summary`).
     """
-    warnings = []
-    for key in sorted(k for k in summary if k.startswith("cdc.skew")):
-        value = summary[key].strip()
-        if value in ("", "[]", "0", "false", "none"):
-            continue
-        if key == "cdc.skewed":
-            partitions = [p for p in re.split(r"[\s,\[\]]+", value) if p]
-            label = "partition" if len(partitions) == 1 else "partitions"
-            warnings.append(f"skewed {label} {', '.join(partitions)}: a read task took each alone")
-        else:
-            warnings.append(f"{key.removeprefix('cdc.')}: {value}")
-    return warnings
+    count = _int(summary.get("cdc.skewed"))
+    if not count:
+        return []
+    listed = [p for p in re.split(r"[\s,\[\]]+", summary.get("cdc.skew.partitions", "")) if p]
+    noun = "partition" if count == 1 else "partitions"
+    text = f"{count} skewed {noun}"
+    if listed:
+        more = ", …" if len(listed) < count else ""
+        text += f" ({', '.join(listed)}{more})"
+    ratio = _float(summary.get("cdc.skew.max-ratio", ""))
+    size = _int(summary.get("cdc.skew.max-bytes"))
+    if ratio is not None and size is not None:
+        which = "" if count == 1 else "largest "
+        text += f": {which}{_size(size)}, {ratio:.0f}x the median"
+    return [text]
+
+
+def _size(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
 
 
 def processed_snapshot(snapshot: Any, summary: Mapping[str, str]) -> ProcessedSnapshot | None:
