@@ -8,9 +8,9 @@ local Spark Connect server (``local[2]``); moto S3 over HTTP, a SQLite
 catalog. In order, on one table:
 
 1. unpausing the DAG makes one scheduled run: it processes the first snapshot;
-2. ``airflow backfill create`` over four dates with the default
-   ``max_active_runs`` (10: the four runs start together) while four
-   snapshots are pending (appends, and MERGEs with updates, partition moves
+2. ``airflow backfill create`` over three dates with the default
+   ``max_active_runs`` (10: the three runs start together) while three
+   snapshots are pending (an append, and MERGEs with updates, partition moves
    and deletes): every run succeeds, each processes one pending snapshot, in
    order, exactly once; no two runs' work overlaps; no run chains (every run
    of the DAG is the scheduled one or the backfill's); replay holds for every
@@ -144,11 +144,9 @@ def test_backfill_processes_every_pending_snapshot_once_in_order(
         )
     )
     pending.append(cow_merge(source, upserts=rows([20], "eu", status="moved"), delete_keys=[1, 2]))
-    source.append(rows(range(200, 210), "apac"))
-    pending.append(source.current_snapshot().snapshot_id)
     state.snapshots += pending
 
-    created = airflow.backfill(DAG_ID, "2024-01-01T00:00:00", "2024-04-01T00:00:00")
+    created = airflow.backfill(DAG_ID, "2024-01-01T00:00:00", "2024-03-01T00:00:00")
     assert created.returncode == 0, created.stdout + created.stderr
     runs = new_runs(airflow, state)
     airflow.wait_for_backfills(DAG_ID)
@@ -224,18 +222,15 @@ def test_manual_run_reprocesses_a_past_snapshot_without_chaining(
 def test_range_reprocess_runs_one_chained_run_per_snapshot(
     pipeline: AirflowPipeline, airflow: LocalAirflow, state
 ):
-    first, through = state.snapshots[1], state.snapshots[3]
+    first, through = state.snapshots[2], state.snapshots[3]
     before_rows = pipeline.sink().scan().to_arrow().num_rows
     mark = pipeline.watermark()
     triggered = airflow.trigger(DAG_ID, {"snapshot_id": first, "through_snapshot_id": through})
     runs = new_runs(airflow, state)
-    assert [r["state"] for r in runs] == ["success"] * 3, [(r["dag_run_id"], r["state"]) for r in runs]
+    assert [r["state"] for r in runs] == ["success"] * 2, [(r["dag_run_id"], r["state"]) for r in runs]
     assert runs[0]["dag_run_id"] == triggered["dag_run_id"]
-    assert [detected(airflow, r)["snapshot_id"] for r in runs] == state.snapshots[1:4]
-    assert [r["dag_run_id"].split("__")[:2] for r in runs[1:]] == [
-        ["reprocess", f"s{state.snapshots[2]}"],
-        ["reprocess", f"s{state.snapshots[3]}"],
-    ]
+    assert [detected(airflow, r)["snapshot_id"] for r in runs] == [first, through]
+    assert runs[1]["dag_run_id"].split("__")[:2] == ["reprocess", f"s{through}"]
     assert airflow.task_states(DAG_ID, runs[-1]["dag_run_id"])["trigger_next_run"] == "skipped"
     assert pipeline.sink().scan().to_arrow().num_rows == before_rows, "replaced, not duplicated"
     assert pipeline.watermark() == mark
