@@ -17,6 +17,10 @@ Runs, in this one invocation, all on Spark ``local[2]``:
   child processes, at both sizes (input files 10x apart);
 * small-snapshot latency: a real ``airflow dags test`` run after a one-row
   update, in submit mode and in connect mode (a local Spark Connect server);
+* under Airflow's scheduler (API server, scheduler, DAG processor, a
+  LocalExecutor with 2 slots; connect mode): one-row latency from the REST
+  trigger to success, and a backlog of 30 one-row snapshots caught up by
+  chained runs (also with ``--quick``; ``--no-scheduler`` leaves it out);
 * the engine-only figures of ``engine_bench.py``.
 
 Writes ``bench/results/pipeline.{json,txt,png,md}`` and ends with the line
@@ -48,7 +52,13 @@ import pyarrow.parquet as pq  # noqa: E402
 import report  # noqa: E402
 import workload as wl  # noqa: E402
 import yaml  # noqa: E402
-from latency import compare_modes, latency_line, one_row_latency  # noqa: E402
+from latency import (  # noqa: E402
+    compare_modes,
+    latency_line,
+    one_row_latency,
+    scheduler_figures,
+    scheduler_lines,
+)
 from pipeline_run import PipelineSetup, breakdown, expected_reads, run_pipeline, sink_changes  # noqa: E402
 from probes import probe  # noqa: E402
 from s3log import RequestLog  # noqa: E402
@@ -349,6 +359,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=None, help="N (default 5 M; 100 k with --quick)")
     parser.add_argument("--skip-engine", action="store_true", help="leave engine_bench.py out (--quick does)")
     parser.add_argument("--skip-airflow", action="store_true", help="leave the one-row Airflow run out")
+    parser.add_argument(
+        "--scheduler",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one-row latency and a 30-snapshot backlog under Airflow's scheduler (default: on, "
+        "also with --quick; about 15 minutes)",
+    )
     args = parser.parse_args()
     rows = args.rows or (100_000 if args.quick else 5_000_000)
     started = time.perf_counter()
@@ -383,6 +400,9 @@ def main() -> None:
         run_scaling(bench, workloads, results)
         if not args.quick and not args.skip_airflow:
             run_latency(bench, workloads, results)
+        if args.scheduler:
+            log("under the scheduler: one-row latency, then 30 one-row snapshots caught up by chained runs")
+            results["scheduler"] = scheduler_figures(work, bench.s3, bench.logs)
     finally:
         bench.s3.stop()
     # A quick run must not overwrite the committed figures of a full one.
@@ -404,6 +424,8 @@ def main() -> None:
         print(latency_line(results["latency"]["wall_seconds"], results["latency_connect"]))
     elif "latency" in results:
         print(f"latency: one-row snapshot {results['latency']['wall_seconds']:.1f} s (submit)")
+    if "scheduler" in results:
+        print("\n".join(scheduler_lines(results["scheduler"])))
     print(
         f"bench: pipeline {h['pipeline_s']:.1f} s, spark-native {h['spark_native_s']:.1f} s, "
         f"floor {h['floor_s']:.1f} s, ratio={h['ratio']:.2f}"
