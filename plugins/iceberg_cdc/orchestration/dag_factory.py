@@ -192,8 +192,11 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
                         window=lease_wait_seconds(),
                         try_started=try_started,
                         reschedule=sensor_mode != "poke",
-                        # A backfill's runs queue for the table: they give their slots back at once.
-                        in_process_seconds=0.0 if backfill else IN_PROCESS_WAIT_SECONDS,
+                        # Only a first attempt polls in process (a predecessor finishing its cleanup);
+                        # a backfill's runs queue for the table: they give their slots back at once.
+                        in_process_seconds=0.0
+                        if backfill or waiting_since != try_started
+                        else IN_PROCESS_WAIT_SECONDS,
                     )
                     if action == "fail":
                         raise AirflowFailException(f"LeaseHeldError: {exc}") from None
