@@ -17,7 +17,7 @@ help:
 	@echo "make airflow Airflow on the demo config at http://127.0.0.1:8080 (PORT=...), with the CDC view"
 	@echo "make demo-engine   only the shuffle engine, on one generated snapshot (seconds)"
 	@echo "make test    install into .venv/ when missing, lint, run the test suite"
-	@echo "make bench   the pipeline vs a Spark-native job and the floor, memory, S3 requests (QUICK=1: short)"
+	@echo "make bench   the pipeline vs a Spark-native job and the floor, memory, S3 requests (QUICK=1: short; SCHEDULER=0: no figures under the scheduler)"
 	@echo "make setup   create .venv/ with everything installed (idempotent)"
 
 prereqs:
@@ -68,7 +68,7 @@ airflow: setup
 
 bench: setup
 	@$(MAKE) --no-print-directory prereqs
-	$(BIN)/python bench/run.py $(if $(QUICK),--quick,)
+	$(BIN)/python bench/run.py $(if $(QUICK),--quick,) $(if $(filter 0,$(SCHEDULER)),--no-scheduler,)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "plugins"))
 import yaml  # noqa: E402
 
 from iceberg_cdc.devtools.airflow_env import VENV_BIN, airflow_env, dags_test, ensure_airflow_db  # noqa: E402
+from iceberg_cdc.sink.table import read_watermark  # noqa: E402
 
 
 def _task_instances(db: Path, dag_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -224,12 +225,161 @@ def latency_line(submit_seconds: float, connect: dict[str, Any]) -> str:
     )
 
 
+# --- under the scheduler ---------------------------------------------------------------------------
+
+
+def _stamp(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _one_row_update(table, row_id: int, status: str) -> int:
+    """A copy-on-write snapshot that changes one row's status."""
+    import pyarrow as pa
+
+    from iceberg_cdc.devtools.cow import cow_merge
+
+    row = table.scan(row_filter=f"id == {row_id}").to_arrow()
+    field = row.schema.get_field_index("status")
+    updated = row.set_column(field, "status", pa.array([status] * row.num_rows, row.schema.field(field).type))
+    snapshot_id = cow_merge(table, upserts=updated)
+    if snapshot_id is None:
+        raise RuntimeError(f"the update of row {row_id} of {table.name()} changed nothing")
+    return snapshot_id
+
+
+def scheduler_figures(
+    work: Path,
+    s3,
+    logs: Path,
+    *,
+    rows: int = 10_000,
+    backlog: int = 30,
+    latency_runs: int = 2,
+    parallelism: int = 2,
+) -> dict[str, Any]:
+    """One-row latency and a backlog's catch-up under Airflow's scheduler, in connect mode.
+
+    Airflow's API server, scheduler and DAG processor run on 127.0.0.1 with a
+    LocalExecutor of ``parallelism`` slots (:class:`~iceberg_cdc.devtools.scheduler.LocalAirflow`),
+    the Spark phases on a local Spark Connect server (``local[2]``), both
+    started before the clock runs. Two tables, their DAGs unscheduled (runs
+    come from triggers only):
+
+    * **latency**: a one-row copy-on-write update, then a run triggered over
+      the REST API (``trigger_next`` off); seconds from the trigger request to
+      the run's end as Airflow records it (and to the end of its commit task,
+      when the change is in the sink). ``latency_runs`` times, on a new
+      one-row update each: the first run after the start pays cold caches;
+    * **backlog**: ``backlog`` one-row updates pending; one run is triggered,
+      and each run triggers the next while more are pending (chained runs);
+      seconds from the trigger to the end of the last run.
+    """
+    import workload as wl
+
+    from iceberg_cdc.devtools.connect_server import LocalSparkConnectServer
+    from iceberg_cdc.devtools.scheduler import LocalAirflow
+
+    catalog = wl.open_catalog(work)
+    with contextlib.suppress(Exception):  # already there when called twice on one server
+        s3.client().create_bucket(Bucket="latency-shuffle")
+    tiny = wl.build_one_row_update(catalog, "sched_tiny", rows)
+    chain = wl.build_one_row_update(catalog, "sched_backlog", rows)
+    chain_table = catalog.load_table(chain.table)
+    for index in range(1, backlog):
+        _one_row_update(chain_table, index, f"v{index}")
+    tables = []
+    for workload in (tiny, chain):
+        sink = f"{workload.table}_changes"
+        wl.start_sink_at_parent(catalog, workload, sink)
+        tables.append({"source": workload.table, "sink": sink, "schedule": None})
+    raw = {
+        "catalog": wl.catalog_properties(work),
+        "shuffle": {"uri": "s3://latency-shuffle/scheduler", "partitions": 64, **s3.properties},
+        "spark": {"parallel_jobs": 1, "mode": "connect"},
+        "tables": tables,
+    }
+    path = work / "latency-scheduler.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    tiny_dag, chain_dag = ("cdc__" + w.table.replace(".", "__") for w in (tiny, chain))
+    results: dict[str, Any] = {"rows": rows, "backlog": backlog, "parallelism": parallelism, "latency": []}
+    logs.mkdir(parents=True, exist_ok=True)
+    with LocalSparkConnectServer(work / "spark-connect-scheduler", master="local[2]") as server:
+        env = airflow_env(work / "airflow-scheduler", path, spark_master="local[2]", connect_url=server.url)
+        started = time.perf_counter()
+        with LocalAirflow(env, logs / "airflow-scheduler", parallelism=parallelism) as airflow:
+            for dag_id in (tiny_dag, chain_dag):
+                airflow.wait_for_dag(dag_id)
+                airflow.unpause(dag_id)  # no schedule: nothing runs until triggered
+            results["airflow_start_seconds"] = round(time.perf_counter() - started, 3)
+            source = catalog.load_table(tiny.table)
+            for index in range(latency_runs):
+                if index:
+                    _one_row_update(source, index, f"again{index}")
+                triggered_at = time.time()
+                run = airflow.trigger(tiny_dag, {"trigger_next": False})
+                done = airflow.wait_for_runs(tiny_dag, [run["dag_run_id"]], timeout=900, poll=0.2)
+                final = next(r for r in done if r["dag_run_id"] == run["dag_run_id"])
+                if final["state"] != "success":
+                    raise RuntimeError(f"run {run['dag_run_id']} of {tiny_dag} {final['state']}; see {logs}")
+                tasks = airflow.task_instances(tiny_dag, run["dag_run_id"])
+                commit = next(t for t in tasks if t["task_id"] == "commit")
+                results["latency"].append(
+                    {
+                        "seconds": round(_stamp(final["end_date"]) - triggered_at, 3),
+                        # When the change is in the sink: the run's last tasks come after it.
+                        "to_commit_seconds": round(_stamp(commit["end_date"]) - triggered_at, 3),
+                        "queued_to_start_seconds": round(
+                            _stamp(final["start_date"]) - _stamp(final["queued_at"]), 3
+                        ),
+                        "tasks": [
+                            {"task": t["task_id"], "state": t["state"], "seconds": t["duration"]}
+                            for t in tasks
+                            if t["duration"]
+                        ],
+                    }
+                )
+            triggered_at = time.time()
+            airflow.trigger(chain_dag)
+            runs = airflow.wait_until_idle(chain_dag, timeout=3600)
+            failed = [r["dag_run_id"] for r in runs if r["state"] != "success"]
+            mark = read_watermark(catalog.load_table(f"{chain.table}_changes"), chain.table)
+            current = catalog.load_table(chain.table).current_snapshot().snapshot_id
+            if failed or mark is None or mark.snapshot_id != current:
+                raise RuntimeError(f"the backlog did not catch up (failed runs {failed}); see {logs}")
+            results["backlog_run"] = {
+                "seconds": round(max(_stamp(r["end_date"]) for r in runs) - triggered_at, 3),
+                "runs": len(runs),
+                "chained_runs": sum(r["dag_run_id"].startswith("chained__") for r in runs),
+            }
+    return results
+
+
+def scheduler_lines(results: dict[str, Any]) -> list[str]:
+    """``latency: ... under the scheduler X s (connect)`` and ``backlog: ... caught up in X s``."""
+    runs = results["latency"]
+    backlog = results["backlog_run"]
+    first = f"; first run after the start {runs[0]['seconds']:.1f} s" if len(runs) > 1 else ""
+    return [
+        f"latency: one-row snapshot under the scheduler {runs[-1]['seconds']:.1f} s (connect, trigger to "
+        f"success; in the sink after {runs[-1]['to_commit_seconds']:.1f} s; LocalExecutor "
+        f"{results['parallelism']} slots{first})",
+        f"backlog: {results['backlog']} one-row snapshots caught up in {backlog['seconds']:.1f} s (connect, "
+        f"chained runs: {backlog['runs']} runs, {backlog['seconds'] / max(1, backlog['runs']):.1f} s per snapshot)",
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--connect-runs", type=int, default=2)
+    parser.add_argument(
+        "--scheduler-only",
+        action="store_true",
+        help="only the figures under Airflow's scheduler (one-row latency, a backlog of chained runs)",
+    )
+    parser.add_argument("--backlog", type=int, default=30, help="one-row snapshots in the backlog")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
     from iceberg_cdc.local_s3 import LocalS3Server
@@ -238,9 +388,17 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     with LocalS3Server(log_path=work / "s3.log") as s3:
-        results = compare_modes(work, s3, work / "logs", rows=args.rows, connect_runs=args.connect_runs)
+        if args.scheduler_only:
+            results = {}
+        else:
+            results = compare_modes(work, s3, work / "logs", rows=args.rows, connect_runs=args.connect_runs)
+        results["scheduler"] = scheduler_figures(
+            work, s3, work / "logs", rows=args.rows, backlog=args.backlog
+        )
     (work / "latency.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    print("\n".join(summary_lines(results)))
+    if not args.scheduler_only:
+        print("\n".join(summary_lines(results)))
+    print("\n".join(scheduler_lines(results["scheduler"])))
     print(f"details: {work / 'latency.json'}")
     return 0
 

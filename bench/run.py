@@ -19,6 +19,10 @@ Runs, in this one invocation, all on Spark ``local[2]``:
   Spark Connect server (``connect_run.py``), each run twice, the second timed;
 * small-snapshot latency: a real ``airflow dags test`` run after a one-row
   update, in submit mode and in connect mode (a local Spark Connect server);
+* under Airflow's scheduler (API server, scheduler, DAG processor, a
+  LocalExecutor with 2 slots; connect mode): one-row latency from the REST
+  trigger to success, and a backlog of 30 one-row snapshots caught up by
+  chained runs (also with ``--quick``; ``--no-scheduler`` leaves it out);
 * the engine-only figures of ``engine_bench.py``.
 
 Writes ``bench/results/pipeline.{json,txt,png,md}`` and ends with the lines
@@ -53,7 +57,13 @@ import report  # noqa: E402
 import workload as wl  # noqa: E402
 import yaml  # noqa: E402
 from connect_run import connect_line, run_connect  # noqa: E402
-from latency import compare_modes, latency_line, one_row_latency  # noqa: E402
+from latency import (  # noqa: E402
+    compare_modes,
+    latency_line,
+    one_row_latency,
+    scheduler_figures,
+    scheduler_lines,
+)
 from mor_bench import mor_line, run_mor_vs_cow  # noqa: E402
 from pipeline_run import PipelineSetup, breakdown, expected_reads, run_pipeline, sink_changes  # noqa: E402
 from probes import probe  # noqa: E402
@@ -367,6 +377,13 @@ def main() -> None:
     parser.add_argument(
         "--skip-connect", action="store_true", help="leave the warm Spark Connect comparison out"
     )
+    parser.add_argument(
+        "--scheduler",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one-row latency and a 30-snapshot backlog under Airflow's scheduler (default: on, "
+        "also with --quick; about 15 minutes)",
+    )
     args = parser.parse_args()
     rows = args.rows or (100_000 if args.quick else 5_000_000)
     started = time.perf_counter()
@@ -413,6 +430,9 @@ def main() -> None:
             )
         if not args.quick and not args.skip_airflow:
             run_latency(bench, workloads, results)
+        if args.scheduler:
+            log("under the scheduler: one-row latency, then 30 one-row snapshots caught up by chained runs")
+            results["scheduler"] = scheduler_figures(work, bench.s3, bench.logs)
     finally:
         bench.s3.stop()
     # A quick run must not overwrite the committed figures of a full one.
@@ -435,6 +455,8 @@ def main() -> None:
         print(latency_line(results["latency"]["wall_seconds"], results["latency_connect"]))
     elif "latency" in results:
         print(f"latency: one-row snapshot {results['latency']['wall_seconds']:.1f} s (submit)")
+    if "scheduler" in results:
+        print("\n".join(scheduler_lines(results["scheduler"])))
     if "connect" in results:
         print(connect_line(results))
     print(

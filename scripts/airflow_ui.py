@@ -31,12 +31,10 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,112 +43,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
 from demo import start_demo
 
 from iceberg_cdc.config import load_config
-from iceberg_cdc.devtools.airflow_env import VENV_BIN, airflow_env, ensure_airflow_db
+from iceberg_cdc.devtools.airflow_env import airflow_env, ensure_airflow_db
 from iceberg_cdc.devtools.connect_server import connect_server_for
+from iceberg_cdc.devtools.scheduler import HOST, components, healthy, machine_env, port_free, stop_processes
 from iceberg_cdc.local_s3 import LocalS3Server
 
 WORK = Path(__file__).resolve().parents[1] / ".cdc" / "airflow-ui"
-HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
-
-# Airflow's task log server (the app the scheduler and triggerer would start on every
-# interface), on 127.0.0.1, for the worker and triggerer log ports given as arguments.
-LOG_SERVER = """
-import asyncio, sys
-import uvicorn
-from airflow.utils.serve_logs.log_server import get_app
-
-async def main():
-    app = get_app()
-    servers = [
-        uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=int(port), log_config=None, access_log=False))
-        for port in sys.argv[1:]
-    ]
-    await asyncio.gather(*(server.serve() for server in servers))
-
-asyncio.run(main())
-"""
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def machine_env(env: dict[str, str], port: int) -> dict[str, str]:
-    """Settings for one small machine, everything on 127.0.0.1."""
-    cores = os.cpu_count() or 2
-    env.update(
-        {
-            "CDC_SENSOR_MODE": "reschedule",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-            "AIRFLOW__API__HOST": HOST,
-            "AIRFLOW__API__PORT": str(port),
-            "AIRFLOW__API__WORKERS": "1",
-            # Tasks reach Airflow through the execution API; it must follow the port.
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{HOST}:{port}/execution/",
-            # LocalExecutor: one worker process per parallel task slot.
-            "AIRFLOW__CORE__PARALLELISM": str(cores),
-            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(cores),
-            "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": str(min(2, cores)),
-            # Tasks record this host name; the API server fetches running tasks' logs from it.
-            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "urllib.request.localhost",
-        }
-    )
-    env.setdefault("AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT", "8793")
-    env.setdefault("AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT", "8794")
-    return env
-
-
-def components(env: dict[str, str], port: int) -> dict[str, list[str]]:
-    airflow = str(VENV_BIN / "airflow")
-    return {
-        "api-server": [airflow, "api-server", "--host", HOST, "--port", str(port), "--workers", "1"],
-        "scheduler": [airflow, "scheduler", "--skip-serve-logs"],
-        "dag-processor": [airflow, "dag-processor"],
-        "triggerer": [airflow, "triggerer", "--skip-serve-logs"],
-        "log-server": [
-            str(VENV_BIN / "python"),
-            "-c",
-            LOG_SERVER,
-            env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"],
-            env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"],
-        ],
-    }
 
 
 def _relay(name: str, stream) -> None:
     for line in iter(stream.readline, b""):
         sys.stdout.write(f"{name:>13} | {line.decode(errors='replace')}")
         sys.stdout.flush()
-
-
-def _stop(processes: dict[str, subprocess.Popen]) -> None:
-    """Stop the processes started here, each by its own process group (its children too)."""
-    for process in processes.values():
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 20
-    for process in processes.values():
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def run_airflow(env: dict[str, str], port: int) -> int:
@@ -169,7 +74,7 @@ def run_airflow(env: dict[str, str], port: int) -> int:
                 if process.poll() is not None:
                     print(f"\n{name} exited with {process.returncode}; stopping Airflow", flush=True)
                     return process.returncode or 1
-            if not announced and _healthy(f"{url}/api/v2/monitor/health"):
+            if not announced and healthy(f"{url}/api/v2/monitor/health"):
                 announced = True
                 print(
                     f"\n  Airflow UI: {url}  (no login: every user is admin)\n"
@@ -182,7 +87,7 @@ def run_airflow(env: dict[str, str], port: int) -> int:
         print("\nstopping Airflow ...", flush=True)
         return 0
     finally:
-        _stop(processes)
+        stop_processes(processes.values())
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -106,7 +106,7 @@ def test_guards_and_params():
     dag = build_dags(parse_config(CONFIG))["cdc__shop__orders"]
     assert dag.max_active_runs == 1
     assert dag.catchup is False
-    assert set(dag.params) == {"snapshot_id", "trigger_next"}
+    assert set(dag.params) == {"snapshot_id", "through_snapshot_id", "trigger_next"}
     assert dag.params["snapshot_id"] is None
 
 

@@ -59,6 +59,7 @@ def test_other_outcomes_are_named():
 def test_chained_runs_name_their_snapshot():
     assert chained_run_id(123, "20250101T000000") == "chained__s123__20250101T000000"
     assert chained_run_id(None, "x") == "chained__next__x"
+    assert chained_run_id(5, "x", "reprocess") == "reprocess__s5__x"
 
 
 # ---------------------------------------------------------------- the run's note

@@ -16,6 +16,7 @@ from iceberg_cdc.source.history import (
     pending_count,
     table_uuid,
     validate_manual_snapshot,
+    validate_reprocess_range,
 )
 from tests.support.iceberg_tables import create_table, current_id, live_files, orders, sql_catalog
 
@@ -195,6 +196,42 @@ def test_manual_snapshot_ordinal_follows_the_watermark(catalog):
     watermark = Watermark(table_uuid(table), c, 3)
     assert validate_manual_snapshot(table, b, watermark).ordinal == 2
     assert validate_manual_snapshot(table, c, watermark).ordinal == 3
+
+
+def test_reprocess_range_lists_the_snapshots_from_first_through_last(catalog):
+    table = create_table(catalog, "t")
+    a, b, c, _ = appended(table, 4)
+    mark = Watermark(table_uuid(table), c, 3)
+    assert validate_reprocess_range(table, a, c, mark) == [a, b, c]
+    assert validate_reprocess_range(table, b, b, mark) == [b]
+
+
+def test_reprocess_range_refusals_name_the_fix(catalog):
+    table = create_table(catalog, "t")
+    a, b, c, d = appended(table, 4)
+    mark = Watermark(table_uuid(table), c, 3)
+
+    def refused(first, through, watermark=mark) -> str:
+        with pytest.raises(SourceHistoryError) as raised:
+            validate_reprocess_range(table, first, through, watermark)
+        return str(raised.value)
+
+    message = refused(a, b, None)
+    assert "no watermark" in message and "without snapshot_id" in message
+    message = refused(c, a)
+    assert "comes before" in message and f'{{"snapshot_id": {a}, "through_snapshot_id": {c}}}' in message
+    message = refused(b, d)
+    assert "not processed yet" in message and f"up to {c}" in message
+    message = refused(a, 12345)
+    assert "12345" in message and "does not exist" in message
+
+    table.maintenance.expire_snapshots().by_id(a).commit()
+    message = refused(a, b, Watermark(table_uuid(table), c, 3))
+    assert (
+        f"snapshot_id {a}" in message
+        and "expired" in message
+        and f"oldest one still available is {b}" in message
+    )
 
 
 def test_watermark_json_round_trip():

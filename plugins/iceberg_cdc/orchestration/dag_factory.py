@@ -26,12 +26,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Asset, Param, TriggerRule, task
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk import DAG, Asset, Param, TriggerRule, get_current_context, task
+from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
 from iceberg_cdc.errors import LeaseHeldError
@@ -43,7 +43,8 @@ from iceberg_cdc.orchestration.operators import (  # noqa: F401  (re-exported fo
     phase_operator,
     spark_application,
 )
-from iceberg_cdc.orchestration.run_lease import lease_ttl_seconds
+from iceberg_cdc.orchestration.run_kinds import backfill_refusal, is_backfill, should_chain
+from iceberg_cdc.orchestration.run_lease import lease_ttl_seconds, lease_wait_step
 from iceberg_cdc.orchestration.run_story import chained_run_id, story
 from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
 from iceberg_cdc.orchestration.task_policy import (
@@ -57,6 +58,7 @@ log = logging.getLogger("iceberg_cdc")
 
 SENSOR_MODE_ENV = "CDC_SENSOR_MODE"  # "poke" for `airflow dags test`, else reschedule
 LEASE_WAIT_ENV = "CDC_LEASE_WAIT_SECONDS"  # how long detect waits for a busy table (default 2 TTLs)
+IN_PROCESS_WAIT_SECONDS = 5.0  # a chained run behind its predecessor's cleanup: poll, then reschedule
 
 
 def lease_wait_seconds() -> float:
@@ -79,17 +81,32 @@ DOC = """
 
 Each run processes the oldest source snapshot after the watermark kept in
 `{sink}`'s properties, and says which in its logs, XComs and the sink asset's
-events. Trigger with `{{"snapshot_id": <id>}}` to reprocess one snapshot of
-the current history (its rows in the sink are replaced; the run does not
-chain unless `trigger_next` is true).
+events. When more snapshots are pending it starts the next run at once
+(`{{"trigger_next": false}}` turns that off).
+
+**Reprocess one snapshot:** trigger with `{{"snapshot_id": <id>}}` (a snapshot of
+the current history the sink holds, or the next pending one): its rows in the
+sink are replaced atomically, and the run does not chain unless `trigger_next`
+is true.
+
+**Reprocess a range:** trigger with `{{"snapshot_id": A, "through_snapshot_id": B}}`.
+The run replaces A's rows, then starts a run for the next snapshot of the
+current history, and so on up to B: one run per snapshot, in order, each
+replacing that snapshot's rows (run ids `reprocess__s<id>__...`). Refused,
+naming the fix, when the sink is fresh, when A or B is not in the current
+history (expired, rolled back), when B comes before A, or when B is after the
+watermark (pending snapshots are for ordinary runs). `{{"trigger_next": false}}`
+stops after A.
 
 **Runs never overlap.** A run that finds the table held by another run waits
-for it (up to two lease TTLs, so a dead holder is taken over), then fails
-naming the holder -- it never skips silently.
+for it without holding a worker slot (it is rescheduled), for up to two lease
+TTLs per holder (so a dead holder is taken over), then fails naming the
+holder -- it never skips silently.
 
 **Backfills** (`airflow backfill create`) process pending snapshots in order,
-one per run; their runs never chain (`trigger_next` is ignored) and refuse
-`snapshot_id` (reprocess one snapshot with a manual run instead).
+one per run, whatever their `max_active_runs` (the runs queue for the table);
+their runs never chain (`trigger_next` is ignored) and refuse `snapshot_id`
+and `through_snapshot_id` (reprocess with a manual run instead).
 
 * **detect** — picks the snapshot, plans the work, takes the table's lease
 * **shuffle_write / barrier / coalesce / shuffle_read** — the S3 shuffle (snapshots with deletes)
@@ -134,6 +151,12 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
                 description="Start the next run at once when more snapshots are pending "
                 "(default: yes, except for a reprocess of one snapshot_id).",
             ),
+            "through_snapshot_id": Param(
+                None,
+                type=["null", "integer"],
+                description="With snapshot_id: reprocess every snapshot from snapshot_id through this one, "
+                "one run per snapshot, in order.",
+            ),
         },
         # Transient failures (an S3 blip, a killed worker) are retried where they happen: every
         # step is idempotent within the run's lease epoch. Errors a retry cannot fix fail at once.
@@ -150,14 +173,14 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         def detect(
             params: dict[str, Any] | None = None, run_id: str | None = None, ti=None, dag_run=None
         ) -> dict[str, Any]:
-            requested = (params or {}).get("snapshot_id")
-            if requested is not None and _is_backfill(dag_run):
-                raise AirflowFailException(
-                    f"snapshot_id={requested} is not allowed in a backfill: a backfill processes the pending "
-                    "snapshots in order. To reprocess one snapshot, trigger a manual run with "
-                    '{"snapshot_id": ...}.'
-                )
-            deadline = time.monotonic() + lease_wait_seconds()
+            params = params or {}
+            requested = params.get("snapshot_id")
+            backfill = is_backfill(getattr(dag_run, "run_type", None))
+            refusal = backfill_refusal(params) if backfill else None
+            if refusal:
+                raise AirflowFailException(refusal)
+            try_started = time.time()
+            waiting_since = _first_reschedule(ti) or try_started
             while True:
                 try:
                     with final_errors():
@@ -168,14 +191,33 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
                             dag_id=table.dag_id,
                             try_number=getattr(ti, "try_number", None),
                             holder_state=airflow_holder_state(ti),
+                            through_snapshot_id=params.get("through_snapshot_id"),
                         )
                     log.info("this run: %s", story(detected))
                     return detected
                 except LeaseHeldError as exc:
-                    if time.monotonic() >= deadline:
+                    action, seconds = lease_wait_step(
+                        now=time.time(),
+                        waiting_since=waiting_since,
+                        holder_since=_holder_since(context()),
+                        window=lease_wait_seconds(),
+                        try_started=try_started,
+                        reschedule=sensor_mode != "poke",
+                        # Only a first attempt polls in process (a predecessor finishing its cleanup);
+                        # a backfill's runs queue for the table: they give their slots back at once.
+                        in_process_seconds=0.0
+                        if backfill or waiting_since != try_started
+                        else IN_PROCESS_WAIT_SECONDS,
+                    )
+                    if action == "fail":
                         raise AirflowFailException(f"LeaseHeldError: {exc}") from None
-                    log.warning("waiting for the table: %s", exc)
-                    time.sleep(min(15.0, max(1.0, deadline - time.monotonic())))
+                    if action == "reschedule":
+                        log.warning("table busy, looking again in %.0f s (slot given back): %s", seconds, exc)
+                        raise AirflowRescheduleException(
+                            datetime.now(UTC) + timedelta(seconds=seconds)
+                        ) from None
+                    log.info("table busy, looking again in %.0f s: %s", seconds, exc)
+                    time.sleep(seconds)
 
         detected = detect()
 
@@ -238,24 +280,22 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         ) -> dict[str, Any]:
             mark = steps.watermark(context(), detected)
             emit_safely(emit_lag, source, int(mark.get("remaining") or 0))
-            stamp = ts_nodash or datetime.now().strftime("%Y%m%dT%H%M%S")
-            mark["chained_run_id"] = chained_run_id(
-                mark.get("next_snapshot_id"), f"{stamp}_{time.time_ns() % 10**6}"
-            )
+            stamp = f"{ts_nodash or datetime.now().strftime('%Y%m%dT%H%M%S')}_{time.time_ns() % 10**6}"
+            if mark.get("next_conf"):
+                mark["chained_run_id"] = chained_run_id(mark["next_conf"]["snapshot_id"], stamp, "reprocess")
+            else:
+                mark["chained_run_id"] = chained_run_id(mark.get("next_snapshot_id"), stamp)
             return mark
 
         @task.short_circuit(task_id="more_pending")
         def more_pending(mark: dict[str, Any], params: dict[str, Any] | None = None, dag_run=None) -> bool:
             # A backfill never chains: its runs are the backfill's, and a chained run would escape it.
-            # A manual reprocess (snapshot_id) does not chain unless asked to: it is about one snapshot.
-            params = params or {}
-            if _is_backfill(dag_run):
+            # A manual reprocess (snapshot_id) does not chain unless asked to: it is about one snapshot;
+            # a range reprocess chains to the next snapshot of its range (run_kinds).
+            backfill = is_backfill(getattr(dag_run, "run_type", None))
+            if backfill:
                 log.info("a backfill run does not chain; the backfill's next run takes the next snapshot")
-                return False
-            chain = params.get("trigger_next")
-            if chain is None:
-                chain = params.get("snapshot_id") is None
-            return bool(mark["remaining"]) and bool(chain)
+            return should_chain(mark, params, backfill=backfill)
 
         trigger_next = ChainRunOperator(
             task_id="trigger_next_run",
@@ -263,6 +303,8 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
             wait_for_completion=False,
             # The chained run's id names the snapshot it will process.
             trigger_run_id="{{ ti.xcom_pull(task_ids='watermark')['chained_run_id'] }}",
+            # {} for an ordinary chain; the next snapshot of the range for a range reprocess.
+            conf="{{ ti.xcom_pull(task_ids='watermark').get('next_conf', {}) | tojson }}",
             note="chained: {{ ti.xcom_pull(task_ids='watermark')['remaining'] }} snapshot(s) pending",
         )
 
@@ -290,9 +332,22 @@ class ChainRunOperator(TriggerDagRunOperator):
     template_fields = (*TriggerDagRunOperator.template_fields, "note")
 
 
-def _is_backfill(dag_run: Any) -> bool:
-    run_type = getattr(dag_run, "run_type", None)
-    return str(getattr(run_type, "value", run_type) or "").lower() == "backfill"
+def _first_reschedule(ti: Any) -> float | None:
+    """When this try of the task first ran, if it has been rescheduled since (epoch seconds)."""
+    try:
+        first = ti.get_first_reschedule_date(get_current_context())
+    except Exception:  # no scheduler behind the task (a test), or an older task SDK
+        return None
+    return first.timestamp() if first is not None else None
+
+
+def _holder_since(ctx: steps.Context) -> float | None:
+    """When the current holder of the table's lease took it (epoch seconds), if anyone holds it."""
+    try:
+        current = ctx.lease().current()
+    except Exception:  # the wait is then counted from this run's own start
+        return None
+    return current.acquired_at.timestamp() if current is not None and not current.released else None
 
 
 def build_dags(config: CdcConfig | None = None) -> dict[str, DAG]:

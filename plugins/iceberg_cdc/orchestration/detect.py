@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
-from iceberg_cdc.errors import CdcError
+from iceberg_cdc.errors import CdcError, SourceHistoryError
 from iceberg_cdc.orchestration import run_lease
 from iceberg_cdc.orchestration.context import Context
 from iceberg_cdc.pipeline.groups import record_phase
@@ -26,7 +26,7 @@ from iceberg_cdc.sink.schema import evolve_sink_schema
 from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import ensure_sink_table, loaded_in_full, read_watermark
 from iceberg_cdc.source.changes import initial_load_changes, require_supported, snapshot_changes
-from iceberg_cdc.source.history import next_snapshot, validate_manual_snapshot
+from iceberg_cdc.source.history import next_snapshot, validate_manual_snapshot, validate_reprocess_range
 from iceberg_cdc.source.planning import plan_write_tasks
 from iceberg_cdc.source.reading import table_name_mapping_json
 from iceberg_cdc.source.tables import load_source_table, resolve_identifier_columns
@@ -44,15 +44,25 @@ def detect(
     dag_id: str = "",
     try_number: int | None = None,
     holder_state: Callable[[LeaseInfo], HolderState] | None = None,
+    through_snapshot_id: int | None = None,
 ) -> dict[str, Any]:
     """Take the lease, find the snapshot to process, plan it, and say which path the run takes.
 
     The cleanup teardown releases the lease, but it only runs when detect
     succeeded; so a detect that fails after taking the lease releases it itself.
+    ``through_snapshot_id``: this run reprocesses ``snapshot_id``, the first of a
+    range that ends there (:func:`~iceberg_cdc.source.history.validate_reprocess_range`);
+    detect's result names the next snapshot of the range (``next_in_range``).
     """
+    if through_snapshot_id is not None and snapshot_id is None:
+        raise SourceHistoryError(
+            f"through_snapshot_id={through_snapshot_id} needs snapshot_id, the first snapshot to "
+            f'reprocess: trigger with {{"snapshot_id": <first>, "through_snapshot_id": '
+            f"{through_snapshot_id}}}. Nothing was run."
+        )
     held = run_lease.take(ctx, run_id, dag_id=dag_id, try_number=try_number, holder_state=holder_state)
     try:
-        return _detect(ctx, run_id, snapshot_id, held)
+        return _detect(ctx, run_id, snapshot_id, held, through_snapshot_id)
     except BaseException:
         try:
             run_lease.give_back(ctx, run_id, held.epoch)
@@ -126,12 +136,17 @@ def _commit_may_land(store, paths: SnapshotPaths) -> bool:
     return time.time() - written_at < 2 * run_lease.lease_ttl_seconds() + COMMIT_GRACE_SECONDS
 
 
-def _detect(ctx: Context, run_id: str, snapshot_id: int | None, held: LeaseInfo) -> dict[str, Any]:
+def _detect(
+    ctx: Context, run_id: str, snapshot_id: int | None, held: LeaseInfo, through_snapshot_id: int | None
+) -> dict[str, Any]:
     started = time.perf_counter()
     catalog = ctx.catalog()
     source = load_source_table(catalog, ctx.table)
     sink = ensure_sink_table(catalog, ctx.table.sink, source.schema())
     watermark = read_watermark(sink, ctx.table.source)
+    in_range: list[int] = []
+    if through_snapshot_id is not None and snapshot_id is not None:
+        in_range = validate_reprocess_range(source, snapshot_id, through_snapshot_id, watermark)
     if snapshot_id is not None:
         pending = validate_manual_snapshot(
             source,
@@ -154,6 +169,10 @@ def _detect(ctx: Context, run_id: str, snapshot_id: int | None, held: LeaseInfo)
         "manual": snapshot_id is not None,
         "swept": swept,
     }
+    if in_range:
+        base.update(
+            through_snapshot_id=through_snapshot_id, next_in_range=in_range[1] if in_range[1:] else None
+        )
     if pending is None:
         log.info(
             "%s is caught up: nothing after snapshot %s",

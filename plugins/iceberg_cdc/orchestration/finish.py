@@ -28,7 +28,7 @@ log = logging.getLogger("iceberg_cdc")
 def watermark(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
     """Check the sink's watermark reached this snapshot; count what is pending after it, afresh."""
     if detected["action"] == "caught_up":
-        return {"snapshot_id": None, "remaining": 0}
+        return {"snapshot_id": None, "remaining": 0, "next_conf": {}}
     catalog = ctx.catalog()
     sink = catalog.load_table(ctx.table.sink)
     mark = read_watermark(sink, ctx.table.source)
@@ -47,11 +47,25 @@ def watermark(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
         mark and mark.ordinal,
         remaining,
     )
-    return {
+    result = {
         "snapshot_id": mark and mark.snapshot_id,
         "remaining": remaining,
         "next_snapshot_id": after and after.snapshot_id,
+        "next_conf": {},
     }
+    if detected.get("next_in_range") is not None:
+        # A range reprocess goes on with the next snapshot of the range, up to its last one.
+        result["next_conf"] = {
+            "snapshot_id": detected["next_in_range"],
+            "through_snapshot_id": detected["through_snapshot_id"],
+        }
+        log.info(
+            "reprocess of %s through snapshot %s: snapshot %s is next",
+            ctx.table.source,
+            detected["through_snapshot_id"],
+            detected["next_in_range"],
+        )
+    return result
 
 
 def cleanup(ctx: Context, detected: dict[str, Any] | None, run_id: str) -> dict[str, Any]:

@@ -75,3 +75,42 @@ def confirm(ctx: Context, detected: dict[str, Any]) -> LeaseInfo:
 def give_back(ctx: Context, run_id: str, epoch: int | None) -> bool:
     """Release the run's lease of ``epoch`` (never another run's or epoch's)."""
     return ctx.lease().release(run_id, epoch)
+
+
+RESCHEDULE_SECONDS = 10.0  # a detect waiting under a scheduler looks again this often, holding no slot
+
+
+def lease_wait_step(
+    *,
+    now: float,
+    waiting_since: float,
+    holder_since: float | None,
+    window: float,
+    try_started: float,
+    reschedule: bool,
+    in_process_seconds: float,
+) -> tuple[str, float]:
+    """What a detect that found its table held does next: ``("fail" | "sleep" | "reschedule", seconds)``.
+
+    The wait is bounded per holder: ``window`` seconds from when this run
+    started waiting, or from when the current holder took the table if that is
+    later -- a queue of runs taking the table in turn is progress (a backfill's
+    runs, a chained run behind its predecessor's cleanup), one holder blocking
+    the table that long is not, and the run fails naming it.
+
+    Under a scheduler (``reschedule``) the task gives its worker slot back
+    while it waits: it polls in process for ``in_process_seconds`` at most
+    (the common case, a predecessor finishing its cleanup), then asks to be
+    rescheduled. Waiting runs that hold slots could otherwise starve the
+    holder itself on a small executor: a backfill starts many runs at once.
+    ``airflow dags test`` (no scheduler) sleeps in process.
+    """
+    start = waiting_since if holder_since is None else max(waiting_since, holder_since)
+    left = start + window - now
+    if left <= 0:
+        return "fail", 0.0
+    if not reschedule:
+        return "sleep", min(15.0, max(1.0, left))
+    if now - try_started < in_process_seconds:
+        return "sleep", min(1.0, left)
+    return "reschedule", min(RESCHEDULE_SECONDS, max(1.0, left))

@@ -81,10 +81,13 @@ def story(detected: dict[str, Any], committed: dict[str, Any] | None = None) -> 
     return f"{label}: {outcome(committed or {})}"
 
 
-def chained_run_id(snapshot_id: int | None, stamp: str) -> str:
-    """Run id of a chained run: names the snapshot it will process (``chained__s123__<stamp>``)."""
+def chained_run_id(snapshot_id: int | None, stamp: str, kind: str = "chained") -> str:
+    """Run id of a chained run: names the snapshot it will process (``chained__s123__<stamp>``).
+
+    ``kind`` is ``reprocess`` for the runs of a range reprocess (``reprocess__s123__<stamp>``).
+    """
     target = f"s{snapshot_id}" if snapshot_id is not None else "next"
-    return f"chained__{target}__{stamp}"
+    return f"{kind}__{target}__{stamp}"
 
 
 # Exceptions that only carry another error's line: ``AirflowFailException("LeaseHeldError: ...")``.

@@ -298,3 +298,60 @@ def validate_manual_snapshot(
         is_initial_load=loaded_in_full or is_first,
         remaining=len(ancestry) - max(position, marked) - 1,
     )
+
+
+def validate_reprocess_range(
+    table: Table, first_id: int, through_id: int, watermark: Watermark | None
+) -> list[int]:
+    """The snapshots a range reprocess (``snapshot_id`` A through ``through_snapshot_id`` B) will redo.
+
+    A range reprocess replaces, one run per snapshot and in order, the rows of
+    snapshots the sink already holds: A, then each snapshot after it in the
+    current ancestry, up to and including B. So the sink must have a watermark
+    (a fresh sink holds nothing to replace), both snapshots must be in the
+    current ancestry (not expired, not rolled back), B must not come before A,
+    and B must not be after the watermark (pending snapshots are processed by
+    ordinary runs, in order). Returns the ids A..B, oldest first.
+    """
+    name = table_name(table)
+    if watermark is None:
+        raise SourceHistoryError(
+            f"Cannot reprocess snapshots {first_id} through {through_id} of table {name}: the sink has "
+            "no watermark yet, so it holds no snapshot to replace. Nothing was run. Trigger the DAG "
+            "without snapshot_id and through_snapshot_id to process the pending snapshots in order."
+        )
+    ancestry = current_ancestry(table)
+    marked = _check_watermark(table, watermark, ancestry)
+    positions = {}
+    for label, snapshot_id in (("snapshot_id", first_id), ("through_snapshot_id", through_id)):
+        position = _position(ancestry, snapshot_id)
+        if position is None:
+            if table.metadata.snapshot_by_id(snapshot_id) is None:
+                reason = "it does not exist in the table metadata (expired, or from another table)"
+            else:
+                reason = "it is not in the current history of main (rolled back, or on another branch)"
+            raise SourceHistoryError(
+                f"Cannot reprocess snapshots {first_id} through {through_id} of table {name}: "
+                f"{label} {snapshot_id} is not usable: {reason}. Only snapshots of the current ancestry "
+                f"can be reprocessed; the oldest one still available is "
+                f"{ancestry[0].snapshot_id if ancestry else None}, the sink's watermark is at "
+                f"{watermark.snapshot_id}. Nothing was run."
+            )
+        positions[label] = position
+    first, through = positions["snapshot_id"], positions["through_snapshot_id"]
+    if through < first:
+        raise SourceHistoryError(
+            f"Cannot reprocess snapshots {first_id} through {through_id} of table {name}: "
+            f"through_snapshot_id {through_id} comes before snapshot_id {first_id} in the current "
+            f"history (positions {through + 1} and {first + 1}). Nothing was run. Swap them: "
+            f'{{"snapshot_id": {through_id}, "through_snapshot_id": {first_id}}}.'
+        )
+    if through > marked:
+        raise SourceHistoryError(
+            f"Cannot reprocess snapshots {first_id} through {through_id} of table {name}: "
+            f"through_snapshot_id {through_id} is not processed yet (the sink's watermark is at "
+            f"snapshot {watermark.snapshot_id}). A range reprocess only replaces snapshots the sink "
+            f"holds. Nothing was run. Use a through_snapshot_id up to {watermark.snapshot_id}, and "
+            "trigger the DAG without snapshot_id to process the pending snapshots in order."
+        )
+    return [s.snapshot_id for s in ancestry[first : through + 1]]
