@@ -234,6 +234,13 @@ def pending_count(table: Table, watermark: Watermark | None, start: StartPositio
     return 0 if pending is None else pending.remaining + 1
 
 
+def _why_not_in_ancestry(table: Table, snapshot_id: int) -> str:
+    """Why a snapshot id cannot be processed: gone from the metadata, or off the current history."""
+    if table.metadata.snapshot_by_id(snapshot_id) is None:
+        return "it does not exist in the table metadata (expired, or from another table)"
+    return "it is not in the current history of main (rolled back, or on another branch)"
+
+
 def validate_manual_snapshot(
     table: Table,
     snapshot_id: int,
@@ -258,10 +265,7 @@ def validate_manual_snapshot(
     position = _position(ancestry, snapshot_id)
     name = table_name(table)
     if position is None:
-        if table.metadata.snapshot_by_id(snapshot_id) is None:
-            reason = "it does not exist in the table metadata (expired, or from another table)"
-        else:
-            reason = "it is not in the current history of main (rolled back, or on another branch)"
+        reason = _why_not_in_ancestry(table, snapshot_id)
         raise SourceHistoryError(
             f"Cannot reprocess snapshot {snapshot_id} of table {name}: {reason}. Only snapshots of the "
             f"current ancestry can be processed; the current snapshot is "
@@ -326,10 +330,7 @@ def validate_reprocess_range(
     for label, snapshot_id in (("snapshot_id", first_id), ("through_snapshot_id", through_id)):
         position = _position(ancestry, snapshot_id)
         if position is None:
-            if table.metadata.snapshot_by_id(snapshot_id) is None:
-                reason = "it does not exist in the table metadata (expired, or from another table)"
-            else:
-                reason = "it is not in the current history of main (rolled back, or on another branch)"
+            reason = _why_not_in_ancestry(table, snapshot_id)
             raise SourceHistoryError(
                 f"Cannot reprocess snapshots {first_id} through {through_id} of table {name}: "
                 f"{label} {snapshot_id} is not usable: {reason}. Only snapshots of the current ancestry "
