@@ -313,6 +313,9 @@ class FaultProxy:
         self._upstream_port = _loopback_port(self.upstream)
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
+        # Where a cut falls comes from its own stream: the fault sequence must not depend on the
+        # sizes of the responses cut (an error body's request id, say).
+        self._cut_rng = random.Random(seed + 1)
         self._rates = (0.0, 0.0, 0.0)
         self.set_rates(error_rate=error_rate, drop_rate=drop_rate, cut_rate=cut_rate)
         self.fault_filter = fault_filter
@@ -489,9 +492,10 @@ class FaultProxy:
         if fault.startswith("error_"):
             status = int(fault.removeprefix("error_"))
             reason, code, text = _ERRORS[status]
-            client.sendall(_error_response(status, reason, code, text, target, close=not keep_alive))
+            # Recorded before the answer goes out, so records keep the order of the draws.
             self._fault_done(fault)
             self._record(method, target, fault, status)
+            client.sendall(_error_response(status, reason, code, text, target, close=not keep_alive))
             return keep_alive
         response = upstream.exchange(request.head_bytes(frozenset({b"expect"})), request.body, method)
         with self._lock:
@@ -504,13 +508,13 @@ class FaultProxy:
         head = _client_head(response, method, status, keep_alive=keep_alive and fault == "none")
         if fault == "cut":
             with self._lock:
-                keep = self._rng.randrange(len(response.body))
-            client.sendall(head + response.body[:keep])
+                keep = self._cut_rng.randrange(len(response.body))
             self._fault_done("cut")
             self._record(method, target, "cut", status)
+            client.sendall(head + response.body[:keep])
             return False
-        client.sendall(head + response.body)
         self._record(method, target, "none", status)
+        client.sendall(head + response.body)
         return keep_alive
 
     def _draw(self, method: str, target: str) -> str:
