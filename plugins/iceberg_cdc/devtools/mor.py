@@ -54,7 +54,9 @@ from pyiceberg.table.update.snapshot import _SnapshotProducer
 from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import LongType
 
-from iceberg_cdc.source.deletes import POSITION_PATH_FIELD_ID
+from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
+from iceberg_cdc.source.deletes import POSITION_PATH_FIELD_ID, DeleteIndex, partition_key
+from iceberg_cdc.source.reading import read_data_file
 
 POSITION_POS_FIELD_ID = 2147483545
 _POSITION_SCHEMA = pa.schema(
@@ -291,10 +293,6 @@ def key_filter(rows: pa.Table, column: str, keys: Sequence) -> pa.Array:
 
 def _live_rows(table: Table) -> list[tuple[DataFile, pa.Table, np.ndarray]]:
     """Each live data file with its rows (current schema) and whether each row is live."""
-    from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
-    from iceberg_cdc.source.deletes import DeleteIndex
-    from iceberg_cdc.source.reading import read_data_file
-
     snapshot = table.current_snapshot()
     if snapshot is None:
         return []
@@ -355,10 +353,7 @@ def mor_merge(
         if deletes == "position":
             add.append(position_delete_file(table, data_file, np.flatnonzero(hit).tolist()))
         else:
-            part = data_file.partition
-            slot = by_partition.setdefault(
-                (data_file.spec_id, tuple(part[i] for i in range(len(part)))), (data_file, [])
-            )
+            slot = by_partition.setdefault((data_file.spec_id, partition_key(data_file)), (data_file, []))
             slot[1].extend(rows.column(key).filter(pa.array(hit)).to_pylist())
     for data_file, keys in by_partition.values():
         add.append(

@@ -11,8 +11,8 @@ turns both into one boolean mask per batch:
 * **Position deletes** name ``(file_path, pos)`` pairs. A position delete file
   often covers many data files (Spark writes one per task and partition), so
   each is read once per task (columns ``file_path`` and ``pos`` only) and its
-  positions picked per data file; a batch's positions are matched with one
-  ``searchsorted`` over the sorted positions.
+  positions grouped by data file in one Arrow ``group_by``; a batch's
+  positions are matched with one ``searchsorted`` over the sorted positions.
 * **Equality deletes** name rows by the values of their ``equality_ids``
   columns. The delete rows are read once per task, projected by field id onto
   the snapshot's schema like the data (so a renamed or widened key column
@@ -93,7 +93,7 @@ class DeleteLoader:
         self._io = io
         self._schema = schema
         self._refs = refs
-        self._positions: dict[str, pa.Table] = {}
+        self._positions: dict[str, dict[str, np.ndarray]] = {}
         self._equality: dict[tuple[str, ...], _EqualitySet] = {}
 
     def ref(self, path: str) -> DeleteFileRef:
@@ -104,20 +104,27 @@ class DeleteLoader:
 
     def positions(self, paths: Sequence[str], data_path: str) -> np.ndarray:
         """Sorted distinct positions of ``data_path`` that the position delete files name."""
-        found = []
-        for path in paths:
-            table = self._positions.get(path)
-            if table is None:
-                with self._io.new_input(path).open() as stream:
-                    table = pq.read_table(stream, columns=["file_path", "pos"])
-                table = table.cast(pa.schema([("file_path", pa.large_string()), ("pos", pa.int64())]))
-                self._positions[path] = table
-            hits = table.filter(pc.equal(table.column("file_path"), data_path)).column("pos")
-            if len(hits):
-                found.append(hits.to_numpy())
+        found = [hits for path in paths if len(hits := self._by_data_file(path).get(data_path, _EMPTY))]
         if not found:
             return _EMPTY
         return np.unique(np.concatenate(found))
+
+    def _by_data_file(self, path: str) -> dict[str, np.ndarray]:
+        """A position delete file's positions, grouped by the data file they name (read and grouped once)."""
+        grouped = self._positions.get(path)
+        if grouped is None:
+            with self._io.new_input(path).open() as stream:
+                table = pq.read_table(stream, columns=["file_path", "pos"])
+            table = table.cast(pa.schema([("file_path", pa.large_string()), ("pos", pa.int64())]))
+            lists = table.group_by("file_path").aggregate([("pos", "list")])
+            positions = lists.column("pos_list").combine_chunks()
+            offsets, values = positions.offsets.to_numpy(), positions.values.to_numpy()
+            grouped = {
+                data_path: values[offsets[i] : offsets[i + 1]]
+                for i, data_path in enumerate(lists.column("file_path").to_pylist())
+            }
+            self._positions[path] = grouped
+        return grouped
 
     def equality(self, paths: Sequence[str]) -> list[_EqualitySet]:
         """The key sets of these equality delete files, one per distinct tuple of key columns."""

@@ -102,7 +102,7 @@ def unsupported_reason(delete_file: DataFile) -> str | None:
         )
     if file_format != FileFormat.PARQUET:
         return (
-            f"{delete_file.file_path} is a {file_format.value if hasattr(file_format, 'value') else file_format} "
+            f"{delete_file.file_path} is a {getattr(file_format, 'value', file_format)} "
             "delete file; only Parquet delete files are read (set write.delete.format.default=parquet)"
         )
     if delete_file.content == DataFileContent.EQUALITY_DELETES and not delete_file.equality_ids:
