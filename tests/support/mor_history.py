@@ -27,19 +27,15 @@ import random
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
 from iceberg_cdc.devtools import mor
-from iceberg_cdc.devtools.mor_state import live_files
-from tests.support.history import REGIONS, HistoryShape, HistoryTable
+from iceberg_cdc.devtools.mor_state import live_files, snapshot_entries
+from tests.support.history import REGIONS, HistoryTable
 
 
 class MorHistory(HistoryTable):
     """A :class:`HistoryTable` whose row-level changes are merge-on-read."""
-
-    def __init__(self, table: Table, shape: HistoryShape) -> None:
-        super().__init__(table, shape)
 
     def _files(self):
         current = self._current()
@@ -181,11 +177,7 @@ class MorHistory(HistoryTable):
         current = self._current()
         if current is None:
             return []
-        entries = [
-            e
-            for m in self.table.snapshot_by_id(current).manifests(self.table.io)
-            for e in m.fetch_manifest_entry(self.table.io, discard_deleted=True)
-        ]
+        entries = snapshot_entries(self.table, current)
         if len(entries) < 2:
             return []
         add = mor.write_data_files(self.table, self.state())

@@ -54,6 +54,7 @@ from pyiceberg.table.update.snapshot import _SnapshotProducer
 from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import LongType
 
+from iceberg_cdc.devtools.mor_state import snapshot_entries
 from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
 from iceberg_cdc.source.deletes import POSITION_PATH_FIELD_ID, DeleteIndex, partition_key
 from iceberg_cdc.source.reading import read_data_file
@@ -286,21 +287,12 @@ def commit_row_delta(
     return table.current_snapshot().snapshot_id
 
 
-def key_filter(rows: pa.Table, column: str, keys: Sequence) -> pa.Array:
-    """Rows of ``rows`` whose ``column`` is in ``keys``."""
-    return pc.is_in(rows.column(column), value_set=pa.array(list(keys), rows.schema.field(column).type))
-
-
 def _live_rows(table: Table) -> list[tuple[DataFile, pa.Table, np.ndarray]]:
     """Each live data file with its rows (current schema) and whether each row is live."""
     snapshot = table.current_snapshot()
     if snapshot is None:
         return []
-    entries = [
-        e
-        for m in snapshot.manifests(table.io)
-        for e in m.fetch_manifest_entry(table.io, discard_deleted=True)
-    ]
+    entries = snapshot_entries(table, snapshot.snapshot_id)
     schema = table.schema()
     index = DeleteIndex(
         [e for e in entries if e.data_file.content != DataFileContent.DATA], table.specs(), schema

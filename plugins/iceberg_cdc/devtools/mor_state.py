@@ -23,7 +23,8 @@ from pyiceberg.table import FileScanTask, Table
 from iceberg_cdc.devtools.cow import read_task_rows
 
 
-def _entries(table: Table, snapshot_id: int) -> list[ManifestEntry]:
+def snapshot_entries(table: Table, snapshot_id: int) -> list[ManifestEntry]:
+    """Every live manifest entry of the snapshot, data and delete files alike."""
     snapshot = table.snapshot_by_id(snapshot_id)
     assert snapshot is not None, f"snapshot {snapshot_id} not in {table.name()}"
     return [
@@ -39,12 +40,14 @@ def _partition(entry: ManifestEntry) -> tuple:
 
 
 def has_equality_deletes(table: Table, snapshot_id: int) -> bool:
-    return any(e.data_file.content == DataFileContent.EQUALITY_DELETES for e in _entries(table, snapshot_id))
+    return any(
+        e.data_file.content == DataFileContent.EQUALITY_DELETES for e in snapshot_entries(table, snapshot_id)
+    )
 
 
 def live_files(table: Table, snapshot_id: int) -> list[tuple[ManifestEntry, pa.Table, list[bool]]]:
     """Each live data file of the snapshot: its entry, all its rows (current schema), which are live."""
-    entries = _entries(table, snapshot_id)
+    entries = snapshot_entries(table, snapshot_id)
     positions: dict[str, list[tuple[int, int]]] = {}  # data file path -> (delete seq, pos)
     equality = []  # (seq, spec id, partition, global, column names, key set)
     schema = table.schema()

@@ -125,7 +125,9 @@ class LocalSparkCluster:
             try:
                 if self.state().get("aliveworkers", 0) >= self.workers:
                     return self
-            except OSError:
+            except (OSError, ValueError):
+                # Not up yet: no listener, or (seen under load) a UI whose /json/ handler is not
+                # attached yet answers with an HTML page.
                 pass
             time.sleep(0.5)
         self.stop()
