@@ -64,6 +64,16 @@ class UnsupportedSnapshotError(CdcError):
     """A snapshot uses a table feature the pipeline does not handle (e.g. delete files)."""
 
 
+class CorruptDeleteFileError(CdcError):
+    """A source table's delete file (a deletion vector's blob) does not decode.
+
+    The message names the file, the blob's offset and what was wrong. Nothing
+    is committed; the table itself is damaged (a truncated or overwritten
+    object), so the fix is on the table: restore the file, or roll back the
+    snapshot that added it.
+    """
+
+
 class SinkSchemaError(CdcError):
     """The sink table's schema conflicts with the source's."""
 

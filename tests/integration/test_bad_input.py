@@ -34,6 +34,7 @@ from iceberg_cdc.devtools.cow import cow_merge
 from iceberg_cdc.errors import (
     AmbiguousUpdateError,
     ConfigError,
+    CorruptDeleteFileError,
     CorruptShuffleError,
     SinkSchemaError,
     SourceHistoryError,
@@ -58,6 +59,7 @@ from tests.support.auth_s3 import auth_s3_server
 from tests.support.iceberg_tables import (
     add_deletion_vector,
     add_equality_deletes,
+    add_orc_position_deletes,
     add_position_deletes,
     cow_rewrite,
     live_files,
@@ -179,13 +181,15 @@ def test_identifier_column_that_does_not_exist(tmp_path):
 # -- 2. merge-on-read delete files ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["position", "equality"])
+@pytest.mark.parametrize("kind", ["position", "equality", "deletion vector"])
 def test_merge_on_read_deletes_are_captured(tmp_path, kind):
     pipeline = InlinePipeline(tmp_path)
     started(pipeline)
     source = pipeline.source
     if kind == "position":
         deleted, _ = add_position_deletes(source, live_files(source)[0].file_path, [0, 3])
+    elif kind == "deletion vector":
+        _, deleted, _ = add_deletion_vector(source, live_files(source)[0].file_path, [0, 3])
     else:
         deleted, _ = add_equality_deletes(source, [0, 3, 999])  # 999: a key the table never had
     assert [r.snapshot_id for r in pipeline.catch_up()] == [deleted]
@@ -195,13 +199,13 @@ def test_merge_on_read_deletes_are_captured(tmp_path, kind):
     assert set(removed.column("status").to_pylist()) == {"new"}  # full row images
 
 
-def test_deletion_vectors_fail_until_the_change_is_redone(tmp_path):
+def test_orc_delete_files_fail_until_the_change_is_redone(tmp_path):
     pipeline = InlinePipeline(tmp_path)
     first = started(pipeline)
     source = pipeline.source
-    bad, dv_path = add_deletion_vector(source, live_files(source)[0])
+    bad, orc_path = add_orc_position_deletes(source, live_files(source)[0])
     message = fails_cleanly(pipeline, UnsupportedSnapshotError)
-    assert str(bad) in message and dv_path in message and "deletion vector" in message
+    assert str(bad) in message and orc_path in message and "ORC" in message
     assert f"rollback_to_snapshot({first})" in message and "compact" in message
     # The way out the message gives: roll back, and make the same change again.
     pipeline.source.manage_snapshots().rollback_to_snapshot(first).commit()
@@ -209,6 +213,24 @@ def test_deletion_vectors_fail_until_the_change_is_redone(tmp_path):
     assert [r.snapshot_id for r in pipeline.catch_up()] == [redo]
     assert processed_once(pipeline, redo) == Counter({"DELETE": 2})
     assert not commits_of(pipeline, bad)
+
+
+def test_a_damaged_deletion_vector_fails_naming_it_until_restored(tmp_path):
+    pipeline = InlinePipeline(tmp_path)
+    started(pipeline)
+    source = pipeline.source
+    _, deleted, puffin_path = add_deletion_vector(source, live_files(source)[0].file_path, [0, 3])
+    local = Path(puffin_path.removeprefix("file://"))
+    intact = local.read_bytes()
+    damaged = bytearray(intact)
+    damaged[12] ^= 0xFF  # inside the only blob, which starts after the 4-byte magic
+    local.write_bytes(bytes(damaged))
+    message = fails_cleanly(pipeline, CorruptDeleteFileError)
+    assert puffin_path in message and "blob at byte 4" in message and "CRC" in message
+    assert "nothing was committed" in message and "roll the table back" in message
+    local.write_bytes(intact)
+    assert [r.snapshot_id for r in pipeline.catch_up()] == [deleted]
+    assert processed_once(pipeline, deleted) == Counter({"DELETE": 2})
 
 
 def test_initial_load_over_live_delete_files_loads_the_live_rows(tmp_path):

@@ -5,8 +5,10 @@ changes are merge-on-read: Spark's position deletes (deletes, updates that may
 move a row to another partition, a delete of an already-deleted row), Flink's
 equality-delete upserts (keys absent from the table, a row inserted and
 deleted within one commit), copy-on-write rewrites of files with live
-deletes, compactions that drop every delete file, and re-inserts of deleted
-keys. The states the replay checks against come from the tests' own
+deletes, compactions that drop every delete file, re-inserts of deleted
+keys, and an upgrade to format v3 part-way, after which position deletes are
+deletion vectors (merging the file's earlier deletes, replacing its earlier
+DV, dangling or removed when a rewrite drops their file). The states the replay checks against come from the tests' own
 merge-on-read reader (:mod:`iceberg_cdc.devtools.mor_state`), not the pipeline's.
 """
 
@@ -23,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from iceberg_cdc.source.history import current_ancestry
 from tests.support.history import COLUMN_KINDS, HistoryShape
@@ -47,10 +49,18 @@ class MorRandomHistory(RuleBasedStateMachine):
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="cdc-mor-history-"))
         self.history: MorHistory | None = None
+        self.formats = "v2"
         self.processed: list[int] = []
 
-    @initialize(shape=shapes, seed=seeds, n=st.integers(1, 30), partitions=st.sampled_from([1, 3]))
-    def create(self, shape: HistoryShape, seed: int, n: int, partitions: int) -> None:
+    @initialize(
+        shape=shapes,
+        seed=seeds,
+        n=st.integers(1, 30),
+        partitions=st.sampled_from([1, 3]),
+        formats=st.sampled_from(["v2", "v3", "v2 then v3"]),
+    )
+    def create(self, shape: HistoryShape, seed: int, n: int, partitions: int, formats: str) -> None:
+        self.formats = formats
         self.pipeline = InlinePipeline(
             self.tmp, shuffle={"partitions": partitions, "target_partition_size": "2KB"}
         )
@@ -59,6 +69,8 @@ class MorRandomHistory(RuleBasedStateMachine):
         )
         self.history = MorHistory(table, shape)
         self.history.append(random.Random(seed), n)
+        if formats == "v3":
+            self.history.upgrade_to_v3()
 
     @rule(seed=seeds, n=st.integers(1, 10))
     def append(self, seed: int, n: int) -> None:
@@ -82,9 +94,14 @@ class MorRandomHistory(RuleBasedStateMachine):
     def flink_upsert(self, seed: int, updates: int, absent: int, inserts: int, transient: bool) -> None:
         self.history.flink_upsert(random.Random(seed), updates, absent, inserts, transient)
 
-    @rule(seed=seeds, fraction=fractions)
-    def cow_merge(self, seed: int, fraction: float) -> None:
-        self.history.cow_merge(random.Random(seed), fraction)
+    @rule(seed=seeds, fraction=fractions, drop_dvs=st.booleans())
+    def cow_merge(self, seed: int, fraction: float, drop_dvs: bool) -> None:
+        self.history.cow_merge(random.Random(seed), fraction, drop_dvs)
+
+    @precondition(lambda self: self.formats == "v2 then v3" and not self.history.v3)
+    @rule()
+    def upgrade_to_v3(self) -> None:
+        self.history.upgrade_to_v3()
 
     @rule()
     def compact(self) -> None:
@@ -102,6 +119,7 @@ class MorRandomHistory(RuleBasedStateMachine):
             assert run.snapshot_id not in self.processed, f"snapshot {run.snapshot_id} processed twice"
             self.processed.append(run.snapshot_id)
             RUN_ACTIONS[run.action] += 1
+            RUN_ACTIONS[f"format v{source.metadata.format_version}"] += 1
             if run.action == "skip":
                 assert changes_of(self.pipeline.sink, run.snapshot_id).num_rows == 0
                 continue
@@ -115,6 +133,7 @@ class MorRandomHistory(RuleBasedStateMachine):
         try:
             if self.history is not None:
                 self.process()
+                RUN_ACTIONS["deletion vectors"] += self.history.deletion_vectors
                 state = self.history.state()
                 names = state.schema.names
                 changes = self.pipeline.sink.scan().to_arrow()

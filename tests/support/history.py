@@ -283,8 +283,11 @@ class HistoryTable:
                 parts.append(state.take(picks).cast(self.arrow_schema))
         batch = pa.concat_tables(parts)
         if batch.num_rows:
-            self.table.append(batch)
+            self._fast_append(batch)
         return self._snapshots_since(before)
+
+    def _fast_append(self, rows: pa.Table) -> None:
+        self.table.append(rows)
 
     def merge(
         self,

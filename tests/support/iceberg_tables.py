@@ -11,7 +11,9 @@ manifests are exactly what pyiceberg writes:
 * :func:`add_position_deletes` / :func:`add_equality_deletes` — merge-on-read
   delete files (what Spark commits with ``write.delete.mode=merge-on-read``,
   and Flink upserts), through :mod:`iceberg_cdc.devtools.mor`;
-* :func:`add_deletion_vector` — a format-v3 deletion vector entry (refused).
+* :func:`add_deletion_vector` — a format-v3 deletion vector (the table is
+  upgraded to v3 first), through :mod:`iceberg_cdc.devtools.format_v3`;
+* :func:`add_orc_position_deletes` — an ORC delete file entry (refused).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT
 
-from iceberg_cdc.devtools import mor
+from iceberg_cdc.devtools import format_v3, mor
 from iceberg_cdc.devtools.cow import rewrite_files
 
 NAMESPACE = "db"
@@ -123,22 +125,33 @@ def add_equality_deletes(table: Table, ids: list[int], column: str = "id") -> tu
     return mor.commit_row_delta(table, add=[delete_file], operation=Operation.DELETE), delete_file.file_path
 
 
-def add_deletion_vector(table: Table, data_file: DataFile) -> tuple[int, str]:
-    """A format-v3 deletion vector entry (Puffin) for ``data_file``: what the pipeline cannot read yet.
+def add_deletion_vector(table: Table, data_file_path: str, positions: list[int]) -> tuple[Table, int, str]:
+    """A merge-on-read DELETE on format v3: a DV for one data file, the table upgraded first if needed.
+
+    Returns (the v3 table, snapshot id, Puffin path).
+    """
+    table = format_v3.upgrade_to_v3(table)
+    (data_file,) = [f for f in live_files(table) if f.file_path == data_file_path]
+    (dv,) = format_v3.deletion_vector_files(table, {data_file_path: (data_file, positions)})
+    return table, mor.commit_row_delta(table, add=[dv], operation=Operation.DELETE), dv.file_path
+
+
+def add_orc_position_deletes(table: Table, data_file: DataFile) -> tuple[int, str]:
+    """An ORC position delete entry for ``data_file``: what the pipeline does not read.
 
     Only the manifest entry matters to the pipeline's planning, which refuses
-    it before any Puffin bytes are read; the file holds a placeholder.
+    it before the file is read; the file holds a placeholder.
     """
-    path = f"{table.location()}/data/dv-{uuid.uuid4().hex}.puffin"
+    path = f"{table.location()}/data/pos-deletes-{uuid.uuid4().hex}.orc"
     with table.io.new_output(path).create() as stream:
-        stream.write(b"PFA1")
+        stream.write(b"ORC")
     delete_file = DataFile.from_args(
         content=DataFileContent.POSITION_DELETES,
         file_path=path,
-        file_format=FileFormat.PUFFIN,
+        file_format=FileFormat.ORC,
         partition=data_file.partition,
         record_count=1,
-        file_size_in_bytes=4,
+        file_size_in_bytes=3,
     )
     delete_file.spec_id = data_file.spec_id
     return mor.commit_row_delta(table, add=[delete_file], operation=Operation.DELETE), path

@@ -15,7 +15,11 @@ A :class:`MorHistory` owns a source table keyed by ``id`` and applies:
   rewrite keeps their live rows only; the old delete files stay, dangling);
 * ``compact`` — a ``replace`` that rewrites every live row and drops every
   delete file;
-* ``reinsert`` — keys deleted earlier come back.
+* ``reinsert`` — keys deleted earlier come back;
+* ``upgrade_to_v3`` — the table becomes format v3: from then on a position
+  delete is a deletion vector that merges the file's earlier position deletes
+  and replaces its earlier DV (as Spark writes them), old position delete
+  files stay live, and every commit is a v3 row delta.
 
 Which rows are live comes from :mod:`iceberg_cdc.devtools.mor_state`, the tests' own
 reader, never from the pipeline.
@@ -24,18 +28,21 @@ reader, never from the pipeline.
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.table.snapshots import Operation
 
-from iceberg_cdc.devtools import mor
-from iceberg_cdc.devtools.mor_state import live_files, snapshot_entries
+from iceberg_cdc.devtools import format_v3, mor
+from iceberg_cdc.devtools.mor_state import live_files, position_deletes, snapshot_entries
 from tests.support.history import REGIONS, HistoryTable
 
 
 class MorHistory(HistoryTable):
     """A :class:`HistoryTable` whose row-level changes are merge-on-read."""
+
+    deletion_vectors = 0  # DVs written so far
 
     def _files(self):
         current = self._current()
@@ -58,14 +65,40 @@ class MorHistory(HistoryTable):
         dead = [(entry, pos) for entry, _, live in self._files() for pos, ok in enumerate(live) if not ok]
         return rng.choice(dead) if dead else None
 
-    def _position_deletes(self, hits: list[tuple]) -> list:
+    @property
+    def v3(self) -> bool:
+        return format_v3.is_v3(self.table)
+
+    def _position_deletes(self, hits: list[tuple], current: int | None) -> tuple[list, list]:
+        """Delete files naming the (entry, position) ``hits``, and the delete files they replace.
+
+        Before v3: one position delete file per data file, replacing nothing.
+        On v3: one Puffin file with a DV per data file, each holding the file's
+        earlier deleted positions too, and replacing the file's earlier DV.
+        """
         by_file: dict[str, tuple] = {}
         for entry, pos, *_ in hits:
             by_file.setdefault(entry.data_file.file_path, (entry.data_file, []))[1].append(pos)
-        return [
-            mor.position_delete_file(self.table, data_file, positions)
-            for data_file, positions in by_file.values()
-        ]
+        if not self.v3:
+            files = [mor.position_delete_file(self.table, f, positions) for f, positions in by_file.values()]
+            return files, []
+        earlier = position_deletes(self.table, current) if current is not None else {}
+        vectors, replaced = {}, []
+        for path, (data_file, positions) in by_file.items():
+            deleted, dv_entry = earlier.get(path, (set(), None))
+            vectors[path] = (data_file, sorted(deleted | set(positions)))
+            if dv_entry is not None:
+                replaced.append(dv_entry.data_file)
+        self.deletion_vectors += len(vectors)
+        return format_v3.deletion_vector_files(self.table, vectors), replaced
+
+    def _fast_append(self, rows: pa.Table) -> None:
+        if self.v3:  # pyiceberg cannot commit to a v3 table
+            mor.commit_row_delta(
+                self.table, add=mor.write_data_files(self.table, rows), operation=Operation.APPEND
+            )
+        else:
+            self.table.append(rows)
 
     def _pick(self, rng: random.Random, fraction: float) -> set[int]:
         ids = self.live_ids()
@@ -81,7 +114,8 @@ class MorHistory(HistoryTable):
             hits.append(dead)  # a position delete of a row that is already deleted
         if not hits:
             return []
-        mor.commit_row_delta(self.table, add=self._position_deletes(hits), operation=Operation.DELETE)
+        add, remove = self._position_deletes(hits, before)
+        mor.commit_row_delta(self.table, add=add, remove=remove, operation=Operation.DELETE)
         self.deleted_ids.extend(sorted(victims))
         return self._snapshots_since(before)
 
@@ -93,8 +127,9 @@ class MorHistory(HistoryTable):
         old = pa.Table.from_pylist([row for _, _, row in hits], schema=self.arrow_schema)
         moved = {row["id"] for _, _, row in hits if rng.random() < move}
         new = self._updated(rng, old, moved, set())
-        add = [*self._position_deletes(hits), *mor.write_data_files(self.table, new)]
-        mor.commit_row_delta(self.table, add=add, operation=Operation.OVERWRITE)
+        deletes, remove = self._position_deletes(hits, before)
+        add = [*deletes, *mor.write_data_files(self.table, new)]
+        mor.commit_row_delta(self.table, add=add, remove=remove, operation=Operation.OVERWRITE)
         return self._snapshots_since(before)
 
     def flink_upsert(
@@ -149,12 +184,17 @@ class MorHistory(HistoryTable):
                 with self.table.io.new_input(data_file.file_path).open() as stream:
                     ids = pa.parquet.read_table(stream, columns=["id"]).column("id").to_pylist()
                 if target in ids:
-                    add.append(mor.position_delete_file(self.table, data_file, [ids.index(target)]))
+                    new_row = (SimpleNamespace(data_file=data_file), ids.index(target))
+                    add.extend(self._position_deletes([new_row], before)[0])
         mor.commit_row_delta(self.table, add=add, operation=Operation.OVERWRITE)
         return self._snapshots_since(before)
 
-    def cow_merge(self, rng: random.Random, fraction: float) -> list[int]:
-        """Copy-on-write over a merge-on-read table: files with a touched row rewritten, live rows only."""
+    def cow_merge(self, rng: random.Random, fraction: float, drop_dvs: bool = False) -> list[int]:
+        """Copy-on-write over a merge-on-read table: files with a touched row rewritten, live rows only.
+
+        ``drop_dvs``: the rewritten files' DVs are removed too (as Iceberg
+        1.8+ does); otherwise they stay, dangling, like old position deletes.
+        """
         before = self._current()
         touched = self._pick(rng, fraction)
         removed, kept = [], []
@@ -168,6 +208,12 @@ class MorHistory(HistoryTable):
                 kept.append(self._updated(rng, live_rows.filter(hit).cast(self.arrow_schema), set(), set()))
         if not removed:
             return []
+        if drop_dvs and self.v3:
+            earlier = position_deletes(self.table, before)
+            rewritten = {f.file_path for f in removed}
+            removed += [
+                dv.data_file for path, (_, dv) in earlier.items() if path in rewritten and dv is not None
+            ]
         add = mor.write_data_files(self.table, pa.concat_tables([k.cast(self.arrow_schema) for k in kept]))
         mor.commit_row_delta(self.table, add=add, remove=removed, operation=Operation.OVERWRITE)
         return self._snapshots_since(before)
@@ -191,6 +237,10 @@ class MorHistory(HistoryTable):
         if not back:
             return []
         before = self._current()
-        self.table.append(self.rows(rng, back, [rng.choice(REGIONS) for _ in back]))
+        self._fast_append(self.rows(rng, back, [rng.choice(REGIONS) for _ in back]))
         self.deleted_ids = [i for i in self.deleted_ids if i not in back]
         return self._snapshots_since(before)
+
+    def upgrade_to_v3(self) -> None:
+        """Format v3 from now on (a metadata change: no snapshot, nothing for the pipeline to capture)."""
+        self.table = format_v3.upgrade_to_v3(self.table)

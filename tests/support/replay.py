@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.table import Table
 
-from iceberg_cdc.devtools.mor_state import has_equality_deletes, live_state
+from iceberg_cdc.devtools.mor_state import live_state, needs_reference_reader
 from tests.support.oracle import row_key
 
 REMOVED = ("DELETE", "UPDATE_BEFORE")
@@ -36,7 +36,7 @@ def state_at(source: Table, snapshot_id: int | None) -> pa.Table | None:
     """The rows at a snapshot; merge-on-read equality deletes through the tests' own reader."""
     if snapshot_id is None:
         return None
-    if has_equality_deletes(source, snapshot_id):
+    if needs_reference_reader(source, snapshot_id):
         return live_state(source, snapshot_id)
     return source.scan(snapshot_id=snapshot_id).to_arrow()
 

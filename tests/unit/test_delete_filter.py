@@ -10,6 +10,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO, schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
+from iceberg_cdc.devtools.format_v3 import encode_deletion_vector
 from iceberg_cdc.devtools.mor import _POSITION_SCHEMA
 from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
 from iceberg_cdc.source.deletes import DeleteFileRef
@@ -58,6 +59,41 @@ def test_positions_across_batches_and_other_files_ignored(tmp_path):
     assert _live(tmp_path, refs, deletes=[path]) == ([2, 3, 5, 6, 7], 3)
     # A kept file: only the rows the new delete names are the change.
     assert _live(tmp_path, refs, require=[path]) == ([1, None, 8], 5)
+
+
+def _puffin_with_dvs(tmp_path, vectors: dict[str, list[int]]) -> dict[str, DeleteFileRef]:
+    """One Puffin-like file holding a DV blob per data file (only the blobs are read), and their refs."""
+    path = str(tmp_path / "dvs.puffin")
+    content, refs = bytearray(b"PFA1"), {}
+    for data_path, positions in vectors.items():
+        blob = encode_deletion_vector(positions)
+        ref = DeleteFileRef(path, "dv", 0, len(set(positions)), 2, (), data_path, len(content), len(blob))
+        refs[ref.key] = ref
+        content += blob
+    (tmp_path / "dvs.puffin").write_bytes(bytes(content))
+    return {key: DeleteFileRef(**{**ref.__dict__, "size": len(content)}) for key, ref in refs.items()}
+
+
+def test_deletion_vectors_are_read_by_blob_and_name_one_data_file(tmp_path):
+    data = str(tmp_path / "data.parquet")
+    refs = _puffin_with_dvs(tmp_path, {"other.parquet": [1, 2], data: [0, 3, 7]})
+    (other_key, dv_key) = refs
+    assert other_key != dv_key and dv_key.startswith(str(tmp_path / "dvs.puffin"))
+    assert _live(tmp_path, refs, deletes=[dv_key]) == ([2, 3, 5, 6, 7], 3)
+    assert _live(tmp_path, refs, require=[dv_key]) == ([1, None, 8], 5)
+    # A DV of another data file names nothing here.
+    assert _live(tmp_path, refs, deletes=[other_key]) == ([1, 2, 3, None, 5, 6, 7, 8], 0)
+
+
+def test_a_replaced_deletion_vector_leaves_only_the_new_positions(tmp_path):
+    data = str(tmp_path / "data.parquet")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    ((old_key, old),) = _puffin_with_dvs(tmp_path / "old", {data: [0, 3]}).items()
+    ((new_key, new),) = _puffin_with_dvs(tmp_path / "new", {data: [0, 3, 5]}).items()
+    # Removed by the snapshot: the rows the new DV names that the old one did not.
+    refs = {old_key: old, new_key: new}
+    assert _live(tmp_path, refs, deletes=[old_key], require=[new_key]) == ([6], 7)
 
 
 def test_equality_keys_match_null_to_null_and_nan_to_nan_but_not_signed_zero(tmp_path):

@@ -32,6 +32,7 @@ from iceberg_cdc.source.tables import load_source_table, resolve_identifier_colu
 from tests.support.iceberg_tables import (
     add_deletion_vector,
     add_equality_deletes,
+    add_orc_position_deletes,
     add_position_deletes,
     cow_rewrite,
     create_table,
@@ -268,15 +269,44 @@ def test_initial_load_applies_live_delete_files(catalog):
     require_supported(changes)
 
 
-def test_deletion_vector_is_rejected_with_the_way_out(catalog):
+def test_orc_delete_file_is_rejected_with_the_way_out(catalog):
     table = create_table(catalog, "t")
     table.append(orders([1, 2, 3]))
-    snapshot_id, dv_path = add_deletion_vector(table, live_files(table)[0])
+    snapshot_id, orc_path = add_orc_position_deletes(table, live_files(table)[0])
     changes = snapshot_changes(table, snapshot_id)
     with pytest.raises(UnsupportedSnapshotError) as raised:
         require_supported(changes)
     message = str(raised.value)
-    assert str(snapshot_id) in message and dv_path in message and "deletion vector" in message
+    assert str(snapshot_id) in message and orc_path in message and "write.delete.format.default" in message
+
+
+def test_deletion_vector_applies_to_its_data_file_and_replaces_position_deletes(catalog):
+    table = create_table(catalog, "t", properties={"format-version": "2"})
+    table.append(orders([1, 2, 3, 4]))
+    (data_file,) = live_files(table)
+    _, pos_path = add_position_deletes(table, data_file.file_path, [0])
+    table, snapshot_id, dv_path = add_deletion_vector(table, data_file.file_path, [0, 2])
+    changes = snapshot_changes(table, snapshot_id)
+    require_supported(changes)
+    ((kept,),) = [changes.deleted]
+    (dv_key,) = kept.require
+    assert kept.path == data_file.file_path and kept.deletes == (pos_path,)
+    assert dv_key.startswith(f"{dv_path}#")
+    ref = changes.delete_refs[dv_key]
+    assert (ref.kind, ref.referenced_data_file, ref.record_count) == ("dv", data_file.file_path, 2)
+    # Once a DV applies, the file's position delete file no longer does (the DV holds its positions).
+    later = initial_load_changes(table, snapshot_id)
+    assert later.added[0].deletes == (dv_key,)
+
+
+def test_two_live_deletion_vectors_for_one_data_file_are_rejected(catalog):
+    table = create_table(catalog, "t", properties={"format-version": "2"})
+    table.append(orders([1, 2, 3]))
+    (data_file,) = live_files(table)
+    table, _, _ = add_deletion_vector(table, data_file.file_path, [0])
+    table, snapshot_id, _ = add_deletion_vector(table, data_file.file_path, [1])  # the first is not removed
+    with pytest.raises(UnsupportedSnapshotError, match="two live deletion vectors"):
+        require_supported(snapshot_changes(table, snapshot_id))
 
 
 def test_expired_snapshot_cannot_be_read(catalog):

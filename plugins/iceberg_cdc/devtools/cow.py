@@ -110,9 +110,9 @@ def cow_merge(
 
 
 def table_state(table: Table, snapshot_id: int) -> pa.Table:
-    """The table's rows as of a snapshot (for replay checks), equality deletes applied too."""
-    from iceberg_cdc.devtools.mor_state import has_equality_deletes, live_state
+    """The table's rows as of a snapshot (for replay checks), equality deletes and DVs applied too."""
+    from iceberg_cdc.devtools.mor_state import live_state, needs_reference_reader
 
-    if has_equality_deletes(table, snapshot_id):
+    if needs_reference_reader(table, snapshot_id):
         return live_state(table, snapshot_id)
     return table.scan(snapshot_id=snapshot_id).to_arrow()

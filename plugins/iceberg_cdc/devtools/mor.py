@@ -17,13 +17,18 @@ manifests, as a ``RowDelta`` does:
   removed file (kept entries become EXISTING, removed ones DELETED in a
   manifest of the same content). New entries inherit the commit's sequence
   number, so an equality delete committed together with new rows does not
-  apply to them, as in a Flink checkpoint.
+  apply to them, as in a Flink checkpoint. On a format-v3 table the manifests,
+  manifest list and metadata are v3 (:mod:`iceberg_cdc.devtools.format_v3`),
+  and a removed file is named by path and blob offset, since one Puffin file
+  holds many deletion vectors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -49,14 +54,25 @@ from pyiceberg.manifest import (
     ManifestWriterV2,
 )
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Operation, Summary
-from pyiceberg.table.update.snapshot import _SnapshotProducer
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import Operation, Snapshot, Summary
+from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
+from pyiceberg.table.update.snapshot import _new_manifest_list_file_name, _SnapshotProducer
 from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import LongType
 
+from iceberg_cdc.devtools.format_v3 import (
+    ManifestListWriterV3,
+    ManifestWriterV3,
+    as_v3,
+    deletion_vector_files,
+    is_v3,
+    writing_v3_metadata,
+)
 from iceberg_cdc.devtools.mor_state import snapshot_entries
 from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
 from iceberg_cdc.source.deletes import POSITION_PATH_FIELD_ID, DeleteIndex, partition_key
+from iceberg_cdc.source.manifests import manifest_entries, v3_field
 from iceberg_cdc.source.reading import read_data_file
 
 POSITION_POS_FIELD_ID = 2147483545
@@ -108,6 +124,7 @@ def position_delete_file(table: Table, data_file: DataFile, positions: Sequence[
     path, _, size = _write_parquet(table, "pos-deletes", rows)
     encoded = data_file.file_path.encode()
     delete_file = DataFile.from_args(
+        _table_format_version=table.metadata.format_version,
         content=DataFileContent.POSITION_DELETES,
         file_path=path,
         file_format=FileFormat.PARQUET,
@@ -158,6 +175,7 @@ def equality_delete_file(
     )
     spec = table.specs()[spec_id if spec_id is not None else table.metadata.default_spec_id]
     delete_file = DataFile.from_args(
+        _table_format_version=table.metadata.format_version,
         content=DataFileContent.EQUALITY_DELETES,
         file_path=path,
         file_format=FileFormat.PARQUET,
@@ -194,8 +212,9 @@ class _RowDelta(_SnapshotProducer["_RowDelta"]):
         io,
     ) -> None:
         super().__init__(operation=operation, transaction=transaction, io=io)
-        self._add = list(add)
-        self._remove = {f.file_path for f in remove}
+        self._v3 = transaction.table_metadata.format_version >= 3
+        self._add = [as_v3(f) for f in add] if self._v3 else list(add)
+        self._remove = {_file_key(f) for f in remove}
 
     def _deleted_entries(self) -> list[ManifestEntry]:
         return []
@@ -205,6 +224,15 @@ class _RowDelta(_SnapshotProducer["_RowDelta"]):
 
     def _writer(self, content: ManifestContent, spec_id: int):
         spec = self._transaction.table_metadata.specs()[spec_id]
+        if self._v3:
+            return ManifestWriterV3(
+                spec,
+                self.schema(),
+                self.new_manifest_output(),
+                self._snapshot_id,
+                self._compression,
+                content=content,
+            )
         if content == ManifestContent.DELETES:
             return _DeleteManifestWriter(
                 spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression
@@ -213,29 +241,29 @@ class _RowDelta(_SnapshotProducer["_RowDelta"]):
 
     def _manifests(self) -> list[ManifestFile]:
         manifests: list[ManifestFile] = []
-        removed: set[str] = set()
+        removed: set[tuple[str, int | None]] = set()
         metadata = self._transaction.table_metadata
         parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id else None
         for manifest in parent.manifests(self._io) if parent else ():
-            entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
-            hit = [e for e in entries if e.data_file.file_path in self._remove]
+            entries = manifest_entries(self._io, manifest, metadata.format_version)
+            hit = [e for e in entries if _file_key(e.data_file) in self._remove]
             if not hit:
                 manifests.append(manifest)
                 continue
             with self._writer(manifest.content, manifest.partition_spec_id) as writer:
                 for entry in entries:
-                    gone = entry.data_file.file_path in self._remove
+                    gone = _file_key(entry.data_file) in self._remove
                     writer.add_entry(
                         ManifestEntry.from_args(
                             status=ManifestEntryStatus.DELETED if gone else ManifestEntryStatus.EXISTING,
                             snapshot_id=self._snapshot_id if gone else entry.snapshot_id,
                             sequence_number=entry.sequence_number,
                             file_sequence_number=entry.file_sequence_number,
-                            data_file=entry.data_file,
+                            data_file=as_v3(entry.data_file) if self._v3 else entry.data_file,
                         )
                     )
                     if gone:
-                        removed.add(entry.data_file.file_path)
+                        removed.add(_file_key(entry.data_file))
             manifests.append(writer.to_manifest_file())
         missing = self._remove - removed
         if missing:
@@ -264,6 +292,55 @@ class _RowDelta(_SnapshotProducer["_RowDelta"]):
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         return Summary(operation=self._operation, **snapshot_properties)
 
+    def _commit(self):
+        """pyiceberg's commit, with a v3 manifest list and row-lineage fields on v3 tables."""
+        if not self._v3:
+            return super()._commit()
+        metadata = self._transaction.table_metadata
+        manifests = self._manifests()
+        sequence_number = metadata.next_sequence_number()
+        name = _new_manifest_list_file_name(
+            snapshot_id=self._snapshot_id, attempt=0, commit_uuid=self.commit_uuid
+        )
+        path = self._transaction._table.location_provider().new_metadata_location(name)
+        with ManifestListWriterV3(
+            self._io.new_output(path),
+            self._snapshot_id,
+            self._parent_snapshot_id,
+            sequence_number,
+            self._compression,
+        ) as writer:
+            writer.add_manifests(manifests)
+        added_rows = sum(int(f.record_count) for f in self._add if f.content == DataFileContent.DATA)
+        snapshot = Snapshot(
+            snapshot_id=self._snapshot_id,
+            parent_snapshot_id=self._parent_snapshot_id,
+            manifest_list=path,
+            sequence_number=sequence_number,
+            summary=self._summary(self.snapshot_properties),
+            schema_id=metadata.current_schema_id,
+            first_row_id=metadata.next_row_id or 0,
+            added_rows=added_rows,
+        )
+        main = metadata.refs.get(MAIN_BRANCH)
+        return (
+            (
+                AddSnapshotUpdate(snapshot=snapshot),
+                SetSnapshotRefUpdate(
+                    snapshot_id=self._snapshot_id,
+                    parent_snapshot_id=self._parent_snapshot_id,
+                    ref_name=MAIN_BRANCH,
+                    type=SnapshotRefType.BRANCH,
+                ),
+            ),
+            (AssertRefSnapshotId(snapshot_id=main.snapshot_id if main else None, ref=MAIN_BRANCH),),
+        )
+
+
+def _file_key(data_file: DataFile) -> tuple[str, int | None]:
+    """A file in a manifest: its path, and for a deletion vector its blob's offset in the Puffin file."""
+    return data_file.file_path, v3_field(data_file, "content_offset")
+
 
 def commit_row_delta(
     table: Table,
@@ -279,6 +356,7 @@ def commit_row_delta(
     for a compaction, ``append`` for data only.
     """
     with (
+        writing_v3_metadata() if is_v3(table) else contextlib.nullcontext(),
         table.transaction() as tx,
         _RowDelta(add=add, remove=remove, operation=operation, transaction=tx, io=table.io),
     ):
@@ -287,29 +365,43 @@ def commit_row_delta(
     return table.current_snapshot().snapshot_id
 
 
-def _live_rows(table: Table) -> list[tuple[DataFile, pa.Table, np.ndarray]]:
-    """Each live data file with its rows (current schema) and whether each row is live."""
+@dataclass
+class _LiveFile:
+    data_file: DataFile
+    rows: pa.Table  # every row of the file, current schema
+    live: np.ndarray  # which rows are live
+    deleted_positions: np.ndarray  # positions a DV or position deletes delete (not equality deletes)
+    vector: DataFile | None  # the file's deletion vector entry, if it has one
+
+
+def _live_files(table: Table) -> list[_LiveFile]:
+    """Each live data file with its rows and which of them are live (the pipeline's own rules)."""
     snapshot = table.current_snapshot()
     if snapshot is None:
         return []
     entries = snapshot_entries(table, snapshot.snapshot_id)
     schema = table.schema()
-    index = DeleteIndex(
-        [e for e in entries if e.data_file.content != DataFileContent.DATA], table.specs(), schema
-    )
+    deletes = [e for e in entries if e.data_file.content != DataFileContent.DATA]
+    index = DeleteIndex(deletes, table.specs(), schema)
+    vectors = {
+        path: e.data_file
+        for e in deletes
+        if (path := v3_field(e.data_file, "referenced_data_file")) is not None
+    }
     loader = DeleteLoader(table.io, schema, index.refs)
     out = []
     for entry in entries:
+        path = entry.data_file.file_path
         if entry.data_file.content != DataFileContent.DATA:
             continue
-        rows = pa.Table.from_batches(
-            list(read_data_file(table.io, entry.data_file.file_path, schema)),
-            schema=schema.as_arrow(),
-        )
-        live = LiveRows(loader, entry.data_file.file_path, sorted(index.for_data_file(entry)), ())
+        rows = pa.Table.from_batches(list(read_data_file(table.io, path, schema)), schema=schema.as_arrow())
+        applied = sorted(index.for_data_file(entry))
+        live = LiveRows(loader, path, applied, ())
         whole = rows.combine_chunks().to_batches()
         mask = live.emitted(whole[0], 0) if whole else np.zeros(0, dtype=bool)
-        out.append((entry.data_file, rows, mask))
+        positional = [key for key in applied if index.refs[key].kind != "equality"]
+        vector = vectors.get(path) if any(index.refs[key].kind == "dv" for key in applied) else None
+        out.append(_LiveFile(entry.data_file, rows, mask, loader.positions(positional, path), vector))
     return out
 
 
@@ -325,7 +417,9 @@ def mor_merge(
 
     ``deletes="position"``: as Spark's MERGE / UPDATE / DELETE with
     ``write.*.mode=merge-on-read`` (position deletes of the old rows, one file
-    per data file touched). ``"equality"``: as a Flink upsert (equality
+    per data file touched; on a format-v3 table, one Puffin file with a
+    deletion vector per data file touched, each merging the file's earlier
+    deletes and replacing its earlier DV). ``"equality"``: as a Flink upsert (equality
     deletes on ``key``, one file per partition of the rows replaced). The new
     rows join the same commit. Returns the new snapshot id, or None.
     """
@@ -337,12 +431,23 @@ def mor_merge(
     if not len(affected):
         return None
     add: list[DataFile] = []
+    remove: list[DataFile] = []
+    vectors: dict[str, tuple[DataFile, np.ndarray]] = {}
     by_partition: dict[tuple, tuple[DataFile, list]] = {}
-    for data_file, rows, live in _live_rows(table):
-        hit = pc.is_in(rows.column(key), value_set=affected).to_numpy(zero_copy_only=False) & live
+    for live_file in _live_files(table):
+        data_file, rows = live_file.data_file, live_file.rows
+        hit = pc.is_in(rows.column(key), value_set=affected).to_numpy(zero_copy_only=False) & live_file.live
         if not hit.any():
             continue
-        if deletes == "position":
+        if deletes == "position" and is_v3(table):
+            # A v3 writer's DV holds the file's earlier deleted positions too and replaces its old DV.
+            vectors[data_file.file_path] = (
+                data_file,
+                np.union1d(live_file.deleted_positions, np.flatnonzero(hit)),
+            )
+            if live_file.vector is not None:
+                remove.append(live_file.vector)
+        elif deletes == "position":
             add.append(position_delete_file(table, data_file, np.flatnonzero(hit).tolist()))
         else:
             slot = by_partition.setdefault((data_file.spec_id, partition_key(data_file)), (data_file, []))
@@ -356,8 +461,9 @@ def mor_merge(
                 partition=data_file.partition,
             )
         )
+    add.extend(deletion_vector_files(table, vectors))
     add.extend(write_data_files(table, upserts))
     if not add:
         return None
     operation = Operation.OVERWRITE if upserts.num_rows else Operation.DELETE
-    return commit_row_delta(table, add=add, operation=operation)
+    return commit_row_delta(table, add=add, remove=remove, operation=operation)

@@ -40,6 +40,7 @@ from pyiceberg.transforms import IdentityTransform
 
 from iceberg_cdc.errors import SourceHistoryError, UnsupportedSnapshotError
 from iceberg_cdc.source.deletes import DeleteFileRef, DeleteIndex
+from iceberg_cdc.source.manifests import manifest_entries
 from iceberg_cdc.source.reading import partition_value_to_json
 
 PartitionValues = Mapping[int, Any]
@@ -135,7 +136,7 @@ class SnapshotChanges:
     removed and added; a data file it kept appears there too when delete files
     changed its live rows (with ``require``). ``delete_files`` are the delete
     files the snapshot added; ``delete_refs`` every delete file some input
-    applies, by path. ``unsupported`` says why a live delete file cannot be
+    applies, by key (its path; ``path#offset`` for a deletion vector). ``unsupported`` says why a live delete file cannot be
     applied (:func:`require_supported` turns it into an error).
     """
 
@@ -257,7 +258,7 @@ def _live_entries(table: Table, snapshot: Snapshot | None, content: ManifestCont
     entries: list[ManifestEntry] = []
     for manifest in snapshot.manifests(table.io):
         if manifest.content == content:
-            entries.extend(manifest.fetch_manifest_entry(table.io, discard_deleted=True))
+            entries.extend(manifest_entries(table.io, manifest, table.metadata.format_version))
     return entries
 
 
@@ -292,7 +293,9 @@ def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
     for manifest in snapshot.manifests(table.io):
         if manifest.added_snapshot_id != snapshot_id:
             continue  # written by an earlier snapshot (and carried over): not this snapshot's changes
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+        for entry in manifest_entries(
+            table.io, manifest, table.metadata.format_version, discard_deleted=False
+        ):
             if manifest.content == ManifestContent.DELETES:
                 if entry.status == ManifestEntryStatus.ADDED:
                     delete_files.append(entry.data_file.file_path)
@@ -306,7 +309,7 @@ def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
             **header,
             added=_by_path(_ref(e, specs) for e in added_entries),
             deleted=_by_path(_ref(e, specs) for e in deleted_entries),
-            delete_files=tuple(sorted(delete_files)),
+            delete_files=tuple(sorted(set(delete_files))),
         )
     parent = (
         table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
@@ -333,7 +336,7 @@ def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
         **header,
         added=_by_path(added),
         deleted=_by_path(deleted),
-        delete_files=tuple(sorted(delete_files)),
+        delete_files=tuple(sorted(set(delete_files))),
         delete_refs=_used_refs([*deleted, *added], after, before),
         unsupported=tuple(dict.fromkeys([*after.unsupported, *before.unsupported])),
     )
@@ -386,8 +389,9 @@ def require_supported(changes: SnapshotChanges) -> None:
     """Fail a snapshot whose live rows depend on delete files this release cannot read.
 
     ``replace`` snapshots pass: they are skipped and nothing of them is read.
-    Position and equality delete files in Parquet are applied; deletion
-    vectors (format v3) and ORC/Avro delete files are not yet. The message says
+    Position and equality delete files in Parquet and deletion vectors are
+    applied; ORC/Avro delete files are not, nor a data file with two live
+    deletion vectors (the spec allows one). The message says
     which file and both ways out. Nothing has been committed by then, so the
     watermark stays before the snapshot.
     """

@@ -13,6 +13,9 @@ turns both into one boolean mask per batch:
   each is read once per task (columns ``file_path`` and ``pos`` only) and its
   positions grouped by data file in one Arrow ``group_by``; a batch's
   positions are matched with one ``searchsorted`` over the sorted positions.
+* **Deletion vectors** (format v3) name positions of one data file; each is
+  one ranged read of its blob (:mod:`iceberg_cdc.source.deletion_vectors`)
+  and is matched like a position delete file.
 * **Equality deletes** name rows by the values of their ``equality_ids``
   columns. The delete rows are read once per task, projected by field id onto
   the snapshot's schema like the data (so a renamed or widened key column
@@ -45,6 +48,7 @@ from iceberg_cdc import canonical
 from iceberg_cdc.changelog.merge import group_ids
 from iceberg_cdc.errors import UnsupportedSnapshotError
 from iceberg_cdc.source.deletes import DeleteFileRef
+from iceberg_cdc.source.deletion_vectors import read_deletion_vector
 from iceberg_cdc.source.reading import output_schema, read_data_file
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -112,6 +116,13 @@ class DeleteLoader:
     def _by_data_file(self, path: str) -> dict[str, np.ndarray]:
         """A position delete file's positions, grouped by the data file they name (read and grouped once)."""
         grouped = self._positions.get(path)
+        if grouped is None and (ref := self.ref(path)).kind == "dv":
+            assert ref.referenced_data_file is not None
+            assert ref.content_offset is not None and ref.content_size is not None
+            positions = read_deletion_vector(
+                self._io, ref.path, ref.content_offset, ref.content_size, ref.record_count
+            )
+            grouped = self._positions[path] = {ref.referenced_data_file: positions}
         if grouped is None:
             with self._io.new_input(path).open() as stream:
                 table = pq.read_table(stream, columns=["file_path", "pos"])
@@ -159,12 +170,12 @@ class LiveRows:
         self, loader: DeleteLoader, data_path: str, deletes: Sequence[str], require: Sequence[str]
     ) -> None:
         self._deleted_positions = loader.positions(
-            [p for p in deletes if loader.ref(p).kind == "position"], data_path
+            [p for p in deletes if loader.ref(p).kind != "equality"], data_path
         )
         self._deleted_keys = loader.equality([p for p in deletes if loader.ref(p).kind == "equality"])
         self._require = bool(require)
         self._required_positions = loader.positions(
-            [p for p in require if loader.ref(p).kind == "position"], data_path
+            [p for p in require if loader.ref(p).kind != "equality"], data_path
         )
         self._required_keys = loader.equality([p for p in require if loader.ref(p).kind == "equality"])
         self.masked = 0  # rows read but not emitted

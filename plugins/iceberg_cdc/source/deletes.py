@@ -5,6 +5,13 @@ applies to F and names the row:
 
 * a **position delete** file applies when its data sequence number is >= F's
   and names F's path; its rows ``(file_path, pos)`` delete F's row ``pos``;
+* a **deletion vector** (format v3: a Puffin blob naming one data file)
+  applies to its ``referenced_data_file`` when its data sequence number is
+  >= F's; it deletes the positions it holds. A DV holds every deleted
+  position of its file (a writer merges older position deletes into it), so
+  when one applies, position delete files are not applied to F at all
+  (Iceberg's ``DeleteFileIndex`` does the same); at most one DV per data file
+  may be live;
 * an **equality delete** file applies when its data sequence number is
   strictly > F's (so a Flink upsert's delete never hits the row it inserts in
   the same commit), and it is either in an unpartitioned spec (global) or in
@@ -34,9 +41,10 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.types import PrimitiveType
 
+from iceberg_cdc.source.manifests import v3_field
 from iceberg_cdc.source.reading import partition_value_to_json
 
-DeleteKind = Literal["position", "equality"]
+DeleteKind = Literal["position", "equality", "dv"]
 
 # The reserved field id of a position delete file's ``file_path`` column (spec: "Position Delete Files").
 POSITION_PATH_FIELD_ID = 2147483546
@@ -52,6 +60,19 @@ class DeleteFileRef:
     record_count: int
     sequence_number: int
     equality_ids: tuple[int, ...] = ()
+    # A deletion vector: the data file it names and where its blob is in the Puffin file.
+    referenced_data_file: str | None = None
+    content_offset: int | None = None
+    content_size: int | None = None
+
+    @property
+    def key(self) -> str:
+        """What names this delete in a plan: its path, plus the blob's offset for a DV.
+
+        One Puffin file holds the DVs of many data files, so a path alone does
+        not name a DV.
+        """
+        return f"{self.path}#{self.content_offset}" if self.kind == "dv" else self.path
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -63,6 +84,10 @@ class DeleteFileRef:
         }
         if self.equality_ids:
             data["equality_ids"] = list(self.equality_ids)
+        if self.kind == "dv":
+            data["referenced_data_file"] = self.referenced_data_file
+            data["content_offset"] = self.content_offset
+            data["content_size"] = self.content_size
         return data
 
     @classmethod
@@ -74,6 +99,9 @@ class DeleteFileRef:
             record_count=int(data["record_count"]),
             sequence_number=int(data["sequence_number"]),
             equality_ids=tuple(int(i) for i in data.get("equality_ids", ())),
+            referenced_data_file=data.get("referenced_data_file"),
+            content_offset=None if data.get("content_offset") is None else int(data["content_offset"]),
+            content_size=None if data.get("content_size") is None else int(data["content_size"]),
         )
 
 
@@ -96,10 +124,20 @@ def unsupported_reason(delete_file: DataFile) -> str | None:
     """Why a delete file cannot be applied here, or ``None`` when it can."""
     file_format = delete_file.file_format
     if file_format == FileFormat.PUFFIN:
-        return (
-            f"{delete_file.file_path} is a deletion vector (Puffin, table format v3); deletion vectors "
-            "are not supported yet (position and equality delete files in Parquet are)"
-        )
+        if delete_file.content != DataFileContent.POSITION_DELETES:
+            return f"{delete_file.file_path} is a Puffin delete file of content {delete_file.content}"
+        missing = [
+            name
+            for name in ("referenced_data_file", "content_offset", "content_size_in_bytes")
+            if v3_field(delete_file, name) is None
+        ]
+        if missing:
+            return (
+                f"{delete_file.file_path} is a deletion vector whose manifest entry has no "
+                f"{', '.join(missing)} (a deletion vector needs them to be found; is the table's "
+                "metadata format v3?)"
+            )
+        return None
     if file_format != FileFormat.PARQUET:
         return (
             f"{delete_file.file_path} is a {getattr(file_format, 'value', file_format)} "
@@ -113,6 +151,17 @@ def unsupported_reason(delete_file: DataFile) -> str | None:
 def delete_ref(entry: ManifestEntry) -> DeleteFileRef:
     delete_file = entry.data_file
     is_equality = delete_file.content == DataFileContent.EQUALITY_DELETES
+    if delete_file.file_format == FileFormat.PUFFIN:
+        return DeleteFileRef(
+            path=delete_file.file_path,
+            kind="dv",
+            size=int(delete_file.file_size_in_bytes),
+            record_count=int(delete_file.record_count),
+            sequence_number=int(entry.sequence_number or 0),
+            referenced_data_file=v3_field(delete_file, "referenced_data_file"),
+            content_offset=int(v3_field(delete_file, "content_offset")),
+            content_size=int(v3_field(delete_file, "content_size_in_bytes")),
+        )
     return DeleteFileRef(
         path=delete_file.file_path,
         kind="equality" if is_equality else "position",
@@ -176,6 +225,7 @@ class DeleteIndex:
         self._position: dict[tuple[int, tuple[Any, ...]], list[_LiveDelete]] = {}
         self._equality: dict[tuple[int, tuple[Any, ...]], list[_LiveDelete]] = {}
         self._global_equality: list[_LiveDelete] = []
+        self._dv: dict[str, DeleteFileRef] = {}  # referenced data file -> its deletion vector
         self.refs: dict[str, DeleteFileRef] = {}
         self.unsupported: list[str] = []
         for entry in entries:
@@ -185,12 +235,15 @@ class DeleteIndex:
                 self.unsupported.append(reason)
                 continue
             ref = delete_ref(entry)
+            if ref.kind == "dv":
+                self._add_dv(ref)
+                continue
             spec = specs.get(int(delete_file.spec_id))
             unpartitioned = spec is None or not spec.fields
             live = _LiveDelete(
                 ref, int(delete_file.spec_id), partition_key(delete_file), unpartitioned, delete_file
             )
-            self.refs[ref.path] = ref
+            self.refs[ref.key] = ref
             key = (live.spec_id, live.partition)
             if ref.kind == "position":
                 self._position.setdefault(key, []).append(live)
@@ -198,6 +251,18 @@ class DeleteIndex:
                 self._global_equality.append(live)
             else:
                 self._equality.setdefault(key, []).append(live)
+
+    def _add_dv(self, ref: DeleteFileRef) -> None:
+        assert ref.referenced_data_file is not None
+        other = self._dv.get(ref.referenced_data_file)
+        if other is not None:
+            self.unsupported.append(
+                f"data file {ref.referenced_data_file} has two live deletion vectors ({other.key} and "
+                f"{ref.key}); the spec allows one per data file, so the table's state is ambiguous"
+            )
+            return
+        self._dv[ref.referenced_data_file] = ref
+        self.refs[ref.key] = ref
 
     def __len__(self) -> int:
         return len(self.refs)
@@ -210,13 +275,17 @@ class DeleteIndex:
         seq = int(entry.sequence_number or 0)
         key = (int(data_file.spec_id), partition_key(data_file))
         found: set[str] = set()
-        for live in self._position.get(key, ()):
-            if live.ref.sequence_number >= seq and _path_in_bounds(live.data_file, data_file.file_path):
-                found.add(live.ref.path)
+        dv = self._dv.get(data_file.file_path)
+        if dv is not None and dv.sequence_number >= seq:
+            found.add(dv.key)  # it holds every deleted position: position delete files do not apply
+        else:
+            for live in self._position.get(key, ()):
+                if live.ref.sequence_number >= seq and _path_in_bounds(live.data_file, data_file.file_path):
+                    found.add(live.ref.key)
         for live in (*self._equality.get(key, ()), *self._global_equality):
             if live.ref.sequence_number > seq and not any(
                 _cannot_overlap(self._schema, live.data_file, data_file, field_id)
                 for field_id in live.ref.equality_ids
             ):
-                found.add(live.ref.path)
+                found.add(live.ref.key)
         return frozenset(found)
