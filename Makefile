@@ -12,7 +12,8 @@ TEST_WORKERS ?= 2
 
 help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
-	@echo "             (WRITE_MODE=merge-on-read: the source written with position and equality deletes)"
+	@echo "             (WRITE_MODE=merge-on-read: the source written with position and equality deletes;"
+	@echo "              WRITE_MODE=merge-on-read-v3: a format-v3 source whose MERGE writes deletion vectors)"
 	@echo "make sync CONFIG=path.yaml   run each table's DAG until its sink has caught up"
 	@echo "make airflow Airflow on the demo config at http://127.0.0.1:8080 (PORT=...), with the CDC view"
 	@echo "make demo-engine   only the shuffle engine, on one generated snapshot (seconds)"

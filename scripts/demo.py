@@ -5,7 +5,9 @@ SQLite catalog with a history of inserts and copy-on-write MERGEs (value
 updates, partition moves, deletes, a rewrite that changes nothing) -- or, with
 ``--write-mode merge-on-read`` (``make demo WRITE_MODE=merge-on-read``), the
 same history written merge-on-read: Spark's position deletes for the MERGE,
-Flink-style equality deletes for the DELETE and the no-op upsert -- runs
+Flink-style equality deletes for the DELETE and the no-op upsert (with
+``merge-on-read-v3``, on a format-v3 table whose MERGE writes deletion
+vectors) -- runs
 ``make sync`` (one Airflow DAG run per snapshot; its Spark tasks are clients of
 a local Spark Connect server, ``local[2]``, that sync starts and stops), then
 prints what each snapshot produced, a few change rows, and the replay check:
@@ -30,11 +32,13 @@ import yaml
 from pyiceberg.catalog import load_catalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.table.snapshots import Operation
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DecimalType, LongType, NestedField, StringType, TimestamptzType
 
 from iceberg_cdc.devtools.cow import cow_merge, table_state
-from iceberg_cdc.devtools.mor import mor_merge
+from iceberg_cdc.devtools.format_v3 import is_v3, upgrade_to_v3
+from iceberg_cdc.devtools.mor import commit_row_delta, mor_merge, write_data_files
 from iceberg_cdc.devtools.sync import sync
 from iceberg_cdc.local_s3 import LocalS3Server
 
@@ -69,7 +73,7 @@ def orders(rng: np.random.Generator, ids: np.ndarray, status: str, day: int) -> 
     )
 
 
-WRITE_MODES = ("copy-on-write", "merge-on-read")
+WRITE_MODES = ("copy-on-write", "merge-on-read", "merge-on-read-v3")
 
 
 def build_history(
@@ -80,24 +84,34 @@ def build_history(
     ``merge-on-read``: the row-level changes write delete files instead of
     rewriting data files: position deletes for the MERGE (Spark), equality
     deletes for the DELETE and the upsert that changes nothing (Flink).
+    ``merge-on-read-v3``: the same on a format-v3 table, where the MERGE's
+    position deletes are deletion vectors (one Puffin file, a DV per data file).
     """
     catalog.create_namespace("shop")
     spec = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "region"))
     properties = (
         {f"write.{op}.mode": "merge-on-read" for op in ("delete", "update", "merge")}
-        if write_mode == "merge-on-read"
+        if write_mode.startswith("merge-on-read")
         else {}
     )
     table = catalog.create_table("shop.orders", schema=SCHEMA, partition_spec=spec, properties=properties)
+    if write_mode == "merge-on-read-v3":
+        table = upgrade_to_v3(table)
     history = []
 
     def merge(deletes: str, **kwargs) -> None:
-        if write_mode == "merge-on-read":
+        if write_mode.startswith("merge-on-read"):
             mor_merge(table, deletes=deletes, **kwargs)
         else:
             cow_merge(table, **kwargs)
 
-    table.append(orders(rng, np.arange(0, 20_000), "placed", 0))
+    def append(rows: pa.Table) -> None:
+        if is_v3(table):  # pyiceberg 0.12 cannot commit to a v3 table
+            commit_row_delta(table, add=write_data_files(table, rows), operation=Operation.APPEND)
+        else:
+            table.append(rows)
+
+    append(orders(rng, np.arange(0, 20_000), "placed", 0))
     history.append((table.current_snapshot().snapshot_id, "append: 20,000 new orders"))
 
     current = table.scan().to_arrow()
@@ -120,7 +134,7 @@ def build_history(
         )
     )
 
-    table.append(orders(rng, np.arange(20_300, 20_800), "placed", 2))
+    append(orders(rng, np.arange(20_300, 20_800), "placed", 2))
     history.append((table.current_snapshot().snapshot_id, "append: 500 new orders"))
 
     churned = rng.choice(20_000, 400, replace=False)
