@@ -10,6 +10,7 @@ module's state; each DAG run costs ~20-60 s, mostly JVM starts):
 5. an idle run: nothing changes
 6. a manual reprocess, a manual run of an unknown snapshot
 7. a merge-on-read upsert (equality deletes and new rows in one commit)
+8. the table upgraded to format v3, and a MERGE written as deletion vectors
 
 Every step checks the replay invariant for the snapshot it processed.
 """
@@ -23,10 +24,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from pyiceberg.manifest import FileFormat
 
 from iceberg_cdc.devtools.airflow_env import dags_test
-from iceberg_cdc.devtools.cow import cow_merge
+from iceberg_cdc.devtools.cow import cow_merge, table_state
+from iceberg_cdc.devtools.format_v3 import upgrade_to_v3
 from iceberg_cdc.devtools.mor import mor_merge
+from iceberg_cdc.devtools.mor_state import snapshot_entries
 from iceberg_cdc.devtools.sync import sync
 from tests.support.airflow_pipeline import DAG_ID, AirflowPipeline
 from tests.support.iceberg_tables import live_files, replace_files
@@ -168,3 +172,19 @@ def test_merge_on_read_snapshot_through_spark(pipeline: Pipeline):
     assert pipeline.run() == 0, pipeline.last_log.read_text()[-3000:]
     assert pipeline.watermark().snapshot_id == snapshot
     assert pipeline.assert_replay(snapshot) == Counter({"UPDATE_BEFORE": 4, "UPDATE_AFTER": 4, "DELETE": 3})
+
+
+def test_deletion_vectors_through_spark(pipeline: Pipeline):
+    """The table upgraded to format v3, then a MERGE as Spark writes it there: deletion vectors on S3."""
+    pipeline.source = upgrade_to_v3(pipeline.source)
+    live = table_state(pipeline.source, pipeline.source.current_snapshot().snapshot_id).sort_by("id")
+    ids = live.column("id").to_pylist()
+    changed = rows(ids[10:13], ["eu", "us", "us"], status="merged")
+    snapshot = mor_merge(pipeline.source, upserts=changed, delete_keys=ids[13:15], deletes="position")
+    dvs = [
+        e for e in snapshot_entries(pipeline.source, snapshot) if e.data_file.file_format == FileFormat.PUFFIN
+    ]
+    assert dvs, "the MERGE wrote deletion vectors"
+    assert pipeline.run() == 0, pipeline.last_log.read_text()[-3000:]
+    assert pipeline.watermark().snapshot_id == snapshot
+    assert pipeline.assert_replay(snapshot) == Counter({"UPDATE_BEFORE": 3, "UPDATE_AFTER": 3, "DELETE": 2})
