@@ -66,6 +66,7 @@ from latency import (  # noqa: E402
 )
 from mor_bench import mor_line, run_mor_vs_cow  # noqa: E402
 from pipeline_run import PipelineSetup, breakdown, expected_reads, run_pipeline, sink_changes  # noqa: E402
+from point_update import point_update_line, run_point_update  # noqa: E402
 from probes import probe  # noqa: E402
 from s3log import RequestLog  # noqa: E402
 from sparkrun import dag_conf, spark_submit  # noqa: E402
@@ -418,6 +419,9 @@ def main() -> None:
         run_scaling(bench, workloads, results)
         results["merge_on_read"] = run_mor_vs_cow(bench, rows, 5, log)
         results["checks"]["merge_on_read_deletes"] = {"equal": results["merge_on_read"]["equal"]}
+        log(f"merge-on-read: one-row update by deletion vector of a {rows:,}-row file")
+        results["point_update"] = run_point_update(bench.catalog, rows)
+        results["checks"]["point_update"] = {"equal": results["point_update"]["equal"]}
         if not args.skip_connect:
             run_connect(
                 bench,
@@ -451,6 +455,7 @@ def main() -> None:
     if not ok:
         print("bench: CHECK FAILED: the pipeline and a comparison run disagree; see pipeline.json 'checks'")
     print(mor_line(results["merge_on_read"]))
+    print(point_update_line(results["point_update"]))
     if "latency_connect" in results:
         print(latency_line(results["latency"]["wall_seconds"], results["latency_connect"]))
     elif "latency" in results:

@@ -6,6 +6,8 @@ import math
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyiceberg.io.pyarrow import PyArrowFileIO, schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType
@@ -128,3 +130,49 @@ def test_single_key_equality_and_positions_together(tmp_path):
     # Rows the old position delete removed are not removed again by the new equality delete.
     ids, masked = _live(tmp_path, refs, deletes=[pos], require=[eq])
     assert (ids, masked) == ([None, 5], 6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    row_group=st.integers(1, 9),
+    batch_size=st.integers(1, 7),
+    required=st.sets(st.integers(0, 45), max_size=12),
+    deleted=st.sets(st.integers(0, 45), max_size=12),
+)
+def test_reading_only_the_required_positions_matches_reading_the_whole_file(
+    tmp_path_factory, n, row_group, batch_size, required, deleted
+):
+    """A kept file changed by position deletes: the row groups holding them only, same rows, same count."""
+    tmp = tmp_path_factory.mktemp("selected")
+    data = str(tmp / "data.parquet")
+    pq.write_table(
+        pa.table({"id": pa.array(range(n), pa.int64())}).cast(schema_to_pyarrow(Schema(SCHEMA.fields[0]))),
+        data,
+        row_group_size=row_group,
+    )
+    refs = {}
+    for name, positions in (("new", required), ("old", deleted)):
+        path = str(tmp / f"{name}.parquet")
+        ordered = sorted(positions)
+        pq.write_table(
+            pa.Table.from_arrays(
+                [pa.array([data] * len(ordered)), pa.array(ordered, pa.int64())], schema=_POSITION_SCHEMA
+            ),
+            path,
+        )
+        refs[path] = DeleteFileRef(path, "position", 1, len(ordered), 2)
+    new, old = list(refs)
+    io, schema = PyArrowFileIO(), Schema(SCHEMA.fields[0])
+
+    def read(selected: bool) -> tuple[list, int]:
+        live = LiveRows(DeleteLoader(io, schema, refs), data, [old], [new])
+        if selected:
+            positions = live.selected_positions()
+            batches = live.filter_selected(read_data_file(io, data, schema, batch_size, positions=positions))
+        else:
+            batches = live.filter(read_data_file(io, data, schema, batch_size))
+        return [row["id"] for batch in batches for row in batch.to_pylist()], live.masked
+
+    expected = sorted(p for p in required - deleted if p < n)
+    assert read(selected=False) == read(selected=True) == (expected, n - len(expected))

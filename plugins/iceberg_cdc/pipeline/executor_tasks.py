@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 
 from iceberg_cdc.changelog.merge import CHANGE_TYPE_COLUMN, MergeStats, merge_changes
@@ -110,21 +111,28 @@ class _InputRows:
         self.masked = {"DELETE": 0, "INSERT": 0}
 
     def batches(self, file: InputFile) -> Iterator[pa.RecordBatch]:
-        batches = read_data_file(
+        if not (file.deletes or file.require):
+            yield from self._read(file)
+            return
+        if self._loader is None:
+            self._loader = DeleteLoader(self._io, self._schema, self._plan.delete_refs())
+        live = LiveRows(self._loader, file.path, file.deletes, file.require)
+        positions = live.selected_positions()
+        if positions is None:
+            yield from live.filter(self._read(file))
+        else:  # a kept file changed by position deletes / a DV: read only the rows they name
+            yield from live.filter_selected(self._read(file, positions))
+        self.masked[file.op] += live.masked
+
+    def _read(self, file: InputFile, positions: np.ndarray | None = None):
+        return read_data_file(
             self._io,
             file.path,
             self._schema,
             name_mapping=self._mapping,
             partition_values=file.partition_values,
+            positions=positions,
         )
-        if not (file.deletes or file.require):
-            yield from batches
-            return
-        if self._loader is None:
-            self._loader = DeleteLoader(self._io, self._schema, self._plan.delete_refs())
-        live = LiveRows(self._loader, file.path, file.deletes, file.require)
-        yield from live.filter(batches)
-        self.masked[file.op] += live.masked
 
 
 def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[str, Any]:

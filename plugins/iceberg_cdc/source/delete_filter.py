@@ -33,7 +33,7 @@ name, pruned by partition and column bounds at planning.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -200,6 +200,44 @@ class LiveRows:
         if self._require:
             emit &= self._named(batch, offset, self._required_positions, self._required_keys)
         return emit
+
+    def selected_positions(self) -> np.ndarray | None:
+        """The only positions that can be part of the change, when position deletes alone require them.
+
+        A kept file whose change is named by new position deletes or a new
+        DV: only those positions (less the ones deleted before) can be
+        emitted, so only the row groups holding them need reading. None when
+        the whole file must be read (no ``require``, or equality deletes in it).
+        """
+        if not self._require or self._required_keys:
+            return None
+        return np.setdiff1d(self._required_positions, self._deleted_positions, assume_unique=True)
+
+    def filter_selected(
+        self, batches: Generator[pa.RecordBatch, None, int]
+    ) -> Generator[pa.RecordBatch, None, None]:
+        """The rows read at :meth:`selected_positions`, less those equality deletes remove.
+
+        ``batches`` returns the file's row count; every row not emitted,
+        read or not, is counted in ``masked``.
+        """
+        emitted = 0
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration as done:
+                file_rows = int(done.value)
+                break
+            emit = np.ones(batch.num_rows, dtype=bool)
+            for key_set in self._deleted_keys:
+                emit &= ~key_set.matches(batch)
+            kept = int(emit.sum())
+            emitted += kept
+            if kept == batch.num_rows:
+                yield batch
+            elif kept:
+                yield batch.filter(pa.array(emit))
+        self.masked = file_rows - emitted
 
     def filter(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The batches with only the emitted rows (empty batches left out); counts the rest."""

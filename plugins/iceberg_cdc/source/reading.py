@@ -56,10 +56,11 @@ from __future__ import annotations
 import datetime as dt
 import math
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO, load_file_io
@@ -274,8 +275,14 @@ def read_data_file(
     *,
     name_mapping: NameMapping | None = None,
     partition_values: Mapping[int, Any] | None = None,
-) -> Iterator[pa.RecordBatch]:
+    positions: np.ndarray | None = None,
+) -> Generator[pa.RecordBatch, None, int]:
     """Yield the rows of the Parquet data file at ``path`` projected onto ``schema``, at most ``batch_size`` rows each.
+
+    ``positions`` (sorted, distinct): yield only the rows at those positions,
+    reading only the row groups that hold one (a merge-on-read update of a
+    few rows of a big file then decodes a fraction of it). Returns the
+    file's row count from its footer, for conservation.
 
     ``schema`` is the snapshot's schema. ``name_mapping`` (the table's
     ``schema.name-mapping.default``) is needed only for files written without
@@ -283,8 +290,8 @@ def read_data_file(
     file's identity-partition values by source field id, in the JSON form of
     :func:`partition_value_to_json`) fill the columns the file lacks, as a
     Hive-layout file lacks its partition columns; without them such columns
-    come out null. Delete files are not applied (merge-on-read snapshots are
-    rejected before reading).
+    come out null. Delete files are not applied here
+    (:mod:`iceberg_cdc.source.delete_filter` applies them).
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, not {batch_size}")
@@ -310,11 +317,34 @@ def read_data_file(
         file_projection = prune_columns(file_schema, _projected_field_ids(schema), select_full_types=False)
         columns = [field.name for field in file_projection.columns]
         constants = _constant_columns(schema, file_schema, partition_values)
-        # One decoding thread: a Spark task owns one core.
-        for batch in parquet.iter_batches(batch_size=batch_size, columns=columns, use_threads=False):
+        for batch in _raw_batches(parquet, columns, batch_size, positions):
             if batch.num_rows == 0:
                 continue
             projected = _project(schema, file_projection, batch, downcast_ns, constants)
             if not projected.schema.equals(target, check_metadata=True):
                 projected = projected.cast(target)
             yield projected
+        return parquet.metadata.num_rows
+
+
+def _raw_batches(
+    parquet: pq.ParquetFile, columns: list[str], batch_size: int, positions: np.ndarray | None
+) -> Iterator[pa.RecordBatch]:
+    """The file's batches (one decoding thread: a Spark task owns one core), or only rows at ``positions``."""
+    if positions is None:
+        yield from parquet.iter_batches(batch_size=batch_size, columns=columns, use_threads=False)
+        return
+    metadata = parquet.metadata
+    starts = np.cumsum([0] + [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)])
+    wanted = positions[(positions >= 0) & (positions < starts[-1])]
+    groups = np.searchsorted(starts, wanted, side="right") - 1
+    for group in np.unique(groups):
+        offset = int(starts[group])
+        in_group = wanted[groups == group]
+        for batch in parquet.iter_batches(
+            batch_size=batch_size, row_groups=[int(group)], columns=columns, use_threads=False
+        ):
+            lo, hi = np.searchsorted(in_group, [offset, offset + batch.num_rows])
+            if hi > lo:
+                yield batch.take(pa.array(in_group[lo:hi] - offset))
+            offset += batch.num_rows
