@@ -16,9 +16,11 @@ from pyiceberg.types import ListType, LongType, NestedField, StringType, StructT
 
 from iceberg_cdc.changelog.merge import merge_changes
 from iceberg_cdc.config import TableConfig
+from iceberg_cdc.devtools import mor
 from iceberg_cdc.errors import ConfigError, SourceHistoryError, UnsupportedSnapshotError
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.rows import OP_COLUMN, Op
+from iceberg_cdc.source import changes as changes_module
 from iceberg_cdc.source.changes import (
     DataFileRef,
     SnapshotChanges,
@@ -257,6 +259,33 @@ def test_initial_load_lists_every_live_file(catalog):
     assert changes.deleted == ()
     assert sum(r.record_count for r in changes.added) == table.scan().to_arrow().num_rows
     require_supported(changes)
+
+
+def test_kept_files_are_looked_for_only_in_manifests_of_the_deletes_partitions(catalog, monkeypatch):
+    """Appends by region, each its own manifest; an equality delete in one region reads one data manifest."""
+    schema = Schema(NestedField(1, "id", LongType()), NestedField(2, "region", StringType()))
+    spec = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "region"))
+    table = catalog.create_table("db.by_region", schema=schema, partition_spec=spec)
+    for i, region in enumerate(["us", "eu", "apac", "latam"]):
+        table.append(pa.table({"id": pa.array([i * 10, i * 10 + 1], pa.int64()), "region": [region] * 2}))
+    eu = next(f for f in live_files(table) if f.partition[0] == "eu")
+    delete_file = mor.equality_delete_file(
+        table, pa.table({"id": pa.array([10], pa.int64())}), spec_id=spec.spec_id, partition=eu.partition
+    )
+    snapshot_id = mor.commit_row_delta(table, add=[delete_file], operation=Operation.DELETE)
+    read: list[str] = []
+    real = changes_module.manifest_entries
+
+    def counting(io, manifest, format_version, **kw):
+        read.append(manifest.content.name)
+        return real(io, manifest, format_version, **kw)
+
+    monkeypatch.setattr(changes_module, "manifest_entries", counting)
+    changes = snapshot_changes(table, snapshot_id)
+    assert [ref.path for ref in changes.deleted] == [eu.file_path]
+    assert changes.deleted[0].require == (delete_file.file_path,)
+    # Its own manifest (the delete), the parent's and its deletes (none), one of four data manifests.
+    assert read.count("DATA") == 1
 
 
 def test_initial_load_applies_live_delete_files(catalog):

@@ -28,17 +28,18 @@ with the way out in the message (:func:`require_supported`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestEntryStatus
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.transforms import IdentityTransform
 
 from iceberg_cdc.errors import SourceHistoryError, UnsupportedSnapshotError
+from iceberg_cdc.source.delete_scope import manifest_filter
 from iceberg_cdc.source.deletes import DeleteFileRef, DeleteIndex
 from iceberg_cdc.source.manifests import manifest_entries
 from iceberg_cdc.source.reading import partition_value_to_json
@@ -251,13 +252,21 @@ def _header(table: Table, snapshot: Snapshot) -> dict[str, Any]:
     }
 
 
-def _live_entries(table: Table, snapshot: Snapshot | None, content: ManifestContent) -> list[ManifestEntry]:
-    """Every live entry (ADDED or EXISTING) of the snapshot's manifests of one content type."""
+def _live_entries(
+    table: Table,
+    snapshot: Snapshot | None,
+    content: ManifestContent,
+    may_hold: Callable[[ManifestFile], bool] | None = None,
+) -> list[ManifestEntry]:
+    """Every live entry (ADDED or EXISTING) of the snapshot's manifests of one content type.
+
+    ``may_hold``: read only the manifests it accepts.
+    """
     if snapshot is None:
         return []
     entries: list[ManifestEntry] = []
     for manifest in snapshot.manifests(table.io):
-        if manifest.content == content:
+        if manifest.content == content and (may_hold is None or may_hold(manifest)):
             entries.extend(manifest_entries(table.io, manifest, table.metadata.format_version))
     return entries
 
@@ -322,9 +331,13 @@ def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
     added = [_ref(e, specs, after.for_data_file(e)) for e in added_entries]
     new_deletes, dropped_deletes = set(after.refs) - set(before.refs), set(before.refs) - set(after.refs)
     if new_deletes or dropped_deletes:
-        # Data files kept by the snapshot whose live rows its delete files changed.
+        # Data files kept by the snapshot whose live rows its delete files changed, in the
+        # manifests that can hold one.
         added_paths = {e.data_file.file_path for e in added_entries}
-        for entry in _live_entries(table, snapshot, ManifestContent.DATA):
+        changed = [after.files[k] for k in new_deletes] + [before.files[k] for k in dropped_deletes]
+        schema = table.schemas().get(header["schema_id"], table.schema())
+        may_hold = manifest_filter(changed, specs, schema)
+        for entry in _live_entries(table, snapshot, ManifestContent.DATA, may_hold):
             if entry.data_file.file_path in added_paths:
                 continue
             deletes_before, deletes_after = before.for_data_file(entry), after.for_data_file(entry)

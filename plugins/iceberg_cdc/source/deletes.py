@@ -227,6 +227,7 @@ class DeleteIndex:
         self._global_equality: list[_LiveDelete] = []
         self._dv: dict[str, DeleteFileRef] = {}  # referenced data file -> its deletion vector
         self.refs: dict[str, DeleteFileRef] = {}
+        self.files: dict[str, DataFile] = {}  # by ref key: the manifest's description of each
         self.unsupported: list[str] = []
         for entry in entries:
             delete_file = entry.data_file
@@ -235,6 +236,7 @@ class DeleteIndex:
                 self.unsupported.append(reason)
                 continue
             ref = delete_ref(entry)
+            self.files[ref.key] = delete_file
             if ref.kind == "dv":
                 self._add_dv(ref)
                 continue
