@@ -114,11 +114,29 @@ class ShuffleConfig(_Redacting):
     write_task_size: int = 256 << 20  # bytes of input files bin-packed into one write task
     retain_files: bool = False
     airflow_conn_id: str | None = None
+    # Carryover cancelled in the write tasks (a partition's removed and added files in one task).
+    cancel_before_shuffle: bool = True
+    # A partition's files above this many bytes are packed file by file instead (default 8 x write_task_size).
+    cancel_partition_max_size: int | None = None
+    cancel_memory: int = 256 << 20  # Arrow bytes a write task holds while cancelling; beyond: local spill
+    row_lineage: bool = True  # format v3: rows with equal _row_id and sequence number are carryover
 
-    @field_validator("target_partition_size", "write_task_size", mode="before")
+    @field_validator("target_partition_size", "write_task_size", "cancel_memory", mode="before")
     @classmethod
     def _size(cls, value: Any) -> int:
         return parse_size(value)
+
+    @field_validator("cancel_partition_max_size", mode="before")
+    @classmethod
+    def _optional_cancel_size(cls, value: Any) -> int | None:
+        return None if value is None else parse_size(value)
+
+    @property
+    def cancel_max_bytes(self) -> int:
+        """Input bytes of one partition above which its carryover is left to the shuffle."""
+        if self.cancel_partition_max_size is not None:
+            return self.cancel_partition_max_size
+        return 8 * self.write_task_size
 
     @field_validator("min_partition_size", mode="before")
     @classmethod

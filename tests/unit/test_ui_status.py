@@ -73,7 +73,16 @@ def test_last_processed_snapshots_with_their_figures(history):
     assert (merge.inserts, merge.deletes, merge.updates) == (0, 1, 2)
     assert merge.carryover_rows == 14 and merge.change_rows == 5
     assert merge.shuffle_bytes and merge.shuffle_bytes > 0
-    assert merge.rows == {"input": 19, "shuffled": 19, "read": 19, "carryover": 14, "changes": 5}
+    # The carryover stayed in its partition: cancelled in the write task, never shuffled.
+    assert merge.rows == {
+        "input": 19,
+        "masked": 0,
+        "cancelled": 14,
+        "shuffled": 5,
+        "read": 5,
+        "carryover": 0,
+        "changes": 5,
+    }
     assert merge.balanced is True
     assert {"detect", "write", "coalesce", "read"} <= set(merge.seconds)
     assert next(iter(merge.seconds)) == "detect"  # phases in run order
@@ -229,7 +238,8 @@ def test_skew_found_by_coalesce_reaches_the_commit_summary_and_the_page(tmp_path
         "plan_ranges",
         lambda sizes, t, m: coalesce(sizes, t, m, skew_factor=1.0, skew_min_bytes=0),
     )
-    pipeline = InlinePipeline(tmp_path)
+    # Every row through the shuffle (no carryover cancelled before it), so partitions differ in size.
+    pipeline = InlinePipeline(tmp_path, shuffle={"cancel_before_shuffle": False})
     source = pipeline.create_source(SCHEMA)
     source.append(rows(range(40)))
     pipeline.catch_up()
@@ -458,7 +468,7 @@ def test_the_page(history):
     assert '<td class="num" data-field="deletes">1</td>' in page
     assert '<td class="num" data-field="updates">2</td>' in page
     assert '<td class="num" data-field="carryover">14</td>' in page
-    assert "19 in → 19 shuffled → 19 read = 14 carryover + 5 changes" in page
+    assert "19 in, 14 cancelled → 5 shuffled → 5 read = 0 carryover + 5 changes" in page
     assert f'href="/dags/{DAG_ID}/runs/manual__2026-01-02T03%3A04%3A05%2B00%3A00" target="_top"' in page
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert 'id="auto-refresh"' in page

@@ -129,6 +129,7 @@ def commit(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
     summary.update({f"cdc.seconds.{k}": str(v) for k, v in seconds.items()})
     summary.update(skew)
     summary.update(conservation.summary())
+    summary["cdc.carryover-rows"] = str(conservation.all_carryover_rows)  # before and after the shuffle
     summary["cdc.operation"] = plan.operation
     summary[INITIAL_LOAD_KEY] = "true" if plan.initial_load else "false"
     # The marker goes up *before* the last lease check: a cleanup or sweep that looks after that
@@ -161,11 +162,13 @@ def commit(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
     with contextlib.suppress(CdcError):  # the outcome is known; a marker left behind only keeps files
         store.delete_prefix(paths.commit_pending)
     log.info(
-        "commit of snapshot %s to %s: %s; rows: %d input, %d shuffled, %d read, %d carryover, %d changes; %s",
+        "commit of snapshot %s to %s: %s; rows: %d input, %d cancelled before the shuffle, %d shuffled, "
+        "%d read, %d carryover, %d changes; %s",
         plan.snapshot_id,
         ctx.table.sink,
         "committed" if result.committed else f"not committed ({result.reason})",
         conservation.input_rows,
+        conservation.cancelled_rows,
         conservation.shuffled_rows,
         conservation.read_rows,
         conservation.carryover_rows,
@@ -178,6 +181,9 @@ def commit(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
         "reason": result.reason,
         "files": len(staged_paths),
         **figures,
+        # Carryover in all, and the part of it the write tasks cancelled before the shuffle.
+        "carryover_rows": conservation.all_carryover_rows,
+        "cancelled_rows": conservation.cancelled_rows,
         "conservation": vars(conservation),
         "seconds": seconds,
         **_skew_figures(skew),

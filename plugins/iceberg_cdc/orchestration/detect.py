@@ -27,7 +27,7 @@ from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import ensure_sink_table, loaded_in_full, read_watermark
 from iceberg_cdc.source.changes import initial_load_changes, require_supported, snapshot_changes
 from iceberg_cdc.source.history import next_snapshot, validate_manual_snapshot, validate_reprocess_range
-from iceberg_cdc.source.planning import plan_write_tasks
+from iceberg_cdc.source.planning import CancelPlanning, plan_write_tasks
 from iceberg_cdc.source.reading import table_name_mapping_json
 from iceberg_cdc.source.tables import load_source_table, resolve_identifier_columns
 
@@ -215,7 +215,11 @@ def _detect(
     identifiers = resolve_identifier_columns(ctx.table, schema)
     store = ctx.runtime.store()
     kind = "with_deletes" if changes.kind == "with_deletes" else "insert_only"
-    tasks = plan_write_tasks(changes, ctx.config.shuffle.write_task_size)
+    shuffle = ctx.config.shuffle
+    cancel = kind == "with_deletes" and shuffle.cancel_before_shuffle
+    tasks = plan_write_tasks(
+        changes, shuffle.write_task_size, cancel=CancelPlanning(shuffle.cancel_max_bytes) if cancel else None
+    )
     groups = group_tasks(tasks, ctx.config.spark.parallel_jobs)
     plan = SnapshotPlan(
         source=ctx.table.source,
@@ -241,6 +245,9 @@ def _detect(
         lease_ttl_seconds=base["lease_ttl"],
         name_mapping_json=table_name_mapping_json(source),
         delete_files={path: ref.to_dict() for path, ref in sorted(changes.delete_refs.items())},
+        cancel_before_shuffle=cancel,
+        cancel_memory=shuffle.cancel_memory,
+        row_lineage=cancel and shuffle.row_lineage and source.metadata.format_version >= 3,
     )
     plan.save(store, paths.plan)
     phase = plan.phase

@@ -53,7 +53,9 @@ def outcome(committed: dict[str, Any]) -> str:
         f"±{_count(committed.get('updates', 0))} updates",
     ]
     if committed.get("carryover_rows"):
-        parts.append(f"carryover {_count(committed['carryover_rows'])}")
+        cancelled = committed.get("cancelled_rows")
+        before = f" ({_count(cancelled)} cancelled before the shuffle)" if cancelled else ""
+        parts.append(f"carryover {_count(committed['carryover_rows'])}{before}")
     if committed.get("shuffle_bytes"):
         parts.append(f"{_bytes(committed['shuffle_bytes'])} shuffled")
     if committed.get("skewed_partitions"):

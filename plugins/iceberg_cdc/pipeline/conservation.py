@@ -4,7 +4,9 @@ The manifests say how many rows each removed and added data file holds. A run
 may commit only if the rows add up at every hand-over::
 
     rows of the planned files (manifest record counts)
-      = rows written to the shuffle (per map output, recorded by its write task)
+      = rows masked by delete files + carryover cancelled before the shuffle (per write task)
+        + rows written to the shuffle (per map output, recorded by its write task)
+    rows written to the shuffle
       = rows read back (per read range, checked against each map output's record)
       = carryover rows + change rows staged (per read range)
 
@@ -41,18 +43,30 @@ def _where(plan: SnapshotPlan) -> str:
 
 
 def check_written(
-    plan: SnapshotPlan, task: WriteTask, rows: Mapping[str, int], masked: Mapping[str, int] | None = None
+    plan: SnapshotPlan,
+    task: WriteTask,
+    rows: Mapping[str, int],
+    masked: Mapping[str, int] | None = None,
+    cancelled: Mapping[str, int] | None = None,
 ) -> None:
-    """A write (or insert) task wrote the rows its files hold, per operation, less those deletes masked."""
-    masked = masked or {}
+    """A write (or insert) task wrote the rows its files hold, per operation, less those deletes masked
+    and those cancelled as carryover before the shuffle (as many DELETEs as INSERTs)."""
+    masked, cancelled = masked or {}, cancelled or {}
+    if int(cancelled.get("DELETE", 0)) != int(cancelled.get("INSERT", 0)):
+        raise ConservationError(
+            f"{_where(plan)}: write task {task.task_id} cancelled {cancelled.get('DELETE', 0)} DELETE but "
+            f"{cancelled.get('INSERT', 0)} INSERT rows as carryover; carryover cancels in pairs. This is a "
+            f"defect of the cancellation; please report it. {_RETRY}"
+        )
     for op in ("DELETE", "INSERT"):
         expected = sum(f.record_count for f in task.files if f.op == op)
-        got, dropped = int(rows.get(op, 0)), int(masked.get(op, 0))
-        if got + dropped != expected:
+        got, dropped, gone = int(rows.get(op, 0)), int(masked.get(op, 0)), int(cancelled.get(op, 0))
+        if got + dropped + gone != expected:
             by_deletes = f" (+ {dropped} rows not live by delete files)" if dropped else ""
+            by_cancel = f" (+ {gone} cancelled as carryover)" if gone else ""
             raise ConservationError(
-                f"{_where(plan)}: write task {task.task_id} read {got} {op} rows{by_deletes} from its "
-                f"{sum(1 for f in task.files if f.op == op)} file(s), but their manifests record "
+                f"{_where(plan)}: write task {task.task_id} read {got} {op} rows{by_deletes}{by_cancel} "
+                f"from its {sum(1 for f in task.files if f.op == op)} file(s), but their manifests record "
                 f"{expected} rows. A data file was replaced after it was committed, or the reader "
                 f"dropped rows. {_RETRY}"
             )
@@ -77,13 +91,21 @@ class Conservation:
     masked_rows: int  # rows of those files that merge-on-read deletes left out (not live, or unchanged)
     shuffled_rows: int  # rows the write tasks wrote to the shuffle (0 on the insert-only path)
     read_rows: int  # rows the read (or insert) tasks read back
-    carryover_rows: int
+    carryover_rows: int  # carryover the read tasks removed (after the shuffle)
     change_rows: int  # rows staged for the sink
+    cancelled_rows: int = 0  # carryover the write tasks cancelled before the shuffle
+
+    @property
+    def all_carryover_rows(self) -> int:
+        """Carryover in all: cancelled before the shuffle and removed after it."""
+        return self.cancelled_rows + self.carryover_rows
 
     def summary(self) -> dict[str, str]:
+        """input = masked + cancelled + shuffled; shuffled = read; read = carryover + changes."""
         return {
             "cdc.rows.input": str(self.input_rows),
             "cdc.rows.masked": str(self.masked_rows),
+            "cdc.rows.cancelled": str(self.cancelled_rows),
             "cdc.rows.shuffled": str(self.shuffled_rows),
             "cdc.rows.read": str(self.read_rows),
             "cdc.rows.carryover": str(self.carryover_rows),
@@ -130,7 +152,7 @@ def check_snapshot(
             f"{where}: staged records {foreign[:5]} belong to another run's epoch. {_RETRY}"
         )
     input_rows = plan.input_records
-    shuffled = 0
+    shuffled = cancelled = 0
     # Rows of the input files that merge-on-read deletes left out: recorded by the write tasks on
     # the shuffle path, by the insert tasks' staged records on the insert-only path.
     masked = sum(int(r["stats"].get("masked_rows", 0)) for r in staged)
@@ -143,12 +165,16 @@ def check_snapshot(
         masked = sum(
             sum(int(v) for v in written[t.task_id].get("masked", {}).values()) for t in plan.write_tasks
         )
+        cancelled = sum(
+            sum(int(v) for v in written[t.task_id].get("cancelled", {}).values()) for t in plan.write_tasks
+        )
         shuffled = sum(sum(int(v) for v in written[t.task_id]["rows"].values()) for t in plan.write_tasks)
-        if shuffled + masked != input_rows:
+        if shuffled + masked + cancelled != input_rows:
             raise ConservationError(
-                f"{where}: the write tasks wrote {shuffled} rows to the shuffle (and delete files masked "
-                f"{masked}), but the snapshot's {sum(len(t.files) for t in plan.write_tasks)} input files "
-                f"hold {input_rows} rows (manifest record counts). {_RETRY}"
+                f"{where}: the write tasks wrote {shuffled} rows to the shuffle (delete files masked "
+                f"{masked}, {cancelled} cancelled as carryover before the shuffle), but the snapshot's "
+                f"{sum(len(t.files) for t in plan.write_tasks)} input files hold {input_rows} rows "
+                f"(manifest record counts). {_RETRY}"
             )
         planned = sum(int(r["rows"]) for r in ranges or ())
         if planned != shuffled:
@@ -168,10 +194,10 @@ def check_snapshot(
                     f"task staged {f['record_count']}: the file was replaced or is missing. {_RETRY}"
                 )
             changes += rows
-    if read + masked != input_rows or read != carryover + changes:
+    if read + masked + cancelled != input_rows or read != carryover + changes:
         raise ConservationError(
-            f"{where}: rows do not add up: input files {input_rows} (masked by delete files {masked}), "
-            f"shuffled {shuffled}, read back {read}, carryover {carryover} + changes staged {changes} = "
-            f"{carryover + changes}. {_RETRY}"
+            f"{where}: rows do not add up: input files {input_rows} (masked by delete files {masked}, "
+            f"cancelled before the shuffle {cancelled}), shuffled {shuffled}, read back {read}, carryover "
+            f"{carryover} + changes staged {changes} = {carryover + changes}. {_RETRY}"
         )
-    return Conservation(input_rows, masked, shuffled, read, carryover, changes)
+    return Conservation(input_rows, masked, shuffled, read, carryover, changes, cancelled)

@@ -17,6 +17,7 @@ snapshot before anything reaches the sink (:mod:`iceberg_cdc.pipeline.conservati
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import resource
 import sys
@@ -32,15 +33,18 @@ import pyarrow as pa
 from iceberg_cdc.changelog.merge import CHANGE_TYPE_COLUMN, MergeStats, merge_changes
 from iceberg_cdc.errors import CorruptShuffleError
 from iceberg_cdc.pipeline.conservation import check_merge, check_written
+from iceberg_cdc.pipeline.map_cancel import CancelBuffer, CancelStats, file_groups
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import Runtime
-from iceberg_cdc.shuffle.fetch import MapOutputSpan, fetch_spans_counted
+from iceberg_cdc.shuffle.fetch import MapOutputSpan
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
+from iceberg_cdc.shuffle.range_reader import FetchedRange
 from iceberg_cdc.shuffle.rows import Op, shuffle_schema
 from iceberg_cdc.shuffle.writer import MapOutputWriter
 from iceberg_cdc.sink.schema import sink_arrow_schema, to_sink_arrow
 from iceberg_cdc.sink.staging import staged_file_path, write_staged_file
 from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
+from iceberg_cdc.source.lineage import LineageFiller, with_lineage
 from iceberg_cdc.source.planning import InputFile
 from iceberg_cdc.source.reading import name_mapping_from_json, output_schema, read_data_file
 
@@ -110,29 +114,34 @@ class _InputRows:
         self._loader: DeleteLoader | None = None
         self.masked = {"DELETE": 0, "INSERT": 0}
 
-    def batches(self, file: InputFile) -> Iterator[pa.RecordBatch]:
+    def batches(self, file: InputFile, lineage: bool = False) -> Iterator[pa.RecordBatch]:
+        """The file's rows that count; with ``lineage``, plus the two row-lineage columns, inherited."""
         if not (file.deletes or file.require):
-            yield from self._read(file)
+            yield from self._read(file, lineage=lineage)
             return
         if self._loader is None:
             self._loader = DeleteLoader(self._io, self._schema, self._plan.delete_refs())
         live = LiveRows(self._loader, file.path, file.deletes, file.require)
         positions = live.selected_positions()
         if positions is None:
-            yield from live.filter(self._read(file))
+            yield from live.filter(self._read(file, lineage=lineage))
         else:  # a kept file changed by position deletes / a DV: read only the rows they name
-            yield from live.filter_selected(self._read(file, positions))
+            yield from live.filter_selected(self._read(file, positions, lineage))
         self.masked[file.op] += live.masked
 
-    def _read(self, file: InputFile, positions: np.ndarray | None = None):
-        return read_data_file(
+    def _read(self, file: InputFile, positions: np.ndarray | None = None, lineage: bool = False):
+        raw = read_data_file(
             self._io,
             file.path,
-            self._schema,
+            with_lineage(self._schema) if lineage else self._schema,
             name_mapping=self._mapping,
             partition_values=file.partition_values,
             positions=positions,
         )
+        if not lineage:
+            return raw
+        filler = LineageFiller(file.first_row_id, file.sequence_number, positions, file.record_count)
+        return filler.batches(raw)
 
 
 def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[str, Any]:
@@ -153,17 +162,38 @@ def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[s
     ):
         reading = _Clock()
         inputs = _InputRows(plan, io, source_schema)
-        for file in task.files:
-            for batch in reading.timed(inputs.batches(file)):
-                writer.write(batch, Op[file.op])
+        cancelling = CancelStats()
+        cancel_seconds = 0.0
+        for group in file_groups(task.files, plan.cancel_before_shuffle):
+            if not group.cancels:
+                for file in group.files:
+                    for batch in reading.timed(inputs.batches(file)):
+                        writer.write(batch, Op[file.op])
+                continue
+            buffer = CancelBuffer(
+                plan.identifier_columns,
+                memory_bytes=plan.cancel_memory,
+                expected_rows=sum(f.record_count for f in group.files),
+                spill_dir=spill_dir,
+            )
+            with contextlib.closing(buffer):
+                for file in group.files:
+                    for batch in reading.timed(inputs.batches(file, plan.row_lineage)):
+                        buffer.add(batch, Op[file.op])
+                cancel_started = time.perf_counter()
+                for table, op in buffer.survivors():
+                    writer.write(table, op)
+                cancel_seconds += time.perf_counter() - cancel_started
+            cancelling.add(buffer.stats)
         committing = time.perf_counter()
         stats = writer.commit()
-    check_written(plan, task, stats.rows, inputs.masked)
+    check_written(plan, task, stats.rows, inputs.masked, cancelling.cancelled)
     written = {
         "task_id": task_id,
         "epoch": plan.epoch,
         "rows": stats.rows,
         "masked": inputs.masked,
+        "cancelled": cancelling.cancelled,
         "partition_rows": stats.partition_rows,
         "data_bytes": stats.data_bytes,
     }
@@ -174,14 +204,19 @@ def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[s
         "task_id": task_id,
         "rows": stats.rows,
         "masked_rows": sum(inputs.masked.values()),
+        "cancelled_rows": cancelling.rows,
+        "cancelled_by_lineage": cancelling.by_lineage,
+        "cancel_spilled_groups": cancelling.spilled_groups,
+        "cancel_spill_bytes": cancelling.spill_bytes,
         "input_bytes": stats.input_bytes,
         "shuffle_bytes": stats.data_bytes,
         "spills": stats.spills,
         "seconds": round(done - started, 3),
-        # Where the seconds go: decoding input files, partitioning + encoding (+ spills), assembling
-        # and uploading the map output.
+        # Where the seconds go: decoding input files, cancelling carryover (and encoding what is
+        # left), partitioning + encoding (+ spills), assembling and uploading the map output.
         "read_seconds": round(reading.seconds, 3),
-        "encode_seconds": round(committing - started - reading.seconds, 3),
+        "cancel_seconds": round(cancel_seconds, 3),
+        "encode_seconds": round(committing - started - reading.seconds - cancel_seconds, 3),
         "commit_seconds": round(done - committing, 3),
         "peak_rss_mb": peak_rss_mb(),
         "started_at": started_at,  # epoch seconds: with the job's own clock, a Spark app's fixed cost
@@ -215,41 +250,78 @@ def _record(plan: SnapshotPlan, runtime: Runtime, part: str, staged, stats: dict
 
 
 def run_read_task(plan: SnapshotPlan, runtime: Runtime, range_doc: dict[str, Any]) -> dict[str, Any]:
-    """SHUFFLE_READ: fetch one read range from every map output, merge, stage the changes."""
+    """SHUFFLE_READ: fetch one read range from every map output, merge it a few partitions at a time,
+    stage the changes.
+
+    The range's bytes go to a local file (one GET per map output); rows are
+    decoded and merged one partition group at a time and their changes
+    streamed into the staged Parquet file, so the task's memory follows the
+    largest partition, not the range (:mod:`iceberg_cdc.shuffle.range_reader`).
+    """
     reset_peak_rss()
     started_at, started = time.time(), time.perf_counter()
-    source_schema, _ = _schemas(plan)
+    source_schema, sink_schema = _schemas(plan)
     spans = [MapOutputSpan.from_dict(span) for span in range_doc["spans"]]
-    rows, span_rows = fetch_spans_counted(
-        runtime.store(), spans, shuffle_schema(output_schema(source_schema))
-    )
-    _check_span_rows(plan, range_doc, spans, span_rows)
-    fetched = time.perf_counter()
-    changes, merge_stats = merge_changes(
-        rows,
-        plan.identifier_columns,
-        emit_unpaired=plan.duplicate_keys == "emit_unpaired",
-        where=f"table {plan.source}, snapshot {plan.snapshot_id}",
-    )
-    check_merge(plan, range_doc["index"], merge_stats, changes.num_rows)
-    arrow_bytes, rows_read = rows.nbytes, rows.num_rows
-    del rows
-    merged = time.perf_counter()
     part = f"range-{range_doc['index']:05d}"
-    staged = None
-    if changes.num_rows:
-        _, sink_schema = _schemas(plan)
-        rows = to_sink_arrow(changes, sink_schema, plan.ordinal, plan.snapshot_id)
-        staged = write_staged_file(runtime.file_io(plan.sink_location), _staged_path(plan, part), rows)
+    merge_stats = MergeStats()
+    clock = {"decode": 0.0, "merge": 0.0, "arrow_bytes": 0, "groups": 0, "change_rows": 0}
+    where = f"table {plan.source}, snapshot {plan.snapshot_id}"
+    with (
+        tempfile.TemporaryDirectory(prefix="cdc-read-") as spill_dir,
+        FetchedRange(
+            runtime.store(), spans, shuffle_schema(output_schema(source_schema)), spill_dir=spill_dir
+        ) as fetched,
+    ):
+        fetched.fetch()
+        fetched_at = time.perf_counter()
+
+        def sink_batches() -> Iterator[pa.RecordBatch]:
+            for lo, hi in fetched.groups():
+                decoding = time.perf_counter()
+                rows = fetched.read(lo, hi)
+                merging = time.perf_counter()
+                changes, stats = merge_changes(
+                    rows,
+                    plan.identifier_columns,
+                    emit_unpaired=plan.duplicate_keys == "emit_unpaired",
+                    where=where,
+                )
+                merge_stats.add(stats)
+                clock["arrow_bytes"] = max(int(clock["arrow_bytes"]), rows.nbytes)
+                clock["groups"] += 1
+                clock["change_rows"] += changes.num_rows
+                del rows
+                done = time.perf_counter()
+                clock["decode"] += merging - decoding
+                clock["merge"] += done - merging
+                if changes.num_rows:
+                    yield from to_sink_arrow(
+                        changes, sink_schema, plan.ordinal, plan.snapshot_id
+                    ).to_batches()
+
+        batches = sink_batches()
+        first = next(batches, None)  # no change row in the whole range: no file
+        staged = None
+        if first is not None:
+            staged = write_staged_file(
+                runtime.file_io(plan.sink_location),
+                _staged_path(plan, part),
+                itertools.chain([first], batches),
+                schema=sink_arrow_schema(sink_schema),
+            )
+        span_rows = fetched.span_rows
+    _check_span_rows(plan, range_doc, spans, span_rows)
+    check_merge(plan, range_doc["index"], merge_stats, int(clock["change_rows"]))
     done = time.perf_counter()
     stats = {
         **vars(merge_stats),
-        "rows_read": rows_read,
+        "rows_read": merge_stats.input_rows,
         "shuffle_bytes": sum(span.size for span in spans),
-        "arrow_bytes": arrow_bytes,
-        "fetch_seconds": round(fetched - started, 3),
-        "merge_seconds": round(merged - fetched, 3),
-        "stage_seconds": round(done - merged, 3),
+        "arrow_bytes": int(clock["arrow_bytes"]),  # the largest partition group held at once
+        "merge_groups": int(clock["groups"]),
+        "fetch_seconds": round(fetched_at - started + clock["decode"], 3),
+        "merge_seconds": round(clock["merge"], 3),
+        "stage_seconds": round(done - fetched_at - clock["decode"] - clock["merge"], 3),
         "peak_rss_mb": peak_rss_mb(),
         "started_at": started_at,
         "finished_at": time.time(),

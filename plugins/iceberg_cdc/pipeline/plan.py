@@ -18,7 +18,7 @@ from iceberg_cdc.source.deletes import DeleteFileRef
 from iceberg_cdc.source.planning import WriteTask
 from iceberg_cdc.storage.base import ObjectStore
 
-PLAN_VERSION = 2
+PLAN_VERSION = 3  # 3: carryover cancelled in write tasks (cancel_before_shuffle, cancel_memory, row_lineage)
 Kind = Literal["with_deletes", "insert_only"]
 
 
@@ -90,6 +90,11 @@ class SnapshotPlan:
     name_mapping_json: str | None = None  # the source's schema.name-mapping.default, for files without ids
     # Merge-on-read: path -> DeleteFileRef dict of every delete file an input file names.
     delete_files: dict[str, Any] = field(default_factory=dict)
+    # Write tasks cancel carryover between a partition's removed and added files before the shuffle,
+    # holding at most cancel_memory Arrow bytes (beyond: hash buckets on local disk).
+    cancel_before_shuffle: bool = False
+    cancel_memory: int = 256 << 20
+    row_lineage: bool = False  # format v3: read _row_id / _last_updated_sequence_number to cancel
     version: int = PLAN_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -20,7 +20,7 @@ from iceberg_cdc.shuffle.layout import MapOutputIndex, data_key, index_key, iter
 from iceberg_cdc.storage.base import ObjectStore
 
 
-def _in_store(store: ObjectStore, exc: CorruptShuffleError) -> CorruptShuffleError:
+def in_store(store: ObjectStore, exc: CorruptShuffleError) -> CorruptShuffleError:
     """The same error, saying which shuffle store its (relative) key is in."""
     message = exc.args[0] if exc.args else str(exc)
     return CorruptShuffleError(f"in shuffle store {store.uri}: {message}")
@@ -44,7 +44,7 @@ def read_index(
     try:
         return MapOutputIndex.from_bytes(name, raw, num_partitions, data_size)
     except CorruptShuffleError as exc:
-        raise _in_store(store, exc) from None
+        raise in_store(store, exc) from None
 
 
 def read_partitions(
@@ -81,7 +81,7 @@ def read_partitions(
         for block in iter_blocks(name, memoryview(raw), offsets, first_partition):
             yield decode_block(name, block, schema)
     except CorruptShuffleError as exc:
-        raise _in_store(store, exc) from None
+        raise in_store(store, exc) from None
 
 
 def read_range(

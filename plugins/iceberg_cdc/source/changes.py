@@ -40,7 +40,8 @@ from pyiceberg.transforms import IdentityTransform
 
 from iceberg_cdc.errors import SourceHistoryError, UnsupportedSnapshotError
 from iceberg_cdc.source.delete_scope import manifest_filter
-from iceberg_cdc.source.deletes import DeleteFileRef, DeleteIndex
+from iceberg_cdc.source.deletes import DeleteFileRef, DeleteIndex, partition_key
+from iceberg_cdc.source.lineage import assign_first_row_ids, manifest_first_row_ids
 from iceberg_cdc.source.manifests import manifest_entries
 from iceberg_cdc.source.reading import partition_value_to_json
 
@@ -91,6 +92,12 @@ class DataFileRef:
     ``deletes``: paths of the delete files whose rows are not live (merge-on-read).
     ``require``: for a data file the snapshot kept, the delete files a row must
     match to be part of the change (empty: every live row is).
+    ``partition``: the file's whole partition tuple (every transform, JSON
+    form): with ``spec_id`` it says which removed and added files can share
+    carryover (:mod:`iceberg_cdc.source.planning`).
+    ``first_row_id`` / ``sequence_number`` (format v3): what the file's rows
+    inherit as ``_row_id`` base and ``_last_updated_sequence_number``
+    (:mod:`iceberg_cdc.source.lineage`); None when unknown or not v3.
     """
 
     path: str
@@ -100,6 +107,9 @@ class DataFileRef:
     partition_values: PartitionValues | None = field(default=None, hash=False)
     deletes: tuple[str, ...] = ()
     require: tuple[str, ...] = ()
+    partition: tuple[Any, ...] | None = field(default=None, hash=False, compare=False)
+    first_row_id: int | None = field(default=None, compare=False)
+    sequence_number: int | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -114,10 +124,16 @@ class DataFileRef:
             data["deletes"] = list(self.deletes)
         if self.require:
             data["require"] = list(self.require)
+        for name in ("first_row_id", "sequence_number"):
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
+        if self.partition is not None:
+            data["partition"] = list(self.partition)
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DataFileRef:
+        partition = data.get("partition")
         return cls(
             path=str(data["path"]),
             size=int(data["size"]),
@@ -126,7 +142,14 @@ class DataFileRef:
             partition_values=partition_values_from_dict(data.get("partition_values")),
             deletes=tuple(str(p) for p in data.get("deletes", ())),
             require=tuple(str(p) for p in data.get("require", ())),
+            partition=None if partition is None else tuple(partition),
+            first_row_id=_optional_int(data.get("first_row_id")),
+            sequence_number=_optional_int(data.get("sequence_number")),
         )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 @dataclass(frozen=True)
@@ -204,14 +227,31 @@ class SnapshotChanges:
         )
 
 
+class _Lineage:
+    """First row ids of the data files read so far, on a format-v3 table (else it knows none)."""
+
+    def __init__(self, table: Table, snapshot: Snapshot | None) -> None:
+        self.enabled = table.metadata.format_version >= 3 and snapshot is not None
+        self._manifests = manifest_first_row_ids(table.io, snapshot) if self.enabled else {}
+        self.first_row_ids: dict[str, int] = {}
+
+    def read(self, manifest: ManifestFile, entries: list[ManifestEntry]) -> list[ManifestEntry]:
+        if self.enabled and manifest.content == ManifestContent.DATA:
+            first = self._manifests.get(manifest.manifest_path)
+            self.first_row_ids.update(assign_first_row_ids(entries, first))
+        return entries
+
+
 def _ref(
     entry: ManifestEntry,
     specs: Mapping[int, PartitionSpec],
     deletes: Iterable[str] = (),
     require: Iterable[str] = (),
+    lineage: _Lineage | None = None,
 ) -> DataFileRef:
     data_file = entry.data_file
     spec = specs.get(int(data_file.spec_id))
+    v3 = lineage is not None and lineage.enabled
     return DataFileRef(
         path=data_file.file_path,
         size=int(data_file.file_size_in_bytes),
@@ -220,6 +260,9 @@ def _ref(
         partition_values=None if spec is None else identity_partition_values(spec, data_file),
         deletes=tuple(sorted(deletes)),
         require=tuple(sorted(require)),
+        partition=partition_key(data_file),
+        first_row_id=lineage.first_row_ids.get(data_file.file_path) if v3 else None,
+        sequence_number=int(entry.sequence_number) if v3 and entry.sequence_number is not None else None,
     )
 
 
@@ -257,17 +300,20 @@ def _live_entries(
     snapshot: Snapshot | None,
     content: ManifestContent,
     may_hold: Callable[[ManifestFile], bool] | None = None,
+    lineage: _Lineage | None = None,
 ) -> list[ManifestEntry]:
     """Every live entry (ADDED or EXISTING) of the snapshot's manifests of one content type.
 
-    ``may_hold``: read only the manifests it accepts.
+    ``may_hold``: read only the manifests it accepts. ``lineage``: notes the
+    data files' first row ids (the snapshot's own manifests only).
     """
     if snapshot is None:
         return []
     entries: list[ManifestEntry] = []
     for manifest in snapshot.manifests(table.io):
         if manifest.content == content and (may_hold is None or may_hold(manifest)):
-            entries.extend(manifest_entries(table.io, manifest, table.metadata.format_version))
+            found = manifest_entries(table.io, manifest, table.metadata.format_version)
+            entries.extend(lineage.read(manifest, found) if lineage is not None else found)
     return entries
 
 
@@ -296,15 +342,15 @@ def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
     """
     snapshot = _snapshot(table, snapshot_id)
     specs = table.specs()
+    lineage = _Lineage(table, snapshot)
     added_entries: list[ManifestEntry] = []
     deleted_entries: list[ManifestEntry] = []
     delete_files: list[str] = []
     for manifest in snapshot.manifests(table.io):
         if manifest.added_snapshot_id != snapshot_id:
             continue  # written by an earlier snapshot (and carried over): not this snapshot's changes
-        for entry in manifest_entries(
-            table.io, manifest, table.metadata.format_version, discard_deleted=False
-        ):
+        entries = manifest_entries(table.io, manifest, table.metadata.format_version, discard_deleted=False)
+        for entry in lineage.read(manifest, entries):
             if manifest.content == ManifestContent.DELETES:
                 if entry.status == ManifestEntryStatus.ADDED:
                     delete_files.append(entry.data_file.file_path)
@@ -327,8 +373,8 @@ def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
     )
     before = _delete_index(table, parent, header["schema_id"])
     after = _delete_index(table, snapshot, header["schema_id"])
-    deleted = [_ref(e, specs, before.for_data_file(e)) for e in deleted_entries]
-    added = [_ref(e, specs, after.for_data_file(e)) for e in added_entries]
+    deleted = [_ref(e, specs, before.for_data_file(e), lineage=lineage) for e in deleted_entries]
+    added = [_ref(e, specs, after.for_data_file(e), lineage=lineage) for e in added_entries]
     new_deletes, dropped_deletes = set(after.refs) - set(before.refs), set(before.refs) - set(after.refs)
     if new_deletes or dropped_deletes:
         # Data files kept by the snapshot whose live rows its delete files changed, in the
@@ -337,14 +383,14 @@ def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
         changed = [after.files[k] for k in new_deletes] + [before.files[k] for k in dropped_deletes]
         schema = table.schemas().get(header["schema_id"], table.schema())
         may_hold = manifest_filter(changed, specs, schema)
-        for entry in _live_entries(table, snapshot, ManifestContent.DATA, may_hold):
+        for entry in _live_entries(table, snapshot, ManifestContent.DATA, may_hold, lineage):
             if entry.data_file.file_path in added_paths:
                 continue
             deletes_before, deletes_after = before.for_data_file(entry), after.for_data_file(entry)
             if deletes_after - deletes_before:
-                deleted.append(_ref(entry, specs, deletes_before, deletes_after - deletes_before))
+                deleted.append(_ref(entry, specs, deletes_before, deletes_after - deletes_before, lineage))
             if deletes_before - deletes_after:
-                added.append(_ref(entry, specs, deletes_after, deletes_before - deletes_after))
+                added.append(_ref(entry, specs, deletes_after, deletes_before - deletes_after, lineage))
     return SnapshotChanges(
         **header,
         added=_by_path(added),

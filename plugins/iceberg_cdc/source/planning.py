@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -46,6 +47,12 @@ class InputFile:
     not live, and those a row must match to count (a kept file's newly deleted
     rows); see :class:`~iceberg_cdc.source.changes.DataFileRef`. They are part
     of the task id when present.
+
+    ``partition``: the file's spec id and partition tuple as canonical JSON;
+    files of one partition with both operations in one task cancel carryover
+    between them before the shuffle. ``first_row_id`` / ``sequence_number``:
+    the file's row lineage inheritance (format v3). None of these three is
+    part of the task id (a path names one file, whose metadata never changes).
     """
 
     path: str
@@ -55,6 +62,9 @@ class InputFile:
     partition_values: PartitionValues | None = field(default=None, hash=False)
     deletes: tuple[str, ...] = ()
     require: tuple[str, ...] = ()
+    partition: str | None = field(default=None, compare=False)
+    first_row_id: int | None = field(default=None, compare=False)
+    sequence_number: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.op not in _OPS:
@@ -70,6 +80,9 @@ class InputFile:
             data["deletes"] = list(self.deletes)
         if self.require:
             data["require"] = list(self.require)
+        for name in ("partition", "first_row_id", "sequence_number"):
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
         return data
 
     @property
@@ -90,6 +103,9 @@ class InputFile:
             partition_values=partition_values_from_dict(data.get("partition_values")),
             deletes=tuple(str(p) for p in data.get("deletes", ())),
             require=tuple(str(p) for p in data.get("require", ())),
+            partition=data.get("partition"),
+            first_row_id=None if data.get("first_row_id") is None else int(data["first_row_id"]),
+            sequence_number=None if data.get("sequence_number") is None else int(data["sequence_number"]),
         )
 
 
@@ -129,20 +145,89 @@ class WriteTask:
         return cls(task_id=task_id, files=files)
 
 
+def partition_of(ref: DataFileRef) -> str | None:
+    """The file's spec id and whole partition tuple as canonical JSON (None when unknown)."""
+    if ref.partition is None:
+        return None
+    return json.dumps([ref.spec_id, list(ref.partition)], sort_keys=True, separators=(",", ":"))
+
+
 def input_files(changes: SnapshotChanges) -> list[InputFile]:
     """The snapshot's removed files as DELETE inputs and its added files as INSERT inputs."""
 
     def convert(refs: tuple[DataFileRef, ...], op: Op) -> list[InputFile]:
         return [
-            InputFile(r.path, r.size, r.record_count, op, r.partition_values, r.deletes, r.require)
+            InputFile(
+                r.path,
+                r.size,
+                r.record_count,
+                op,
+                r.partition_values,
+                r.deletes,
+                r.require,
+                partition_of(r),
+                r.first_row_id,
+                r.sequence_number,
+            )
             for r in refs
         ]
 
     return convert(changes.deleted, "DELETE") + convert(changes.added, "INSERT")
 
 
+@dataclass(frozen=True)
+class CancelPlanning:
+    """How detect plans map-side carryover cancellation.
+
+    ``max_group_bytes``: a partition whose removed and added files hold more
+    bytes than this is not kept in one task; its files are packed one by one
+    as any other (today's path: the shuffle cancels its carryover), so no
+    write task runs for much longer than the others.
+    """
+
+    max_group_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.max_group_bytes <= 0:
+            raise ValueError(f"max_group_bytes must be positive, not {self.max_group_bytes}")
+
+
+def cancel_groups(
+    files: list[InputFile], cancel: CancelPlanning | None, max_files: int
+) -> list[list[InputFile]]:
+    """The packing items: each partition holding both operations as one item, every other file alone.
+
+    A partition too big (bytes or file count) to sit in one task is split
+    into single files, as every file is when ``cancel`` is None.
+    """
+    if cancel is None:
+        return [[f] for f in files]
+    by_partition: dict[str, list[InputFile]] = {}
+    items: list[list[InputFile]] = []
+    for f in files:
+        if f.partition is None:
+            items.append([f])
+        else:
+            by_partition.setdefault(f.partition, []).append(f)
+    for members in by_partition.values():
+        both = {f.op for f in members} == set(_OPS)
+        size = sum(f.size for f in members)
+        if both and size <= cancel.max_group_bytes and len(members) <= max_files:
+            items.append(members)
+        else:
+            items.extend([f] for f in members)
+    return items
+
+
 def pack_files(files: list[InputFile], target_bytes: int, max_files_per_task: int = 1000) -> list[WriteTask]:
-    """Best-fit-decreasing bin packing of ``files`` into tasks of at most ``target_bytes``.
+    """Best-fit-decreasing bin packing of ``files`` into tasks (see :func:`pack_items`)."""
+    return pack_items([[f] for f in files], target_bytes, max_files_per_task)
+
+
+def pack_items(
+    items: list[list[InputFile]], target_bytes: int, max_files_per_task: int = 1000
+) -> list[WriteTask]:
+    """Best-fit-decreasing bin packing of ``items`` (groups of files that stay together) into tasks.
 
     Why this packing: decreasing order with an any-fit rule is near optimal
     (at most 11/9 of the optimal number of bins, and never two tasks both at
@@ -154,52 +239,69 @@ def pack_files(files: list[InputFile], target_bytes: int, max_files_per_task: in
     same room go to the older task. Tasks come out in the order they were
     opened, largest files first, which also suits scheduling (longest first).
 
-    A file of ``target_bytes`` or more is a task of its own; a task is closed
-    when it holds ``max_files_per_task`` files (each file is one open/GET, and
-    a plan entry, so a huge count of empty-ish files stays bounded too).
+    An item (a file, or a partition's files kept together so that carryover
+    cancels before the shuffle) of ``target_bytes`` or more is a task of its
+    own; a task is closed when it holds ``max_files_per_task`` files (each file
+    is one open/GET, and a plan entry, so a huge count of empty-ish files stays
+    bounded too). An item never exceeds ``max_files_per_task`` files
+    (:func:`cancel_groups` splits bigger ones).
     """
     if target_bytes <= 0:
         raise ValueError(f"target_bytes must be positive, not {target_bytes}")
     if max_files_per_task <= 0:
         raise ValueError(f"max_files_per_task must be positive, not {max_files_per_task}")
     seen: set[tuple[str, str]] = set()
-    for f in files:
+    for f in (f for item in items for f in item):
         if (f.op, f.path) in seen:
             raise ValueError(f"file listed twice as {f.op}: {f.path}")
         seen.add((f.op, f.path))
 
-    ordered = sorted(files, key=lambda f: (-f.size, f.op, f.path))
+    keyed = []
+    for item in items:
+        members = sorted(item, key=lambda f: (f.op, f.path))
+        keyed.append((sum(f.size for f in members), [(f.op, f.path) for f in members], members))
+    keyed.sort(key=lambda k: (-k[0], k[1]))
     bins: list[list[InputFile]] = []
     room: list[int] = []  # remaining bytes per bin
     open_bins: list[tuple[int, int]] = []  # (room, bin index), sorted
-    for f in ordered:
-        if f.size >= target_bytes:
-            bins.append([f])
+    for size, _, members in keyed:
+        if size >= target_bytes:
+            bins.append(list(members))
             room.append(0)
             continue
-        at = bisect.bisect_left(open_bins, (f.size, -1))
+        # The open task with the least room that fits the item's bytes and its file count.
+        at = bisect.bisect_left(open_bins, (size, -1))
+        while at < len(open_bins) and len(bins[open_bins[at][1]]) + len(members) > max_files_per_task:
+            at += 1
         if at < len(open_bins):
             _, index = open_bins.pop(at)
         else:
             index = len(bins)
             bins.append([])
             room.append(target_bytes)
-        bins[index].append(f)
-        room[index] -= f.size
+        bins[index].extend(members)
+        room[index] -= size
         if len(bins[index]) < max_files_per_task and room[index] > 0:
             bisect.insort(open_bins, (room[index], index))
     return [WriteTask(task_id=task_id_of(b), files=tuple(b)) for b in bins]
 
 
 def plan_write_tasks(
-    changes: SnapshotChanges, target_bytes: int, max_files_per_task: int = 1000
+    changes: SnapshotChanges,
+    target_bytes: int,
+    max_files_per_task: int = 1000,
+    cancel: CancelPlanning | None = None,
 ) -> list[WriteTask]:
     """The SHUFFLE_WRITE tasks of one snapshot: its changed files packed near ``target_bytes`` per task.
 
-    The same changes always give the same tasks, in the same order, whatever
-    order pyiceberg listed the files in (see :func:`pack_files`).
+    With ``cancel``, the removed and added files of one partition (same spec
+    id and partition values) stay in one task, so carryover between them is
+    cancelled there (see :mod:`iceberg_cdc.pipeline.map_cancel`). The same
+    changes always give the same tasks, in the same order, whatever order
+    pyiceberg listed the files in (see :func:`pack_items`).
     """
-    return pack_files(input_files(changes), target_bytes, max_files_per_task)
+    files = input_files(changes)
+    return pack_items(cancel_groups(files, cancel, max_files_per_task), target_bytes, max_files_per_task)
 
 
 def plan_to_dict(tasks: list[WriteTask]) -> dict[str, Any]:

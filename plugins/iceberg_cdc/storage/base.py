@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,13 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` with exactly one request; fewer bytes back is an error."""
+
+    def get_range_into(self, key: str, start: int, end: int, sink: BinaryIO) -> None:
+        """Bytes ``[start, end)`` written to ``sink`` (one request), for callers that must not hold them.
+
+        Stores that can stream override this; the default reads the range whole.
+        """
+        sink.write(self.get_range(key, start, end))
 
     @abc.abstractmethod
     def list(self, prefix: str) -> list[ObjectInfo]: ...

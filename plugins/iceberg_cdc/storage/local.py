@@ -29,12 +29,14 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError, StorageError
 from iceberg_cdc.storage.base import ObjectInfo, ObjectStore, ObjectWriter
 
 _TMP_MARK = ".tmp-"
 _LOCK_SUFFIX = ".cas-lock"  # sidecar lock of the conditional operations; never listed
+_COPY_CHUNK = 1 << 20  # bytes per read when a range is copied to a caller's sink
 
 
 def _content_version(data: bytes) -> str:
@@ -99,6 +101,26 @@ class LocalObjectStore(ObjectStore):
                 f"ends at {start + len(data)}"
             )
         return data
+
+    def get_range_into(self, key: str, start: int, end: int, sink: BinaryIO) -> None:
+        self.requests["GET_RANGE"] += 1
+        copied = 0
+        try:
+            with open(self._path(key), "rb") as fh:
+                fh.seek(start)
+                while copied < end - start:
+                    piece = fh.read(min(_COPY_CHUNK, end - start - copied))
+                    if not piece:
+                        break
+                    sink.write(piece)
+                    copied += len(piece)
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{self.describe(key)} does not exist") from None
+        if copied != end - start:
+            raise ShortObjectError(
+                f"{self.describe(key)}: asked for bytes [{start}, {end}) but the object "
+                f"ends at {start + copied}"
+            )
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         self.requests["LIST"] += 1

@@ -54,7 +54,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 import boto3
 import botocore.config
@@ -89,6 +89,7 @@ _RETRY_SAFE = (
 )
 # Failures of the connection, not answers: worth another round (NoCredentialsError & co. are not).
 _CONNECTION_ERRORS = (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError)
+_STREAM_CHUNK = 1 << 20
 _STREAM_ERRORS = (
     botocore.exceptions.IncompleteReadError,
     botocore.exceptions.ResponseStreamingError,
@@ -422,6 +423,41 @@ class S3ObjectStore(ObjectStore):
                 f"{self.describe(key)}: asked for bytes [{start}, {end}) but got {len(data)}"
             )
         return data
+
+    def get_range_into(self, key: str, start: int, end: int, sink: BinaryIO) -> None:
+        """One ranged GET streamed to ``sink`` in 1 MiB pieces; a body that breaks off resumes where it stopped."""
+        position = start
+        for attempt in range(self.stream_retries + 1):
+            if position >= end:
+                break
+            self.requests["GET_RANGE"] += 1
+            response = self._call(
+                self.client.get_object,
+                key,
+                Bucket=self.bucket,
+                Key=self.full_key(key),
+                Range=f"bytes={position}-{end - 1}",
+            )
+            try:
+                for piece in response["Body"].iter_chunks(_STREAM_CHUNK):
+                    sink.write(piece)
+                    position += len(piece)
+                break
+            except _STREAM_ERRORS as exc:
+                if attempt == self.stream_retries:
+                    raise TransientStorageError(
+                        f"{self.describe(key)}: reading the response body of GET_RANGE failed "
+                        f"{attempt + 1} times ({exc}). {_RETRY_SAFE}",
+                        retry_safe=True,
+                        location=self.describe(key),
+                        operation="GET_RANGE",
+                        attempts=attempt + 1,
+                    ) from None
+                time.sleep(_backoff(attempt))
+        if position != end:
+            raise ShortObjectError(
+                f"{self.describe(key)}: asked for bytes [{start}, {end}) but got {position - start}"
+            )
 
     def _read(self, key: str, byte_range: tuple[int, int] | None) -> bytes:
         return self._read_versioned(key, byte_range)[0]

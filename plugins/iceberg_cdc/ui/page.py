@@ -129,8 +129,9 @@ def _conservation(snapshot: ProcessedSnapshot) -> str:
     rows = snapshot.rows
     if not rows:
         return '<span class="muted">not recorded</span>'
+    cancelled = f", {fmt_int(rows['cancelled'])} cancelled" if rows.get("cancelled") else ""
     text = (
-        f"{fmt_int(rows.get('input'))} in → {fmt_int(rows.get('shuffled'))} shuffled → "
+        f"{fmt_int(rows.get('input'))} in{cancelled} → {fmt_int(rows.get('shuffled'))} shuffled → "
         f"{fmt_int(rows.get('read'))} read = {fmt_int(rows.get('carryover'))} carryover + "
         f"{fmt_int(rows.get('changes'))} changes"
     )

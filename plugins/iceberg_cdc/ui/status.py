@@ -54,6 +54,8 @@ _FIGURE_KEYS = {
 _SECONDS_PREFIX = "cdc.seconds."
 _ROWS_PREFIX = "cdc.rows."
 ROW_STAGES = ("input", "shuffled", "read", "carryover", "changes")
+# Recorded when not zero-by-construction: rows delete files masked, carryover cancelled before the shuffle.
+OPTIONAL_ROW_STAGES = ("masked", "cancelled")
 # Phases in the order a run goes through them; others follow alphabetically.
 PHASE_ORDER = ("detect", "insert", "write", "coalesce", "read", "commit", "watermark", "cleanup")
 
@@ -84,15 +86,16 @@ class ProcessedSnapshot:
     def balanced(self) -> bool | None:
         """Whether the conservation rows add up (None when the commit recorded none).
 
-        input = read = carryover + changes, and the shuffle (when there was one) held every input row.
+        input = masked + cancelled + read, read = carryover + changes, and the shuffle (when there
+        was one) held every row read.
         """
         if not all(stage in self.rows for stage in ROW_STAGES):
             return None
         r = self.rows
         return (
-            r["read"] == r["input"]
+            r["read"] + r.get("masked", 0) + r.get("cancelled", 0) == r["input"]
             and r["read"] == r["carryover"] + r["changes"]
-            and r["shuffled"] in (0, r["input"])
+            and r["shuffled"] in (0, r["read"])
         )
 
     @property
@@ -294,7 +297,7 @@ def processed_snapshot(snapshot: Any, summary: Mapping[str, str]) -> ProcessedSn
         if key.startswith(_SECONDS_PREFIX) and (number := _float(value)) is not None:
             seconds[key.removeprefix(_SECONDS_PREFIX)] = number
     rows = {}
-    for stage in ROW_STAGES:
+    for stage in (*ROW_STAGES, *OPTIONAL_ROW_STAGES):
         number = _int(summary.get(_ROWS_PREFIX + stage))
         if number is not None:
             rows[stage] = number
