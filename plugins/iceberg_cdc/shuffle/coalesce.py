@@ -14,6 +14,7 @@ Each range is one SHUFFLE_READ task, and one ranged GET per map output.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,34 +57,64 @@ def _greedy(sizes: np.ndarray, target: int) -> list[list[int]]:
     """Spark's packing: [start, end, size] groups of consecutive partitions, empties skipped."""
     groups: list[list[int]] = []
     current: list[int] | None = None
-    for partition in np.flatnonzero(sizes):
-        size = int(sizes[partition])
+    non_empty = np.flatnonzero(sizes)
+    for partition, size in zip(non_empty.tolist(), sizes[non_empty].tolist(), strict=True):
         if current is not None and current[2] + size <= target:
-            current[1] = int(partition) + 1
+            current[1] = partition + 1
             current[2] += size
         else:
-            current = [int(partition), int(partition) + 1, size]
+            current = [partition, partition + 1, size]
             groups.append(current)
     return groups
 
 
 def _merge_small(groups: list[list[int]], min_size: int) -> list[list[int]]:
-    """Merge every group under ``min_size`` into its smaller neighbour, smallest first."""
-    while len(groups) > 1:
-        sizes = [g[2] for g in groups]
-        smallest = min(range(len(groups)), key=lambda i: (sizes[i], i))
-        if sizes[smallest] >= min_size:
+    """Merge every group under ``min_size`` into its smaller neighbour, smallest first.
+
+    Smallest first means: repeatedly take the group with the least bytes (the
+    leftmost on ties), merge it into its smaller neighbour (the left one on
+    ties), until every group reaches ``min_size`` or one is left. A heap keyed
+    by (size, start) with lazily dropped stale entries and a doubly linked
+    list of groups make that O(G log G) instead of a scan of every group per
+    merge (11.5 s at P = 16 k): the same merges in the same order.
+    """
+    count = len(groups)
+    if count <= 1:
+        return groups
+    start = [g[0] for g in groups]
+    end = [g[1] for g in groups]
+    size = [g[2] for g in groups]
+    left = list(range(-1, count - 1))
+    right = [*range(1, count), -1]
+    alive = [True] * count
+    heap = [(size[i], start[i], i) for i in range(count)]
+    heapq.heapify(heap)
+    remaining = count
+    while remaining > 1 and heap:
+        bytes_, first, i = heap[0]
+        if not alive[i] or bytes_ != size[i] or first != start[i]:
+            heapq.heappop(heap)  # stale: the group grew or was merged away
+            continue
+        if bytes_ >= min_size:
             break
-        if smallest == 0:
-            other = 1
-        elif smallest == len(groups) - 1:
-            other = smallest - 1
+        heapq.heappop(heap)
+        lo, hi = left[i], right[i]
+        if lo == -1:
+            other = hi
+        elif hi == -1:
+            other = lo
         else:
-            other = smallest - 1 if sizes[smallest - 1] <= sizes[smallest + 1] else smallest + 1
-        low, high = sorted((smallest, other))
-        groups[low] = [groups[low][0], groups[high][1], groups[low][2] + groups[high][2]]
-        del groups[high]
-    return groups
+            other = lo if size[lo] <= size[hi] else hi
+        keep, gone = (other, i) if other == lo else (i, other)  # the left one of the pair survives
+        end[keep] = end[gone]
+        size[keep] += size[gone]
+        alive[gone] = False
+        right[keep] = right[gone]
+        if right[gone] != -1:
+            left[right[gone]] = keep
+        remaining -= 1
+        heapq.heappush(heap, (size[keep], start[keep], keep))
+    return [[start[i], end[i], size[i]] for i in range(count) if alive[i]]
 
 
 def find_skew(sizes: np.ndarray, factor: float, min_bytes: int) -> list[SkewedPartition]:
