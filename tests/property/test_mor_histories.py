@@ -8,8 +8,11 @@ deleted within one commit), copy-on-write rewrites of files with live
 deletes, compactions that drop every delete file, re-inserts of deleted
 keys, and an upgrade to format v3 part-way, after which position deletes are
 deletion vectors (merging the file's earlier deletes, replacing its earlier
-DV, dangling or removed when a rewrite drops their file). The states the replay checks against come from the tests' own
-merge-on-read reader (:mod:`iceberg_cdc.devtools.mor_state`), not the pipeline's.
+DV, dangling or removed when a rewrite drops their file) and row lineage
+(rewritten rows keep ``_row_id`` and sequence number: carryover cancels by
+lineage before the shuffle; rows from before the upgrade fall back to values),
+whichever way carryover is cancelled before the shuffle. The states the
+replay checks against come from the tests' own merge-on-read reader (:mod:`iceberg_cdc.devtools.mor_state`), not the pipeline's.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from iceberg_cdc.source.history import current_ancestry
 from tests.support.history import COLUMN_KINDS, HistoryShape
-from tests.support.inline_pipeline import InlinePipeline
+from tests.support.inline_pipeline import CANCEL_CONFIG, CANCEL_MODES, InlinePipeline
 from tests.support.mor_history import MorHistory
 from tests.support.replay import ADDED, REMOVED, assert_replay, changes_of, multiset
 
@@ -58,11 +61,15 @@ class MorRandomHistory(RuleBasedStateMachine):
         n=st.integers(1, 30),
         partitions=st.sampled_from([1, 3]),
         formats=st.sampled_from(["v2", "v3", "v2 then v3"]),
+        cancel=st.sampled_from(CANCEL_MODES),
     )
-    def create(self, shape: HistoryShape, seed: int, n: int, partitions: int, formats: str) -> None:
+    def create(
+        self, shape: HistoryShape, seed: int, n: int, partitions: int, formats: str, cancel: str
+    ) -> None:
         self.formats = formats
         self.pipeline = InlinePipeline(
-            self.tmp, shuffle={"partitions": partitions, "target_partition_size": "2KB"}
+            self.tmp,
+            shuffle={"partitions": partitions, "target_partition_size": "2KB", **CANCEL_CONFIG[cancel]},
         )
         table = self.pipeline.create_source(
             shape.schema(), partition_spec=shape.spec(), properties={"format-version": "2"}
@@ -119,6 +126,13 @@ class MorRandomHistory(RuleBasedStateMachine):
             assert run.snapshot_id not in self.processed, f"snapshot {run.snapshot_id} processed twice"
             self.processed.append(run.snapshot_id)
             RUN_ACTIONS[run.action] += 1
+            RUN_ACTIONS["rows cancelled before the shuffle"] += run.committed.get("cancelled_rows", 0)
+            RUN_ACTIONS["rows cancelled by row lineage"] += sum(
+                u.get("cancelled_by_lineage", 0) for u in run.units.get("write", [])
+            )
+            RUN_ACTIONS["cancel groups spilled"] += sum(
+                u.get("cancel_spilled_groups", 0) for u in run.units.get("write", [])
+            )
             RUN_ACTIONS[f"format v{source.metadata.format_version}"] += 1
             if run.action == "skip":
                 assert changes_of(self.pipeline.sink, run.snapshot_id).num_rows == 0

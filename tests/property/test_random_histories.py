@@ -9,6 +9,9 @@ After every run:
 * each processed snapshot satisfies the replay invariant against the real
   table states (and UPDATE pairs per key, no key both deleted and inserted);
 * ``replace`` snapshots add no rows; rolled-back snapshots are never processed;
+* whichever way carryover is cancelled before the shuffle (in memory,
+  spilled to hash buckets, one task per partition, file by file, or not at
+  all: :data:`CANCEL_CONFIG`), the changes are the same;
 * the watermark is the current snapshot, and every snapshot of the current
   ancestry was committed at most once;
 
@@ -33,7 +36,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from iceberg_cdc.source.history import current_ancestry
 from tests.support.history import COLUMN_KINDS, HistoryShape, HistoryTable
-from tests.support.inline_pipeline import InlinePipeline
+from tests.support.inline_pipeline import CANCEL_CONFIG, CANCEL_MODES, InlinePipeline
 from tests.support.replay import ADDED, REMOVED, assert_replay, changes_of, multiset
 
 shapes = st.builds(
@@ -57,10 +60,17 @@ class RandomHistory(RuleBasedStateMachine):
         self.rolled_back: set[int] = set()
         self.processed: list[int] = []
 
-    @initialize(shape=shapes, seed=seeds, n=st.integers(0, 40), partitions=st.sampled_from([1, 3, 8]))
-    def create(self, shape: HistoryShape, seed: int, n: int, partitions: int) -> None:
+    @initialize(
+        shape=shapes,
+        seed=seeds,
+        n=st.integers(0, 40),
+        partitions=st.sampled_from([1, 3, 8]),
+        cancel=st.sampled_from(CANCEL_MODES),
+    )
+    def create(self, shape: HistoryShape, seed: int, n: int, partitions: int, cancel: str) -> None:
         self.pipeline = InlinePipeline(
-            self.tmp, shuffle={"partitions": partitions, "target_partition_size": "2KB"}
+            self.tmp,
+            shuffle={"partitions": partitions, "target_partition_size": "2KB", **CANCEL_CONFIG[cancel]},
         )
         table = self.pipeline.create_source(shape.schema(), partition_spec=shape.spec())
         self.history = HistoryTable(table, shape)
@@ -132,6 +142,13 @@ class RandomHistory(RuleBasedStateMachine):
             assert snapshot_id not in self.processed, f"snapshot {snapshot_id} processed twice"
             self.processed.append(snapshot_id)
             RUN_ACTIONS[run.action] += 1
+            RUN_ACTIONS["rows cancelled before the shuffle"] += run.committed.get("cancelled_rows", 0)
+            RUN_ACTIONS["rows cancelled by row lineage"] += sum(
+                u.get("cancelled_by_lineage", 0) for u in run.units.get("write", [])
+            )
+            RUN_ACTIONS["cancel groups spilled"] += sum(
+                u.get("cancel_spilled_groups", 0) for u in run.units.get("write", [])
+            )
             sink = self.pipeline.sink
             if run.action == "skip":
                 assert changes_of(sink, snapshot_id).num_rows == 0

@@ -21,6 +21,16 @@ from iceberg_cdc.watermark import Watermark
 SOURCE = "shop.orders"
 SINK = "shop.orders_changes"
 
+# How carryover is cancelled before the shuffle (every path must give the same changes):
+CANCEL_CONFIG: dict[str, dict[str, Any]] = {
+    "in memory": {},  # a partition's removed and added files in one task, cancelled in memory
+    "spilled": {"cancel_memory": "1KB"},  # past the budget: hash buckets on local disk
+    "a task per partition": {"write_task_size": "1KB"},  # partitions above the task size stay whole
+    "too big to group": {"write_task_size": "1KB", "cancel_partition_max_size": "1KB"},  # file by file
+    "off": {"cancel_before_shuffle": False},  # every row through the shuffle
+}
+CANCEL_MODES = sorted(CANCEL_CONFIG)
+
 
 class InlinePipeline:
     def __init__(

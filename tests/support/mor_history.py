@@ -19,7 +19,9 @@ A :class:`MorHistory` owns a source table keyed by ``id`` and applies:
 * ``upgrade_to_v3`` — the table becomes format v3: from then on a position
   delete is a deletion vector that merges the file's earlier position deletes
   and replaces its earlier DV (as Spark writes them), old position delete
-  files stay live, and every commit is a v3 row delta.
+  files stay live, and every commit is a v3 row delta with row lineage
+  (:mod:`iceberg_cdc.devtools.row_lineage`): rewritten and compacted rows
+  keep their ``_row_id`` and sequence number, updated rows their ``_row_id``.
 
 Which rows are live comes from :mod:`iceberg_cdc.devtools.mor_state`, the tests' own
 reader, never from the pipeline.
@@ -36,6 +38,7 @@ from pyiceberg.table.snapshots import Operation
 
 from iceberg_cdc.devtools import format_v3, mor
 from iceberg_cdc.devtools.mor_state import live_files, position_deletes, snapshot_entries
+from iceberg_cdc.devtools.row_lineage import row_lineage, write_data_files_with_lineage
 from tests.support.history import REGIONS, HistoryTable
 
 
@@ -128,7 +131,9 @@ class MorHistory(HistoryTable):
         moved = {row["id"] for _, _, row in hits if rng.random() < move}
         new = self._updated(rng, old, moved, set())
         deletes, remove = self._position_deletes(hits, before)
-        add = [*deletes, *mor.write_data_files(self.table, new)]
+        lineage = self._lineage(before)  # an updated row keeps its _row_id, its sequence number is new
+        ids = [(lineage[e.data_file.file_path][p][0], None) if lineage else (None, None) for e, p, _ in hits]
+        add = [*deletes, *self._write([(new, ids)])]
         mor.commit_row_delta(self.table, add=add, remove=remove, operation=Operation.OVERWRITE)
         return self._snapshots_since(before)
 
@@ -189,13 +194,26 @@ class MorHistory(HistoryTable):
         mor.commit_row_delta(self.table, add=add, operation=Operation.OVERWRITE)
         return self._snapshots_since(before)
 
+    def _lineage(self, current: int | None) -> dict[str, list]:
+        """Each live data file's rows' (_row_id, _last_updated_sequence_number) on v3, else {}."""
+        return row_lineage(self.table, current) if self.v3 and current is not None else {}
+
+    def _write(self, parts: list[tuple[pa.Table, list]]) -> list:
+        """New data files of ``(rows, their lineage)`` parts: with lineage columns on v3 (as Spark writes)."""
+        rows = pa.concat_tables([p.cast(self.arrow_schema) for p, _ in parts])
+        if not self.v3:
+            return mor.write_data_files(self.table, rows)
+        return write_data_files_with_lineage(self.table, rows, [lin for _, ls in parts for lin in ls])
+
     def cow_merge(self, rng: random.Random, fraction: float, drop_dvs: bool = False) -> list[int]:
         """Copy-on-write over a merge-on-read table: files with a touched row rewritten, live rows only.
 
         ``drop_dvs``: the rewritten files' DVs are removed too (as Iceberg
         1.8+ does); otherwise they stay, dangling, like old position deletes.
+        On v3, copied rows keep their lineage and updated ones their row id.
         """
         before = self._current()
+        lineage = self._lineage(before)
         touched = self._pick(rng, fraction)
         removed, kept = [], []
         for entry, rows, live in self._files():
@@ -204,8 +222,22 @@ class MorHistory(HistoryTable):
             hit = pc.is_in(live_rows.column("id"), value_set=pa.array(sorted(touched), pa.int64()))
             if pc.any(hit).as_py():
                 removed.append(entry.data_file)
-                kept.append(live_rows.filter(pc.invert(hit)))
-                kept.append(self._updated(rng, live_rows.filter(hit).cast(self.arrow_schema), set(), set()))
+                lins = [
+                    lin
+                    for lin, ok in zip(
+                        lineage.get(entry.data_file.file_path, [(None, None)] * len(live)), live, strict=True
+                    )
+                    if ok
+                ]
+                hits = hit.to_pylist()
+                kept.append(
+                    (
+                        live_rows.filter(pc.invert(hit)),
+                        [lin for lin, h in zip(lins, hits, strict=True) if not h],
+                    )
+                )
+                new = self._updated(rng, live_rows.filter(hit).cast(self.arrow_schema), set(), set())
+                kept.append((new, [(lin[0], None) for lin, h in zip(lins, hits, strict=True) if h]))
         if not removed:
             return []
         if drop_dvs and self.v3:
@@ -214,7 +246,7 @@ class MorHistory(HistoryTable):
             removed += [
                 dv.data_file for path, (_, dv) in earlier.items() if path in rewritten and dv is not None
             ]
-        add = mor.write_data_files(self.table, pa.concat_tables([k.cast(self.arrow_schema) for k in kept]))
+        add = self._write(kept)
         mor.commit_row_delta(self.table, add=add, remove=removed, operation=Operation.OVERWRITE)
         return self._snapshots_since(before)
 
@@ -226,7 +258,21 @@ class MorHistory(HistoryTable):
         entries = snapshot_entries(self.table, current)
         if len(entries) < 2:
             return []
-        add = mor.write_data_files(self.table, self.state())
+        lineage = self._lineage(current)  # a compaction moves rows: they keep their lineage
+        parts = [
+            (
+                rows.filter(pa.array(live, pa.bool_())),
+                [
+                    lin
+                    for lin, ok in zip(
+                        lineage.get(e.data_file.file_path, [(None, None)] * len(live)), live, strict=True
+                    )
+                    if ok
+                ],
+            )
+            for e, rows, live in self._files()
+        ]
+        add = self._write(parts) if parts else []
         mor.commit_row_delta(
             self.table, add=add, remove=[e.data_file for e in entries], operation=Operation.REPLACE
         )

@@ -19,9 +19,11 @@ module supplies exactly those missing pieces and nothing else:
   ``deletion-vector-v1`` blob per data file, with the manifest entries that
   point at each blob (Spark writes one Puffin file per task this way).
 
-Row lineage is kept coarse: each snapshot gets ``first-row-id`` and
-``added-rows`` (so ``next-row-id`` advances as the spec says), but manifests
-carry no ``first_row_id``; nothing here reads ``_row_id``.
+Row lineage as the spec has it: :class:`ManifestListWriterV3` assigns each
+data manifest the snapshot writes a ``first_row_id`` (and keeps the ids of
+carried-over manifests), and the snapshot's ``added-rows`` advance
+``next-row-id`` by what was assigned; rows keep their ids across rewrites
+(:mod:`iceberg_cdc.devtools.row_lineage`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pyiceberg.manifest import (
     DataFileContent,
     FileFormat,
     ManifestContent,
+    ManifestFile,
     ManifestListWriterV2,
     ManifestWriterV2,
 )
@@ -61,9 +64,14 @@ def is_v3(table: Table) -> bool:
     return table.metadata.format_version >= 3
 
 
-def as_v3(data_file: DataFile) -> DataFile:
-    """The same file as a v3 ``data_file`` record (so the v3 fields are written, empty if unset)."""
+def as_v3(data_file: DataFile, first_row_id: int | None = None) -> DataFile:
+    """The same file as a v3 ``data_file`` record (so the v3 fields are written, empty if unset).
+
+    ``first_row_id``: written explicitly (a rewritten manifest's EXISTING and DELETED entries).
+    """
     fields = {f.name: v3_field(data_file, f.name) for f in DATA_FILE_TYPE[3].fields}
+    if first_row_id is not None:
+        fields["first_row_id"] = first_row_id
     v3 = DataFile.from_args(_table_format_version=3, **fields)
     v3.spec_id = data_file.spec_id
     return v3
@@ -134,23 +142,49 @@ class ManifestWriterV3(ManifestWriterV2):
 
 
 class ManifestListWriterV3(ManifestListWriterV2):
-    """pyiceberg's v2 manifest-list writer with the v3 file schema (``first_row_id`` left empty)."""
+    """pyiceberg's v2 manifest-list writer with the v3 file schema and ``first_row_id`` assigned.
 
-    def __init__(self, *args: Any) -> None:
+    A data manifest this snapshot wrote gets ``next_row_id`` (then advanced
+    by its added and existing rows, as the spec's "First Row ID Assignment");
+    a carried-over one keeps its id from ``first_row_ids``, or gets one when
+    it has none (written before the upgrade to v3: "Row Lineage for Upgraded
+    Tables"). :attr:`assigned_rows` is the snapshot's ``added-rows``.
+    """
+
+    def __init__(
+        self, *args: Any, next_row_id: int = 0, first_row_ids: Mapping[str, int | None] | None = None
+    ) -> None:
         super().__init__(*args)
         self._format_version = 3  # type: ignore[assignment]
         self._meta = {**self._meta, "format-version": "3"}
+        self._next_row_id = next_row_id
+        self._first_row_ids = dict(first_row_ids or {})
+        self.assigned_rows = 0
 
     def __enter__(self) -> ManifestListWriterV3:
         self._writer = AvroOutputFile(
             output_file=self._output_file,
-            record_schema=MANIFEST_LIST_FILE_SCHEMAS[2],
+            record_schema=MANIFEST_LIST_FILE_SCHEMAS[3],
             file_schema=MANIFEST_LIST_FILE_SCHEMAS[3],
             schema_name="manifest_file",
             metadata=self._meta,
         )
         self._writer.__enter__()
         return self
+
+    def prepare_manifest(self, manifest_file: ManifestFile) -> ManifestFile:
+        prepared = super().prepare_manifest(manifest_file)
+        fields = {f.name: prepared[i] for i, f in enumerate(MANIFEST_LIST_FILE_SCHEMAS[2].fields)}
+        first_row_id = None
+        if prepared.content == ManifestContent.DATA:
+            if prepared.added_snapshot_id != self._commit_snapshot_id:
+                first_row_id = self._first_row_ids.get(prepared.manifest_path)
+            if first_row_id is None:  # written now, or carried over from before the upgrade to v3
+                first_row_id = self._next_row_id
+                rows = int(prepared.added_rows_count or 0) + int(prepared.existing_rows_count or 0)
+                self._next_row_id += rows
+                self.assigned_rows += rows
+        return ManifestFile.from_args(_table_format_version=3, **fields, first_row_id=first_row_id)
 
 
 def encode_deletion_vector(positions: Sequence[int] | np.ndarray) -> bytes:

@@ -70,6 +70,7 @@ from iceberg_cdc.devtools.format_v3 import (
     writing_v3_metadata,
 )
 from iceberg_cdc.devtools.mor_state import snapshot_entries
+from iceberg_cdc.devtools.row_lineage import inherited_first_row_ids, manifest_first_row_ids
 from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
 from iceberg_cdc.source.deletes import POSITION_PATH_FIELD_ID, DeleteIndex, partition_key
 from iceberg_cdc.source.manifests import manifest_entries, v3_field
@@ -244,6 +245,12 @@ class _RowDelta(_SnapshotProducer["_RowDelta"]):
         removed: set[tuple[str, int | None]] = set()
         metadata = self._transaction.table_metadata
         parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id else None
+        # Rows keep their ids: a rewritten manifest writes its files' inherited first_row_id.
+        first_ids = (
+            inherited_first_row_ids(self._transaction._table, parent.snapshot_id)
+            if self._v3 and parent
+            else {}
+        )
         for manifest in parent.manifests(self._io) if parent else ():
             entries = manifest_entries(self._io, manifest, metadata.format_version)
             hit = [e for e in entries if _file_key(e.data_file) in self._remove]
@@ -253,13 +260,18 @@ class _RowDelta(_SnapshotProducer["_RowDelta"]):
             with self._writer(manifest.content, manifest.partition_spec_id) as writer:
                 for entry in entries:
                     gone = _file_key(entry.data_file) in self._remove
+                    first = (
+                        first_ids.get(entry.data_file.file_path)
+                        if manifest.content == ManifestContent.DATA
+                        else None
+                    )
                     writer.add_entry(
                         ManifestEntry.from_args(
                             status=ManifestEntryStatus.DELETED if gone else ManifestEntryStatus.EXISTING,
                             snapshot_id=self._snapshot_id if gone else entry.snapshot_id,
                             sequence_number=entry.sequence_number,
                             file_sequence_number=entry.file_sequence_number,
-                            data_file=as_v3(entry.data_file) if self._v3 else entry.data_file,
+                            data_file=as_v3(entry.data_file, first) if self._v3 else entry.data_file,
                         )
                     )
                     if gone:
@@ -303,15 +315,19 @@ class _RowDelta(_SnapshotProducer["_RowDelta"]):
             snapshot_id=self._snapshot_id, attempt=0, commit_uuid=self.commit_uuid
         )
         path = self._transaction._table.location_provider().new_metadata_location(name)
+        parent = self._parent_snapshot_id
+        table = self._transaction._table
         with ManifestListWriterV3(
             self._io.new_output(path),
             self._snapshot_id,
             self._parent_snapshot_id,
             sequence_number,
             self._compression,
+            next_row_id=metadata.next_row_id or 0,
+            first_row_ids=manifest_first_row_ids(table, parent) if parent is not None else {},
         ) as writer:
             writer.add_manifests(manifests)
-        added_rows = sum(int(f.record_count) for f in self._add if f.content == DataFileContent.DATA)
+        added_rows = writer.assigned_rows
         snapshot = Snapshot(
             snapshot_id=self._snapshot_id,
             parent_snapshot_id=self._parent_snapshot_id,
