@@ -70,7 +70,9 @@ def test_spilled_buckets_give_what_memory_gives(tmp_path_factory, seed, rows, id
     keys = list(range(rows)) + [rng.randrange(max(rows, 1)) for _ in range(rows // 10)]  # duplicates
     old = side(rng, keys)
     copied = [i for i in range(len(keys)) if rng.random() < 0.8]
-    new = pa.concat_tables([old.take(pa.array(copied, pa.int64())), side(rng, [rng.randrange(max(rows, 1)) for _ in range(5)])])
+    new = pa.concat_tables(
+        [old.take(pa.array(copied, pa.int64())), side(rng, [rng.randrange(max(rows, 1)) for _ in range(5)])]
+    )
     parts = [(old, Op.DELETE), (new, Op.INSERT)]
     spill_dir = tmp_path_factory.mktemp("spill")
     results = []
