@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # pytest-xdist workers: the Airflow/Spark end-to-end modules run beside the in-process tests.
 TEST_WORKERS ?= 2
 
-.PHONY: help prereqs setup test demo demo-engine sync airflow lint format bench clean
+.PHONY: help prereqs setup test demo demo-engine sync airflow lint format bench bench-scale clean
 
 help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
@@ -19,6 +19,7 @@ help:
 	@echo "make demo-engine   only the shuffle engine, on one generated snapshot (seconds)"
 	@echo "make test    install into .venv/ when missing, lint, run the test suite"
 	@echo "make bench   the pipeline vs a Spark-native job and the floor, memory, S3 requests (QUICK=1: short; SCHEDULER=0: no figures under the scheduler)"
+	@echo "make bench-scale   a 50 M-row copy-on-write snapshot through the pipeline beside a 5 M one (ROWS=...: another size)"
 	@echo "make setup   create .venv/ with everything installed (idempotent)"
 
 prereqs:
@@ -70,6 +71,10 @@ airflow: setup
 bench: setup
 	@$(MAKE) --no-print-directory prereqs
 	$(BIN)/python bench/run.py $(if $(QUICK),--quick,) $(if $(filter 0,$(SCHEDULER)),--no-scheduler,)
+
+bench-scale: setup
+	@$(MAKE) --no-print-directory prereqs
+	$(BIN)/python bench/scale.py $(if $(ROWS),--rows $(ROWS),)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

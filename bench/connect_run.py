@@ -17,7 +17,10 @@ on the same warm server:
   pipeline, Spark-native), on the same data; the first runs warm the
   server's JIT and the pipeline's Python workers, the second are the
   comparison. Both are reported;
-* then the pipeline once more with the shuffle on the local S3 server (warm).
+* then the pipeline once more without cancelling carryover before the
+  shuffle (every row shuffled: the path before issue 22, for the ratio
+  before and after in one run), and once with the shuffle on the local S3
+  server (warm).
 
 Every run's rows are checked against the submit pipeline's sink rows.
 """
@@ -61,6 +64,7 @@ def run_connect(
     sql_conf: dict[str, str],
     same_rows: Callable[[Any, Any], dict[str, Any]],
     log: Callable[[str], None],
+    no_cancel: dict[str, Any] | None = None,
 ) -> None:
     """Fill ``results["connect"]`` and its checks; the server is stopped before returning."""
     import pyarrow.parquet as pq
@@ -100,6 +104,11 @@ def run_connect(
             connect["spark_native"].append(native)
             checks[f"connect_spark_native_run{index}_vs_pipeline"] = same_rows(expected, native_rows)
             del native_rows
+        log("warm Spark Connect: pipeline without cancelling carryover before the shuffle (as before)")
+        run = bench.pipeline("connect-no-cancel", main, "file", connect_url=server.url, extra=no_cancel)
+        connect["pipeline"]["no_cancel"] = run
+        got = sink_changes(bench.catalog, run["sink"], main.snapshot_id, wl.COLUMNS)
+        checks["connect_pipeline_no_cancel_vs_file"] = same_rows(expected, got)
         log("warm Spark Connect: pipeline, shuffle on the local S3 server")
         run = bench.pipeline("connect-s3", main, "s3", connect_url=server.url)
         connect["pipeline"]["s3"] = run

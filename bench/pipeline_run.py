@@ -199,6 +199,7 @@ def run_pipeline(setup: PipelineSetup) -> dict[str, Any]:
         "write_tasks": len(plan.write_tasks),
         "input_files": sum(len(t.files) for t in plan.write_tasks),
         "input_file_bytes": sum(t.bytes for t in plan.write_tasks),
+        "task_input_bytes": {t.task_id: t.bytes for t in plan.write_tasks},
         **figures,
     }
 
@@ -260,8 +261,8 @@ def breakdown(result: dict[str, Any], *, connect: bool = False) -> dict[str, Any
         "commit": seconds["commit"],
         "cleanup": seconds["cleanup"],
     }
-    arrow_in = sum(w["input_bytes"] for w in writes)
-    engine_write = sum(w["encode_seconds"] + w["commit_seconds"] for w in writes)
+    arrow_in = sum(w.get("read_arrow_bytes", w["input_bytes"]) for w in writes)
+    engine_write = sum(w["encode_seconds"] + w["commit_seconds"] + w.get("cancel_seconds", 0) for w in writes)
     arrow_read = sum(r["arrow_bytes"] for r in reads)
     shuffle = sum(w["shuffle_bytes"] for w in writes)
     extra: dict[str, Any] = {}
@@ -283,6 +284,7 @@ def breakdown(result: dict[str, Any], *, connect: bool = False) -> dict[str, Any
             "read_ranges": len(reads),
             "write_task_seconds": round(sum(w["seconds"] for w in writes), 3),
             "write_read_input_seconds": round(sum(w["read_seconds"] for w in writes), 3),
+            "write_cancel_seconds": round(sum(w.get("cancel_seconds", 0) for w in writes), 3),
             "write_encode_seconds": round(sum(w["encode_seconds"] for w in writes), 3),
             "write_commit_seconds": round(sum(w["commit_seconds"] for w in writes), 3),
             "read_fetch_seconds": round(sum(r["fetch_seconds"] for r in reads), 3),
@@ -290,8 +292,8 @@ def breakdown(result: dict[str, Any], *, connect: bool = False) -> dict[str, Any
             "read_stage_seconds": round(stage, 3),
             "write_engine_mb_s_per_core": round(arrow_in / mib / max(engine_write, 1e-9), 1),
             "read_merge_mb_s_per_core": round(arrow_read / mib / max(fetch_merge, 1e-9), 1),
-            "write_peak_rss_mb": max(w["peak_rss_mb"] for w in writes),
-            "read_peak_rss_mb": max(r["peak_rss_mb"] for r in reads),
+            "write_peak_rss_mb": max((w["peak_rss_mb"] for w in writes), default=0.0),
+            "read_peak_rss_mb": max((r["peak_rss_mb"] for r in reads), default=0.0),
         },
         "bytes": {
             "input_file_bytes": result["input_file_bytes"],
@@ -301,8 +303,12 @@ def breakdown(result: dict[str, Any], *, connect: bool = False) -> dict[str, Any
             "shuffle_to_input_arrow": round(shuffle / max(arrow_in, 1), 3),
         },
         "rows": {
-            key: sum(r.get(key, 0) for r in reads)
-            for key in ("input_rows", "deletes", "inserts", "updates", "carryover_rows")
+            **{
+                key: sum(r.get(key, 0) for r in reads)
+                for key in ("input_rows", "deletes", "inserts", "updates", "carryover_rows")
+            },
+            "cancelled_before_shuffle": sum(w.get("cancelled_rows", 0) for w in writes),
+            "cancelled_by_lineage": sum(w.get("cancelled_by_lineage", 0) for w in writes),
         },
     }
 

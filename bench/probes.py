@@ -31,8 +31,12 @@ def _run_units(args: dict[str, Any]) -> list[dict[str, Any]]:
 
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
+    from iceberg_cdc.pipeline import executor_tasks
     from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS
     from iceberg_cdc.pipeline.runtime import runtime_from_config
+
+    if args.get("read_merge_bytes"):
+        executor_tasks.READ_MERGE_BYTES = args["read_merge_bytes"]
 
     runtime = runtime_from_config(parse_config(args["raw_config"]))
     plan = SnapshotPlan.load(runtime.store(), args["plan"])
@@ -45,8 +49,15 @@ def _in_child(args: dict[str, Any]) -> list[dict[str, Any]]:
         return pool.apply(_run_units, (args,))
 
 
-def probe(raw_config: dict[str, Any], config: CdcConfig, source: str) -> dict[str, Any]:
-    """Write and read units of the source's next snapshot in child processes; their figures."""
+def probe(
+    raw_config: dict[str, Any], config: CdcConfig, source: str, *, whole_range_too: bool = False
+) -> dict[str, Any]:
+    """Write and read units of the source's next snapshot in child processes; their figures.
+
+    ``whole_range_too``: the read units also run merging each range at once
+    (as read tasks did before they merged a few partitions at a time), in
+    another child, for their peak memory side by side.
+    """
     ctx = steps.Context.of(config, source)
     run_id = f"bench__probe__{uuid.uuid4().hex[:8]}"
     detected = steps.detect(ctx, run_id)
@@ -63,9 +74,19 @@ def probe(raw_config: dict[str, Any], config: CdcConfig, source: str) -> dict[st
         groups = read_group_count(plan, store)
         read_units = [u for g in range(groups) for u in units_of("read", plan, g, store)]
         reads = [r["stats"] for r in _in_child({**common, "phase": "read", "units": read_units})]
+        whole = None
+        if whole_range_too:
+            args = {**common, "phase": "read", "units": read_units, "read_merge_bytes": 1 << 50}
+            whole = [r["stats"] for r in _in_child(args)]
     finally:
         steps.cleanup(ctx, detected, run_id)
-    return summarize(writes, reads, plan)
+    figures = summarize(writes, reads, plan)
+    if whole is not None:
+        figures["read_whole_range"] = {
+            "peak_rss_mb_per_range": [r["peak_rss_mb"] for r in whole],
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in whole),
+        }
+    return figures
 
 
 def summarize(
@@ -73,8 +94,8 @@ def summarize(
 ) -> dict[str, Any]:
     """Per-core speeds and peak memory of one probe."""
     mib = float(1 << 20)
-    arrow_in = sum(w["input_bytes"] for w in writes)
-    engine_s = sum(w["encode_seconds"] + w["commit_seconds"] for w in writes)
+    arrow_in = sum(w.get("read_arrow_bytes", w["input_bytes"]) for w in writes)
+    engine_s = sum(w["encode_seconds"] + w["commit_seconds"] + w.get("cancel_seconds", 0) for w in writes)
     task_s = sum(w["seconds"] for w in writes)
     arrow_read = sum(r["arrow_bytes"] for r in reads)
     fetch_merge_s = sum(r["fetch_seconds"] + r["merge_seconds"] for r in reads)
@@ -89,6 +110,8 @@ def summarize(
             "arrow_mb": round(arrow_in / mib, 1),
             "task_seconds": round(task_s, 3),
             "read_input_seconds": round(sum(w["read_seconds"] for w in writes), 3),
+            "cancel_seconds": round(sum(w.get("cancel_seconds", 0) for w in writes), 3),
+            "cancelled_rows": sum(w.get("cancelled_rows", 0) for w in writes),
             "encode_seconds": round(sum(w["encode_seconds"] for w in writes), 3),
             "commit_seconds": round(sum(w["commit_seconds"] for w in writes), 3),
             "engine_mb_s_per_core": round(arrow_in / mib / max(engine_s, 1e-9), 1),
@@ -103,8 +126,11 @@ def summarize(
             "merge_seconds": round(sum(r["merge_seconds"] for r in reads), 3),
             "stage_seconds": round(sum(r["stage_seconds"] for r in reads), 3),
             "read_merge_mb_s_per_core": round(arrow_read / mib / max(fetch_merge_s, 1e-9), 1),
-            "largest_range_mb": round(max(r["shuffle_bytes"] for r in reads) / mib, 1),
+            "largest_range_mb": round(max((r["shuffle_bytes"] for r in reads), default=0) / mib, 1),
+            "largest_group_arrow_mb": round(
+                max((r.get("largest_group_arrow_bytes", 0) for r in reads), default=0) / mib, 1
+            ),
             "peak_rss_mb_per_range": [r["peak_rss_mb"] for r in reads],
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in reads),
+            "peak_rss_mb": max((r["peak_rss_mb"] for r in reads), default=0.0),
         },
     }

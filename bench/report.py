@@ -58,7 +58,20 @@ def headline(results: dict[str, Any]) -> dict[str, float]:
         "spark_native_job_s": native["job_seconds"],
         "ratio_without_app_fixed_cost": round((x - fixed) / max(native["job_seconds"], 1e-9), 3),
     }
+    input_bytes = pipeline["breakdown"]["bytes"]["input_file_bytes"]
+    figures["input_mb"] = round(input_bytes / MiB, 1)
+    figures["shuffled_mb"] = round(pipeline["breakdown"]["bytes"]["shuffle_bytes"] / MiB, 1)
+    before = results["pipeline"].get("file_no_cancel")
+    if before:
+        figures["shuffled_no_cancel_mb"] = round(before["breakdown"]["bytes"]["shuffle_bytes"] / MiB, 1)
+        figures["pipeline_no_cancel_s"] = before["wall_seconds"]
+        figures["ratio_no_cancel"] = round(before["wall_seconds"] / y, 3)
     connect = results.get("connect")
+    if connect and "no_cancel" in connect["pipeline"]:
+        figures["connect_pipeline_no_cancel_s"] = connect["pipeline"]["no_cancel"]["wall_seconds"]
+        figures["connect_ratio_no_cancel"] = round(
+            connect["pipeline"]["no_cancel"]["wall_seconds"] / connect["spark_native"][-1]["wall_seconds"], 3
+        )
     if connect:
         # The last (warm) run of each side on the one Spark Connect server; the first is reported apart.
         cx = connect["pipeline"]["file"][-1]["wall_seconds"]
@@ -74,6 +87,21 @@ def headline(results: dict[str, Any]) -> dict[str, float]:
             }
         )
     return figures
+
+
+def shuffled_line(results: dict[str, Any]) -> str:
+    """``shuffled: X MB for Y MB of input files`` for the copy-on-write snapshot, and without cancelling."""
+    h = results["headline"]
+    line = (
+        f"shuffled: {h['shuffled_mb']:.0f} MB for {h['input_mb']:.0f} MB of input files "
+        f"({h['shuffled_mb'] / max(h['input_mb'], 1e-9):.2f}x"
+    )
+    if "shuffled_no_cancel_mb" in h:
+        line += (
+            f"; without cancelling carryover before the shuffle, same run: {h['shuffled_no_cancel_mb']:.0f} MB, "
+            f"{h['shuffled_no_cancel_mb'] / max(h['input_mb'], 1e-9):.2f}x"
+        )
+    return line + ")"
 
 
 def spark_phases(
@@ -104,7 +132,11 @@ def spark_phases(
 
 def _bars(results: dict[str, Any]) -> list[tuple[str, dict[str, float], dict[str, str]]]:
     bars = []
-    for key, label in (("file", "pipeline, file://"), ("s3", "pipeline, local S3")):
+    for key, label in (
+        ("file", "pipeline, file://"),
+        ("file_no_cancel", "pipeline, file://, no cancel"),
+        ("s3", "pipeline, local S3"),
+    ):
         run = results["pipeline"].get(key)
         if run and run["mode"].startswith("spark"):
             bars.append((label, run["breakdown"]["phases"], PIPELINE_COLORS))
@@ -215,7 +247,11 @@ def markdown_table(results: dict[str, Any]) -> str:
         "| run | seconds (wall) | of which Spark app start/stop | where the rest goes |",
         "|---|---:|---:|---|",
     ]
-    for key, label in (("file", "pipeline, shuffle on file://"), ("s3", "pipeline, shuffle on local S3")):
+    for key, label in (
+        ("file", "pipeline, shuffle on file://"),
+        ("file_no_cancel", "pipeline, file://, no carryover cancelled before the shuffle"),
+        ("s3", "pipeline, shuffle on local S3"),
+    ):
         run = results["pipeline"].get(key)
         if not run:
             continue
@@ -246,7 +282,14 @@ def markdown_table(results: dict[str, Any]) -> str:
     lines += [
         "",
         f"Ratio pipeline / Spark-native (file://): **{h['ratio']:.2f}**; without each side's Spark "
-        f"application start/stop: {h['ratio_without_app_fixed_cost']:.2f}.",
+        f"application start/stop: {h['ratio_without_app_fixed_cost']:.2f}"
+        + (
+            f"; without cancelling carryover before the shuffle (same run): {h['ratio_no_cancel']:.2f}."
+            if "ratio_no_cancel" in h
+            else "."
+        ),
+        "",
+        f"`{shuffled_line(results)}`",
     ]
     if results.get("connect"):
         lines += ["", *connect_table(results)]
@@ -279,6 +322,13 @@ def connect_table(results: dict[str, Any]) -> list[str]:
         f"| pipeline, shuffle on file:// | {warm['wall_seconds']:.1f} | {runs[0]['wall_seconds']:.1f} | "
         f"{b['spark_fixed_seconds']:.1f} | {_rest(b['phases'], b['overhead'])} |"
     )
+    before = connect["pipeline"].get("no_cancel")
+    if before:
+        b = before["breakdown"]
+        lines.append(
+            f"| pipeline, file://, no carryover cancelled before the shuffle | {before['wall_seconds']:.1f} | — | "
+            f"{b['spark_fixed_seconds']:.1f} | {_rest(b['phases'], b['overhead'])} |"
+        )
     s3 = connect["pipeline"].get("s3")
     if s3:
         b = s3["breakdown"]
@@ -295,7 +345,13 @@ def connect_table(results: dict[str, Any]) -> list[str]:
     lines += [
         "",
         f"Ratio pipeline / Spark-native on the warm server (file://): **{h['connect_ratio']:.2f}** "
-        f"(first runs: {h['connect_first_pipeline_s'] / max(h['connect_first_spark_native_s'], 1e-9):.2f}).",
+        f"(first runs: {h['connect_first_pipeline_s'] / max(h['connect_first_spark_native_s'], 1e-9):.2f})"
+        + (
+            f"; without cancelling carryover before the shuffle (same server, same run): "
+            f"{h['connect_ratio_no_cancel']:.2f}."
+            if "connect_ratio_no_cancel" in h
+            else "."
+        ),
     ]
     return lines
 
@@ -361,6 +417,8 @@ def _connect(results: dict[str, Any], add) -> None:
     )
     for index, run in enumerate(connect["pipeline"]["file"], 1):
         _pipeline_lines(f"connect run {index}, file", run, add)
+    if "no_cancel" in connect["pipeline"]:
+        _pipeline_lines("connect, file, no cancel before the shuffle", connect["pipeline"]["no_cancel"], add)
     if "s3" in connect["pipeline"]:
         _pipeline_lines("connect, s3", connect["pipeline"]["s3"], add)
     for index, native in enumerate(connect["spark_native"], 1):
@@ -388,9 +446,10 @@ def _pipeline_lines(key: str, run: dict[str, Any], add) -> None:
     t = b["tasks"]
     add(
         f"      write: {t['write_tasks']} tasks, task seconds {t['write_task_seconds']:.1f} = input decode "
-        f"{t['write_read_input_seconds']:.1f} + partition/encode {t['write_encode_seconds']:.1f} + "
-        f"upload {t['write_commit_seconds']:.1f}; engine {t['write_engine_mb_s_per_core']:.0f} MB/s per core; "
-        f"peak RSS {t['write_peak_rss_mb']:.0f} MB"
+        f"{t['write_read_input_seconds']:.1f} + cancel carryover {t.get('write_cancel_seconds', 0):.1f} + "
+        f"partition/encode {t['write_encode_seconds']:.1f} + upload {t['write_commit_seconds']:.1f}; "
+        f"engine {t['write_engine_mb_s_per_core']:.0f} MB/s per core; peak RSS {t['write_peak_rss_mb']:.0f} MB; "
+        f"{b['rows'].get('cancelled_before_shuffle', 0):,} rows cancelled before the shuffle"
     )
     add(
         f"      read: {t['read_ranges']} ranges, fetch {t['read_fetch_seconds']:.1f} + merge "
@@ -423,13 +482,20 @@ def _memory_and_scaling(results: dict[str, Any], add) -> None:
             "   rows | largest input file MB | write: MB/s per core engine (with Parquet decode), peak RSS MB"
             " | read+merge: MB/s per core, largest range MB, peak RSS MB"
         )
-        for probe in memory.values():
+        for key, probe in memory.items():
             w, r = probe["write"], probe["read"]
+            label = " (every row shuffled)" if key.endswith("no_cancel") else ""
             add(
-                f"   {probe['rows']:,} | {probe['largest_input_file_mb']} | {w['engine_mb_s_per_core']:.0f} "
+                f"   {probe['rows']:,}{label} | {probe['largest_input_file_mb']} | {w['engine_mb_s_per_core']:.0f} "
                 f"({w['with_parquet_decode_mb_s_per_core']:.0f}), {w['peak_rss_mb']:.0f} | "
                 f"{r['read_merge_mb_s_per_core']:.0f}, {r['largest_range_mb']:.0f}, {r['peak_rss_mb']:.0f}"
             )
+            if "read_whole_range" in probe:
+                add(
+                    f"      read tasks merging a few partitions at a time: peak RSS {r['peak_rss_mb']:.0f} MB "
+                    f"(largest group {r['largest_group_arrow_mb']:.0f} MB of Arrow); merging each whole range "
+                    f"at once, same ranges, same run: {probe['read_whole_range']['peak_rss_mb']:.0f} MB"
+                )
     scaling = results.get("scaling", {})
     if "pipeline_small" in scaling:
         small, big = scaling["pipeline_small"], results["pipeline"]["file"]

@@ -85,6 +85,8 @@ SPARK_SQL_CONF = {
     "spark.sql.shuffle.partitions": str(PARTITIONS),
 }
 NATIVE_DRIVER_MEMORY = "4g"  # local mode: Spark's executors live in the driver JVM
+# The path before carryover was cancelled in the write tasks: every row through the shuffle.
+NO_CANCEL = {"cancel_before_shuffle": False}
 
 
 def log(message: str) -> None:
@@ -107,8 +109,9 @@ class Bench:
         self.request_log: RequestLog | None = None
 
     def config(
-        self, label: str, source: str, sink: str, shuffle: str = "file"
+        self, label: str, source: str, sink: str, shuffle: str = "file", extra: dict[str, Any] | None = None
     ) -> tuple[Path, dict[str, Any], CdcConfig]:
+        shuffle_extra = extra
         if shuffle == "s3":
             assert self.s3 is not None
             uri, extra = f"s3://{SHUFFLE_BUCKET}/{label}", dict(self.s3.properties)
@@ -121,6 +124,7 @@ class Bench:
                 "partitions": PARTITIONS,
                 "write_task_size": self.write_task_size,
                 **extra,
+                **(shuffle_extra or {}),
             },
             "spark": {"parallel_jobs": 1},
             "tables": [{"source": source, "sink": sink}],
@@ -136,10 +140,11 @@ class Bench:
         shuffle: str,
         inline: bool = False,
         connect_url: str | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         sink = f"{workload.table}_changes_{label.replace('-', '_')}"
         wl.start_sink_at_parent(self.catalog, workload, sink)
-        path, _, config = self.config(label, workload.table, sink, shuffle)
+        path, _, config = self.config(label, workload.table, sink, shuffle, extra)
         setup = PipelineSetup(
             label,
             path,
@@ -279,11 +284,18 @@ def run_side_by_side(bench: Bench, workloads: dict[str, wl.Workload], results: d
     pipeline_rows = sink_changes(
         bench.catalog, results["pipeline"]["file"]["sink"], main.snapshot_id, wl.COLUMNS
     )
+    log("the same without cancelling carryover before the shuffle (every row shuffled, as before)")
+    results["pipeline"]["file_no_cancel"] = bench.pipeline("file-no-cancel", main, "file", extra=NO_CANCEL)
+    before_rows = sink_changes(
+        bench.catalog, results["pipeline"]["file_no_cancel"]["sink"], main.snapshot_id, wl.COLUMNS
+    )
+    results["checks"] = {"no_cancel_vs_cancel": same_rows(pipeline_rows, before_rows)}
+    del before_rows
     log("Spark-native baseline (one PySpark job, Spark's shuffle)")
     native = bench.spark_app("spark-native", "native", main)
     native_rows = pq.ParquetDataset(native.pop("out")).read()
     results["spark_native"] = native
-    results["checks"] = {"spark_native_vs_pipeline": same_rows(pipeline_rows, native_rows)}
+    results["checks"]["spark_native_vs_pipeline"] = same_rows(pipeline_rows, native_rows)
     del native_rows
     keep = pipeline_rows.num_rows / max(main.rows * 2, 1)
     log("floor: read every input and write as many rows, no shuffle (Spark, then pyarrow)")
@@ -323,6 +335,14 @@ def run_scaling(bench: Bench, workloads: dict[str, wl.Workload], results: dict[s
         wl.start_sink_at_parent(bench.catalog, workload, sink)
         _, raw, config = bench.config(f"probe-{key}", workload.table, sink, "file")
         memory[key] = {"rows": workload.rows, **probe(raw, config, workload.table)}
+    # Read tasks over full-size ranges (every row shuffled), merged a few partitions at a time and,
+    # as before, each range at once: the peak memory of both, in one run.
+    main = workloads["main"]
+    log("read task memory: every row shuffled, ranges merged by partition groups and whole")
+    sink = f"{main.table}_changes_probe_no_cancel"
+    wl.start_sink_at_parent(bench.catalog, main, sink)
+    _, raw, config = bench.config("probe-no-cancel", main.table, sink, "file", NO_CANCEL)
+    memory["main_no_cancel"] = {"rows": main.rows, **probe(raw, config, main.table, whole_range_too=True)}
     results["scaling"] = scaling
     results["memory"] = memory
 
@@ -431,6 +451,7 @@ def main() -> None:
                 sql_conf=SPARK_SQL_CONF,
                 same_rows=same_rows,
                 log=log,
+                no_cancel=NO_CANCEL,
             )
         if not args.quick and not args.skip_airflow:
             run_latency(bench, workloads, results)
@@ -462,6 +483,7 @@ def main() -> None:
         print(f"latency: one-row snapshot {results['latency']['wall_seconds']:.1f} s (submit)")
     if "scheduler" in results:
         print("\n".join(scheduler_lines(results["scheduler"])))
+    print(report.shuffled_line(results))
     if "connect" in results:
         print(connect_line(results))
     print(

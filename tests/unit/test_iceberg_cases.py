@@ -1,12 +1,14 @@
 """Apache Iceberg's own changelog test cases, ported as data, run through the merge and the real shuffle.
 
 The cases live in ``tests/cases/iceberg_changelog_cases.yaml`` (its header says where each comes
-from, what was skipped and why). Every case runs three ways:
+from, what was skipped and why). Every case runs four ways:
 
 * the data itself is checked against the plain-Python oracle (:mod:`tests.support.oracle`), so a
   typo in an expected row cannot make the other two tests pass or fail for the wrong reason;
 * the rows go straight into :func:`~iceberg_cdc.changelog.merge.merge_changes`, in the file's order
   and reversed (rows reach a read task in no fixed order);
+* a write task's cancel buffer cancels carryover first (in memory, and spilled to hash buckets),
+  then the merge takes what is left, as when carryover is cancelled before the shuffle;
 * the rows go through the real shuffle: DELETEs and INSERTs written by different map tasks (as rows of
   removed and added files are) with :class:`MapOutputWriter` into a local object store, read back
   per partition and as one coalesced range with ``fetch_range``, and merged per range, as SHUFFLE_READ
@@ -26,6 +28,7 @@ import pytest
 
 from iceberg_cdc.changelog.merge import merge_changes
 from iceberg_cdc.errors import AmbiguousUpdateError
+from iceberg_cdc.pipeline.map_cancel import CancelBuffer
 from iceberg_cdc.shuffle.fetch import fetch_range
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.reader import read_index
@@ -106,7 +109,9 @@ class MergeCase:
         return table
 
     def tagged(self, rows: Sequence[Sequence[Any]], op: Op) -> pa.Table:
-        data = self.table(rows)
+        return self.tagged_table(self.table(rows), op)
+
+    def tagged_table(self, data: pa.Table, op: Op) -> pa.Table:
         tag = pa.array([int(op)] * data.num_rows, pa.int8())
         return pa.Table.from_arrays([*data.columns, tag], schema=shuffle_schema(self.schema))
 
@@ -219,6 +224,39 @@ def test_vectorized_merge(case: MergeCase):
         assert emitted(case, out) == case.changes(case.expected or []), f"reverse={reverse}"
         assert_updates_pair(case, out)
         assert stats.carryover_rows + out.num_rows == rows.num_rows
+
+
+# -- carryover cancelled before the shuffle, then the merge -------------------------------------------
+
+
+@pytest.mark.parametrize("case", **by_name(CASES))
+def test_cancelled_before_the_shuffle(case: MergeCase, tmp_path: Path):
+    """A write task holding both sides cancels carryover (in memory, and spilled to hash buckets);
+    the read side's merge of what is left gives the case's expected changes."""
+    for memory in (1 << 30, 64):
+        buffer = CancelBuffer(
+            case.ids,
+            memory_bytes=memory,
+            expected_rows=len(case.deleted) + len(case.inserted),
+            spill_dir=str(tmp_path),
+        )
+        for rows, op in ((case.deleted, Op.DELETE), (case.inserted, Op.INSERT)):
+            for batch in case.table(rows).to_batches(max_chunksize=2):
+                buffer.add(batch, op)
+        parts = [case.tagged_table(table, op) for table, op in buffer.survivors()]
+        left = pa.concat_tables(parts) if parts else case.tagged([], Op.DELETE)
+        cancelled = buffer.stats.cancelled
+        assert cancelled["DELETE"] == cancelled["INSERT"]
+        assert left.num_rows + buffer.stats.rows == len(case.deleted) + len(case.inserted)
+        if case.error:
+            with pytest.raises(AmbiguousUpdateError):
+                merge_changes(left, case.ids)
+            out, _ = merge_changes(left, case.ids, emit_unpaired=True)
+            assert emitted(case, out) == case.changes(case.unpaired_expected or []), f"memory={memory}"
+            continue
+        out, _ = merge_changes(left, case.ids)
+        assert emitted(case, out) == case.changes(case.expected or []), f"memory={memory}"
+        assert_updates_pair(case, out)
 
 
 # -- through the real shuffle --------------------------------------------------------------------------

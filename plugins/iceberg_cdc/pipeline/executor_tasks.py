@@ -38,7 +38,7 @@ from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import Runtime
 from iceberg_cdc.shuffle.fetch import MapOutputSpan
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
-from iceberg_cdc.shuffle.range_reader import FetchedRange
+from iceberg_cdc.shuffle.range_reader import DEFAULT_MERGE_BYTES, FetchedRange
 from iceberg_cdc.shuffle.rows import Op, shuffle_schema
 from iceberg_cdc.shuffle.writer import MapOutputWriter
 from iceberg_cdc.sink.schema import sink_arrow_schema, to_sink_arrow
@@ -49,6 +49,8 @@ from iceberg_cdc.source.planning import InputFile
 from iceberg_cdc.source.reading import name_mapping_from_json, output_schema, read_data_file
 
 T = TypeVar("T")
+# Compressed shuffle bytes a read task decodes and merges at once (a larger partition: alone).
+READ_MERGE_BYTES = DEFAULT_MERGE_BYTES
 
 
 def reset_peak_rss() -> None:
@@ -80,6 +82,7 @@ class _Clock:
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.bytes = 0  # Arrow bytes of what was read (the caller counts)
 
     def timed(self, items: Iterable[T]) -> Iterator[T]:
         iterator = iter(items)
@@ -168,6 +171,7 @@ def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[s
             if not group.cancels:
                 for file in group.files:
                     for batch in reading.timed(inputs.batches(file)):
+                        reading.bytes += batch.nbytes
                         writer.write(batch, Op[file.op])
                 continue
             buffer = CancelBuffer(
@@ -179,6 +183,7 @@ def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[s
             with contextlib.closing(buffer):
                 for file in group.files:
                     for batch in reading.timed(inputs.batches(file, plan.row_lineage)):
+                        reading.bytes += batch.nbytes
                         buffer.add(batch, Op[file.op])
                 cancel_started = time.perf_counter()
                 for table, op in buffer.survivors():
@@ -208,7 +213,8 @@ def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[s
         "cancelled_by_lineage": cancelling.by_lineage,
         "cancel_spilled_groups": cancelling.spilled_groups,
         "cancel_spill_bytes": cancelling.spill_bytes,
-        "input_bytes": stats.input_bytes,
+        "read_arrow_bytes": reading.bytes,  # every row read, as Arrow
+        "input_bytes": stats.input_bytes,  # Arrow bytes handed to the shuffle writer
         "shuffle_bytes": stats.data_bytes,
         "spills": stats.spills,
         "seconds": round(done - started, 3),
@@ -264,7 +270,14 @@ def run_read_task(plan: SnapshotPlan, runtime: Runtime, range_doc: dict[str, Any
     spans = [MapOutputSpan.from_dict(span) for span in range_doc["spans"]]
     part = f"range-{range_doc['index']:05d}"
     merge_stats = MergeStats()
-    clock = {"decode": 0.0, "merge": 0.0, "arrow_bytes": 0, "groups": 0, "change_rows": 0}
+    clock = {
+        "decode": 0.0,
+        "merge": 0.0,
+        "arrow_bytes": 0,
+        "largest_group_bytes": 0,
+        "groups": 0,
+        "change_rows": 0,
+    }
     where = f"table {plan.source}, snapshot {plan.snapshot_id}"
     with (
         tempfile.TemporaryDirectory(prefix="cdc-read-") as spill_dir,
@@ -276,7 +289,7 @@ def run_read_task(plan: SnapshotPlan, runtime: Runtime, range_doc: dict[str, Any
         fetched_at = time.perf_counter()
 
         def sink_batches() -> Iterator[pa.RecordBatch]:
-            for lo, hi in fetched.groups():
+            for lo, hi in fetched.groups(READ_MERGE_BYTES):
                 decoding = time.perf_counter()
                 rows = fetched.read(lo, hi)
                 merging = time.perf_counter()
@@ -287,7 +300,8 @@ def run_read_task(plan: SnapshotPlan, runtime: Runtime, range_doc: dict[str, Any
                     where=where,
                 )
                 merge_stats.add(stats)
-                clock["arrow_bytes"] = max(int(clock["arrow_bytes"]), rows.nbytes)
+                clock["arrow_bytes"] += rows.nbytes
+                clock["largest_group_bytes"] = max(int(clock["largest_group_bytes"]), rows.nbytes)
                 clock["groups"] += 1
                 clock["change_rows"] += changes.num_rows
                 del rows
@@ -317,7 +331,8 @@ def run_read_task(plan: SnapshotPlan, runtime: Runtime, range_doc: dict[str, Any
         **vars(merge_stats),
         "rows_read": merge_stats.input_rows,
         "shuffle_bytes": sum(span.size for span in spans),
-        "arrow_bytes": int(clock["arrow_bytes"]),  # the largest partition group held at once
+        "arrow_bytes": int(clock["arrow_bytes"]),  # every row decoded, as Arrow
+        "largest_group_arrow_bytes": int(clock["largest_group_bytes"]),  # held at once
         "merge_groups": int(clock["groups"]),
         "fetch_seconds": round(fetched_at - started + clock["decode"], 3),
         "merge_seconds": round(clock["merge"], 3),
