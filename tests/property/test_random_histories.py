@@ -108,6 +108,10 @@ class RandomHistory(RuleBasedStateMachine):
     def noop_rewrite(self, seed: int) -> None:
         self.history.noop_rewrite(random.Random(seed))
 
+    @rule(seed=seeds)
+    def dedupe(self, seed: int) -> None:
+        self.history.dedupe(random.Random(seed))
+
     @rule(seed=seeds, updates=st.integers(0, 5), inserts=st.integers(0, 3))
     def upsert(self, seed: int, updates: int, inserts: int) -> None:
         self.history.upsert(random.Random(seed), updates, inserts)

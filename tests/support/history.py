@@ -11,6 +11,8 @@ production:
   keys deleted earlier;
 * ``append`` — a fast append (insert-only snapshot);
 * ``noop_rewrite`` — files rewritten with their own rows (all carryover);
+* ``dedupe`` — whole-row tables: files rewritten with one copy of each row
+  (k DELETEs + 1 INSERT of a row: carryover by multiplicity);
 * ``upsert`` / ``overwrite_where`` / ``delete_where`` — pyiceberg's own
   operations, which spread one change over several snapshots;
 * ``compact`` — a ``replace`` snapshot (no logical change);
@@ -25,6 +27,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -55,6 +58,7 @@ from pyiceberg.types import (
 
 from iceberg_cdc.devtools.cow import cow_apply, read_task_rows, rewrite_files
 from tests.support.iceberg_tables import live_files, replace_files
+from tests.support.oracle import row_key
 
 REGIONS = ("us", "eu", "ap")
 Values = Callable[[random.Random, int], list]
@@ -336,6 +340,35 @@ class HistoryTable:
         tasks = [t for t in self.table.scan().plan_files() if t.file.file_path in chosen]
         content = pa.concat_tables([read_task_rows(self.table, t) for t in tasks])
         rewrite_files(self.table, [t.file for t in tasks], content)
+        return self._snapshots_since(before)
+
+    def dedupe(self, rng: random.Random) -> list[int]:
+        """Whole-row tables: a dedup job (``INSERT OVERWRITE ... SELECT DISTINCT``) rewrites every file.
+
+        A row with k copies is removed k times and added once (k DELETE +
+        1 INSERT of one row): carryover by multiplicity. Half the time one
+        extra copy of a duplicated row is kept (2 DELETE + 2 INSERT of it).
+        """
+        if self.shape.identifier:
+            return []
+        files = live_files(self.table)
+        if not files:
+            return []
+        before = self._current()
+        chosen = {f.file_path for f in files}
+        tasks = [t for t in self.table.scan().plan_files() if t.file.file_path in chosen]
+        content = pa.concat_tables([read_task_rows(self.table, t) for t in tasks])
+        names = content.schema.names
+        seen: Counter = Counter()
+        allowed = 2 if rng.random() < 0.5 else 1
+        keep = []
+        for row in content.to_pylist():
+            key = row_key(row, names)
+            seen[key] += 1
+            keep.append(seen[key] <= allowed)
+        if all(keep):
+            return []
+        rewrite_files(self.table, [t.file for t in tasks], content.filter(pa.array(keep, pa.bool_())))
         return self._snapshots_since(before)
 
     def upsert(self, rng: random.Random, updates: int, inserts: int) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import socket
 from collections import Counter
@@ -11,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from iceberg_cdc.errors import ObjectNotFoundError, StorageError, TransientStorageError
+from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError, StorageError, TransientStorageError
 from iceberg_cdc.shuffle.layout import data_key, index_key
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.reader import read_index, read_range
@@ -447,3 +448,33 @@ def test_multipart_etag_matches_s3():
     etags = ['"' + hashlib.md5(p).hexdigest() + '"' for p in parts]
     expected = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest() + "-2"
     assert multipart_etag(etags) == expected
+
+
+def test_a_range_streamed_to_a_sink_survives_cut_bodies_and_resumes(
+    proxy, s3_properties, s3_bucket, s3_client
+):
+    data = os.urandom(3 * MIB + 17)
+    s3_client.put_object(Bucket=s3_bucket, Key="shuffle/stream.data", Body=data)
+    store = proxied_store(proxy, s3_properties, s3_bucket)
+    proxy.set_rates(cut_rate=0.5, error_rate=0.1)
+    for start, end in [(0, len(data)), (123, 2 * MIB + 5), (len(data) - 1, len(data))]:
+        sink = io.BytesIO()
+        store.get_range_into("stream.data", start, end, sink)
+        assert sink.getvalue() == data[start:end]
+    proxy.set_rates(cut_rate=0.0, error_rate=0.0)
+    assert proxy.counts["cut"], proxy.counts
+    with pytest.raises(ShortObjectError):
+        store.get_range_into("stream.data", len(data) - 5, len(data) + 5, io.BytesIO())
+
+
+def test_a_streamed_range_cut_on_every_attempt_is_a_transient_error(
+    proxy, s3_properties, s3_bucket, s3_client
+):
+    s3_client.put_object(Bucket=s3_bucket, Key="shuffle/cut.data", Body=os.urandom(2 * MIB))
+    store = proxied_store(proxy, s3_properties, s3_bucket)
+    store.stream_retries = 1
+    proxy.set_rates(cut_rate=1.0)
+    with pytest.raises(
+        TransientStorageError, match=r"cut\.data: reading the response body of GET_RANGE failed"
+    ):
+        store.get_range_into("cut.data", 0, 2 * MIB, io.BytesIO())
