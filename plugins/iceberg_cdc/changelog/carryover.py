@@ -84,6 +84,45 @@ class Cancellation:
         return self.by_lineage + self.by_value
 
 
+def _integer_key(keys: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray | None:
+    """The one key column as int64 when it is a plain integer column without nulls, else None."""
+    if len(keys) != 1:
+        return None
+    column = keys[0]
+    typ = column.type
+    if (
+        not (pa.types.is_integer(typ) and typ.bit_width <= 64 and not pa.types.is_uint64(typ))
+        or column.null_count
+    ):
+        return None
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    if not chunks:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([np.asarray(c.to_numpy(), dtype=np.int64) for c in chunks])
+
+
+def dense_ids(keys: Sequence[pa.Array | pa.ChunkedArray]) -> tuple[np.ndarray, int]:
+    """Dense group ids, equal exactly when the key tuples are equal (null equals null).
+
+    One integer column without nulls (an ``id``, or a row hash) is grouped by a
+    stable sort, linear on the sorted runs copy-on-write files usually are;
+    anything else by :func:`~iceberg_cdc.changelog.merge.group_ids`.
+    """
+    values = _integer_key(keys)
+    if values is None:
+        return group_ids(keys)
+    if not len(values):
+        return np.zeros(0, dtype=np.int64), 0
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    starts = np.empty(len(values), dtype=bool)
+    starts[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    ids = np.empty(len(values), dtype=np.int64)
+    ids[order] = np.cumsum(starts) - 1
+    return ids, int(starts.sum())
+
+
 def _pairs(gids: np.ndarray, inserts: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per group: its DELETE count, INSERT count, and, for groups of one of each, the two rows."""
     deletes = np.bincount(gids[~inserts], minlength=groups)
@@ -170,9 +209,12 @@ def cancel_carryover(
     if lineage is not None:
         known = np.flatnonzero(lineage.known())
         if len(known):
-            ids = [pa.array(_ints(lineage.row_id, known)), pa.array(_ints(lineage.sequence_number, known))]
-            gids, groups = group_ids(ids)
+            # Pair by _row_id (one DELETE and one INSERT of an id: the row moved), then the pair is
+            # carryover when the sequence numbers are equal too (the writer did not modify it).
+            row_ids, sequence = _ints(lineage.row_id, known), _ints(lineage.sequence_number, known)
+            gids, groups = dense_ids([pa.array(row_ids)])
             _, _, single = _pairs(gids, inserts[known], groups)
+            single = single[sequence[single[:, 1]] == sequence[single[:, 2]]]
             matched = known[single[:, 1:].ravel()]
             alive[matched] = False
             by_lineage = len(matched)
@@ -182,7 +224,7 @@ def cancel_carryover(
     if not len(rows) or row_inserts.all() or not row_inserts.any():
         return Cancellation(rows, by_lineage, 0)
     keys, equal_columns = _candidate_keys(data, rows, identifier_columns, lineage)
-    gids, groups = group_ids(keys)
+    gids, groups = dense_ids(keys)
     deletes, adds, single = _pairs(gids, row_inserts, groups)
     compare = [name for name in data.schema.names if name not in equal_columns]
     same = rows_equal(data, compare, rows[single[:, 1]], rows[single[:, 2]])

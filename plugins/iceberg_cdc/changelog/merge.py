@@ -91,7 +91,7 @@ def rows_equal(table: pa.Table, names: Sequence[str], left: np.ndarray, right: n
     for name in names:
         if not equal.any():
             break
-        column = canonical.plain(table.column(name))  # one chunk: a gather from many is slower
+        column = table.column(name)
         a = canonical.comparable(column.take(left_idx))
         b = canonical.comparable(column.take(right_idx))
         same = pc.fill_null(pc.equal(a, b), False)
