@@ -76,6 +76,9 @@ class RandomHistory(RuleBasedStateMachine):
         self.history = HistoryTable(table, shape)
         if n:
             self.history.append(random.Random(seed), n)
+            # Whole-row tables start with copies of some rows (a rewrite then removes and adds a row
+            # several times: carryover by multiplicity, before and after the shuffle).
+            self.history.append(random.Random(seed + 1), 0, duplicates=3)
 
     # -- snapshots ---------------------------------------------------------------------------------
 
