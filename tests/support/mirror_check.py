@@ -98,8 +98,10 @@ def verdict(source_table, target: PostgresTarget) -> MirrorVerdict:
     """Compare the mirror with the source's rows at the mirror's watermark."""
     mark = target.read_mark()
     mirror = target.read_rows()
-    if mark is None:
-        return MirrorVerdict(None, 0, mirror.num_rows, mirror.num_rows)
+    if mark is None:  # never applied: the mirror must be empty (or not exist yet)
+        rows = mirror.num_rows if mirror is not None else 0
+        return MirrorVerdict(None, 0, rows, rows)
+    assert mirror is not None, f"the mirror table {target.table} has a watermark but does not exist"
     state = table_state(source_table, mark.source_snapshot_id)
     names = [n for n in state.column_names if n in mirror.column_names]
     expected = _rows(state, names, pg=False)

@@ -268,11 +268,14 @@ class PostgresTarget:
             ),
         )
 
-    def read_rows(self) -> pa.Table:
-        """Every row of the mirror table, as Arrow (for checks and the demo)."""
+    def read_rows(self) -> pa.Table | None:
+        """Every row of the mirror table, as Arrow (for checks and the demo); None when it does not exist."""
         connection = connect(self.dsn)
         try:
             cursor = connection.cursor()
+            cursor.execute("SELECT to_regclass($1) IS NOT NULL", (qualified(self.table),))
+            if not cursor.fetchone()[0]:
+                return None
             cursor.execute(f"SELECT * FROM {qualified(self.table)}")
             return cursor.fetch_arrow_table()
         finally:
