@@ -41,8 +41,6 @@ def _value(value: Any) -> Any:
     if isinstance(value, dict):
         return json.dumps({k: _value(v) for k, v in value.items()}, sort_keys=True)
     if isinstance(value, list):
-        if value and all(isinstance(v, tuple) and len(v) == 2 for v in value):  # an Arrow map
-            return json.dumps({str(k): _value(v) for k, v in value}, sort_keys=True)
         return json.dumps([_value(v) for v in value])
     if isinstance(value, bytes):
         return value.hex()
@@ -77,6 +75,13 @@ def _rows(table: pa.Table, names: list[str], pg: bool) -> Counter:
         values = column.to_pylist()
         if pg:
             columns.append([_pg_value(v, column.type) for v in values])
+        elif pa.types.is_map(column.type):  # a map is a JSON object in the mirror, also when empty
+            columns.append(
+                [
+                    None if v is None else json.dumps({str(k): _value(x) for k, x in v}, sort_keys=True)
+                    for v in values
+                ]
+            )
         else:
             columns.append([_value(v) for v in values])
     return Counter(zip(*columns, strict=True)) if columns else Counter()

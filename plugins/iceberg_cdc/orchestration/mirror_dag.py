@@ -46,9 +46,12 @@ log = logging.getLogger("iceberg_cdc")
 
 
 def _postgres_uri(conn_id: str) -> str:
+    """The connection's URI for libpq: the hook gives SQLAlchemy's form (``postgresql+psycopg://``)."""
     from airflow.providers.postgres.hooks.postgres import PostgresHook
 
-    return PostgresHook(postgres_conn_id=conn_id).get_uri()
+    uri = PostgresHook(postgres_conn_id=conn_id).get_uri()
+    scheme, sep, rest = uri.partition("://")
+    return f"{scheme.split('+', 1)[0]}{sep}{rest}"
 
 
 set_conn_resolver(_postgres_uri)
