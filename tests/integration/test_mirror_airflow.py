@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from iceberg_cdc.config import load_config
 from iceberg_cdc.devtools.airflow_env import dags_test
 from iceberg_cdc.devtools.cow import cow_merge
 from iceberg_cdc.devtools.sync import mirror_status, sync
-from iceberg_cdc.config import load_config
 from iceberg_cdc.mirror.postgres.target import PostgresTarget
 from tests.support.airflow_pipeline import SINK, SOURCE, AirflowPipeline
 from tests.support.mirror_check import assert_mirror_exact
@@ -36,8 +36,15 @@ def pipeline(moto_server, postgres_server, tmp_path_factory):
         {"type": "postgres", "conn_id": "orders_pg", "table": "mirror_e2e.orders", "name": "pg"}
     ]
     p.config_path.write_text(yaml.safe_dump(p.config))
-    connection = json.dumps({"conn_type": "postgres", "host": "127.0.0.1", "port": postgres_server.port,
-                             "login": postgres_server.user, "schema": postgres_server.database})
+    connection = json.dumps(
+        {
+            "conn_type": "postgres",
+            "host": "127.0.0.1",
+            "port": postgres_server.port,
+            "login": postgres_server.user,
+            "schema": postgres_server.database,
+        }
+    )
     p.env["AIRFLOW_CONN_ORDERS_PG"] = connection
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AIRFLOW_CONN_ORDERS_PG", connection)  # sync's own status checks read it too
@@ -61,7 +68,9 @@ def test_sync_brings_the_mirror_up_to_date_after_the_changelog(pipeline):
 def test_a_merge_with_moves_and_deletes_reaches_the_mirror(pipeline):
     p = pipeline
     upserts = rows(range(0, 40, 4), region="eu", status="shipped")
-    cow_merge(p.source, upserts=pa.concat_tables([upserts, rows([90, 91], status="new")]), delete_keys=[1, 2, 3])
+    cow_merge(
+        p.source, upserts=pa.concat_tables([upserts, rows([90, 91], status="new")]), delete_keys=[1, 2, 3]
+    )
     assert run_sync(p) == 0
     verdict = assert_mirror_exact(p.source, p.target)
     assert verdict.rows == 39
