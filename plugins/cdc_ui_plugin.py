@@ -7,7 +7,7 @@ one mounts :func:`iceberg_cdc.ui.app.create_app` in the API server at
 Airflow's frame at ``/plugin/cdc``. Every data route of the app requires a
 user authenticated by Airflow's auth manager and shows only the tables whose
 DAG that user may read; see ``docs/ui.md``. Its listener
-(:mod:`iceberg_cdc.orchestration.run_notes`) writes each CDC DAG run's note
+(:mod:`iceberg_cdc.airflow.listeners.run_notes`) writes each CDC DAG run's note
 when the run ends, in the scheduler.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from iceberg_cdc.orchestration import run_notes
+from iceberg_cdc.airflow.listeners import run_notes
 from iceberg_cdc.ui.app import MOUNT_PREFIX, create_app
 
 
