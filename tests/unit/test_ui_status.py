@@ -28,10 +28,10 @@ from iceberg_cdc.airflow.views.airflow_side import (
     authenticated_user,
     first_error_line,
 )
+from iceberg_cdc.airflow.views.app import create_app
 from iceberg_cdc.config import parse_config
 from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.sink.table import watermark_property_names
-from iceberg_cdc.ui.app import create_app
 from iceberg_cdc.ui.status import collect_status, processed_snapshot, skew_warnings
 from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
 from tests.support.ui_history import processed_history
@@ -226,9 +226,9 @@ def test_commits_without_figures_and_skew_warnings():
 def test_skew_found_by_coalesce_reaches_the_commit_summary_and_the_page(tmp_path, monkeypatch):
     """A real MERGE through the pipeline's steps, with coalesce told to call any above-median partition skewed."""
     from cdc_devtools.cow import cow_merge
+    from iceberg_cdc.airflow.views.app import create_app
     from iceberg_cdc.run import shuffle_steps
     from iceberg_cdc.shuffle.coalesce import coalesce
-    from iceberg_cdc.ui.app import create_app
 
     monkeypatch.setattr(
         shuffle_steps,
