@@ -14,9 +14,8 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
-from iceberg_cdc.config import load_config
+from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.errors import LeaseLostError
-from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.lease import confirm
 from iceberg_cdc.run.shuffle_steps import missing_map_outputs
 
@@ -39,7 +38,7 @@ class MapOutputBarrierSensor(BaseSensorOperator):
 
     def poke(self, context) -> bool:
         detected = self._detected(context)
-        ctx = Context.of(load_config(), self.source)
+        ctx = CdcHook().context(self.source)
         try:
             confirm(ctx, detected)
         except LeaseLostError as exc:
@@ -62,7 +61,7 @@ class MapOutputBarrierSensor(BaseSensorOperator):
         except AirflowSensorTimeout:
             # In reschedule mode every poke is a new process: list once more rather than trust
             # what this process remembers.
-            missing, _ = missing_map_outputs(Context.of(load_config(), self.source), self._detected(context))
+            missing, _ = missing_map_outputs(CdcHook().context(self.source), self._detected(context))
             named = ", ".join(missing[:_NAMED]) + (" ..." if len(missing) > _NAMED else "")
             raise AirflowSensorTimeout(
                 f"timed out waiting for {len(missing)} map output(s) of {self.source}: {named}. "
