@@ -197,7 +197,7 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
                 figures = {k: v for k, v in committed.items() if isinstance(v, int | str | float)}
                 outlet_events[asset].extra = {
                     "source": source,
-                    "snapshot_id": detected.get("snapshot_id"),
+                    "snapshot_id": detected.get("snapshot_id"),  # a string of digits in the XCom form
                     **figures,
                 }
             return committed

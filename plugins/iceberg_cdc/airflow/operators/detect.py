@@ -80,7 +80,7 @@ class DetectOperator(BaseOperator):
                         through_snapshot_id=params.get("through_snapshot_id"),
                     )
                 log.info("this run: %s", story(detected))
-                return detected
+                return detected.to_xcom()
             except LeaseHeldError as exc:
                 action, seconds = lease_wait_step(
                     now=time.time(),

@@ -18,6 +18,7 @@ from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.errors import LeaseLostError
 from iceberg_cdc.run.lease import confirm
 from iceberg_cdc.run.shuffle_steps import missing_map_outputs
+from iceberg_cdc.run.state import Detected
 
 _NAMED = 20
 
@@ -30,9 +31,10 @@ class MapOutputBarrierSensor(BaseSensorOperator):
         self.source = source
         self.detect_task_id = detect_task_id
 
-    def _detected(self, context) -> dict[str, Any]:
-        detected = context["ti"].xcom_pull(task_ids=self.detect_task_id)
-        if not detected or detected.get("action") != "shuffle":
+    def _detected(self, context) -> Detected:
+        value = context["ti"].xcom_pull(task_ids=self.detect_task_id)
+        detected = Detected.of(value) if value else None
+        if detected is None or detected.action != "shuffle":
             raise AirflowSkipException("no shuffle in this run: nothing to wait for")
         return detected
 
@@ -47,11 +49,11 @@ class MapOutputBarrierSensor(BaseSensorOperator):
         if failed:
             task_id, error = next(iter(failed.items()))
             raise AirflowFailException(
-                f"{len(failed)} write task(s) of snapshot {detected['snapshot_id']} failed, e.g. {task_id}: "
+                f"{len(failed)} write task(s) of snapshot {detected.snapshot_id} failed, e.g. {task_id}: "
                 f"{error or 'no error recorded'}. The run stops here; the next run redoes the snapshot "
                 "from the write phase."
             )
-        total = len(detected["write_task_ids"])
+        total = len(detected.write_task_ids)
         self.log.info("%d of %d map outputs committed", total - len(missing), total)
         return not missing
 
