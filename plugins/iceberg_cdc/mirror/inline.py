@@ -15,7 +15,7 @@ from typing import Any
 from iceberg_cdc.config import CdcConfig
 from iceberg_cdc.mirror import steps
 from iceberg_cdc.mirror.postgres.target import Hook
-from iceberg_cdc.orchestration.context import Context
+from iceberg_cdc.run.context import Context
 
 
 @dataclass
