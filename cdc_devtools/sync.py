@@ -67,7 +67,7 @@ def sync(config_path: str, home: str, *, quiet: bool = False) -> int:
 
 def mirror_status(config: CdcConfig, table: TableConfig, mirror: MirrorConfig) -> tuple[object, object]:
     """(the mirror's watermark, the changelog's state), as ChangelogMarks (None when there is none)."""
-    from iceberg_cdc.airflow import mirror_dag  # noqa: F401  (conn_id -> DSN through the Postgres provider)
+    from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (conn_id -> DSN, Postgres provider)
     from iceberg_cdc.mirror.changelog import changelog_mark
     from iceberg_cdc.mirror.targets import read_mirror_mark
     from iceberg_cdc.run.context import Context

@@ -27,6 +27,7 @@ from airflow.sdk import DAG, TriggerRule, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
 from iceberg_cdc.airflow.dag_factory import sink_asset
+from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (conn_id -> DSN)
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.operators.detect import lease_wait_seconds, sensor_mode
 from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
@@ -34,23 +35,11 @@ from iceberg_cdc.airflow.policy import airflow_holder_state, final_errors, recor
 from iceberg_cdc.config import CdcConfig, MirrorConfig, TableConfig, load_config
 from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.mirror import steps
-from iceberg_cdc.mirror.postgres.connection import set_conn_resolver
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.lease import lease_wait_step
 
 log = logging.getLogger("iceberg_cdc")
 
-
-def _postgres_uri(conn_id: str) -> str:
-    """The connection's URI for libpq: the hook gives SQLAlchemy's form (``postgresql+psycopg://``)."""
-    from airflow.providers.postgres.hooks.postgres import PostgresHook
-
-    uri = PostgresHook(postgres_conn_id=conn_id).get_uri()
-    scheme, sep, rest = uri.partition("://")
-    return f"{scheme.split('+', 1)[0]}{sep}{rest}"
-
-
-set_conn_resolver(_postgres_uri)
 
 DOC = """
 ### Mirror of `{source}` in {kind} `{target}`
