@@ -22,7 +22,7 @@ from cdc_devtools.sync import mirror_status, sync
 from iceberg_cdc.config import load_config
 from iceberg_cdc.mirror.postgres.target import PostgresTarget
 from tests.support.airflow_pipeline import SINK, SOURCE, AirflowPipeline
-from tests.support.mirror_check import assert_mirror_exact
+from cdc_devtools.mirror_check import assert_mirror_exact
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 MIRROR_DAG = "cdc_mirror__shop__orders__pg"

@@ -5,7 +5,7 @@ or a real kill (SIGKILL of the process) at every step of the apply,
 PostgreSQL restarted in the middle of the apply's transaction, two runs at
 once, a run overtaken after its lease expired, a cleared task, a task
 "marked success" without running -- then lets the next runs finish and
-judges the mirror (:mod:`tests.support.mirror_check`): rows lost and rows
+judges the mirror (:mod:`cdc_devtools.mirror_check`): rows lost and rows
 duplicated against the source's rows at the mirror's watermark, which must be
 the changelog's. Outcomes go to ``.cdc/mirror-fault-report.jsonl`` (the
 README's mirror fault table).
@@ -40,7 +40,7 @@ from iceberg_cdc.mirror.staging import MirrorPlan, load_net_changes
 from iceberg_cdc.mirror.targets import postgres_target
 from iceberg_cdc.run.context import Context
 from tests.support.inline_pipeline import SOURCE
-from tests.support.mirror_check import verdict
+from cdc_devtools.mirror_check import verdict
 from tests.support.mirror_pipeline import MirrorPipeline
 
 REPORT = Path(__file__).resolve().parents[2] / ".cdc" / "mirror-fault-report.jsonl"

@@ -22,7 +22,7 @@ from iceberg_cdc.mirror.postgres.connection import connect
 from iceberg_cdc.mirror.rebuild import rebuild
 from iceberg_cdc.run.context import Context
 from tests.support.inline_pipeline import SOURCE
-from tests.support.mirror_check import verdict
+from cdc_devtools.mirror_check import verdict
 from tests.support.mirror_pipeline import MirrorPipeline
 
 

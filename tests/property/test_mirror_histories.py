@@ -8,7 +8,7 @@ then the mirror applies whatever the changelog holds). The copy-on-write
 machine also changes the source's schema: columns added, widened
 (``int -> long``) and dropped. After every mirror run, and at the end of each
 history, the mirror must hold exactly the source's rows at the mirror's
-watermark (:mod:`tests.support.mirror_check`), and its watermark must be the
+watermark (:mod:`cdc_devtools.mirror_check`), and its watermark must be the
 changelog's. Every changelog check of the parent machines still runs.
 """
 
@@ -28,7 +28,7 @@ from pyiceberg.types import LongType
 from tests.property.test_mor_histories import MorRandomHistory
 from tests.property.test_random_histories import RandomHistory
 from tests.support.history import COLUMN_KINDS, HistoryShape, HistoryTable, _longs
-from tests.support.mirror_check import assert_mirror_exact
+from cdc_devtools.mirror_check import assert_mirror_exact
 from tests.support.mirror_pipeline import MirrorPipeline
 from tests.support.mor_history import MorHistory
 

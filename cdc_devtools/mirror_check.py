@@ -100,17 +100,22 @@ class MirrorVerdict:
 
 
 def verdict(source_table, target: PostgresTarget) -> MirrorVerdict:
-    """Compare the mirror with the source's rows at the mirror's watermark."""
-    mark = target.read_mark()
-    mirror = target.read_rows()
+    """Compare a PostgreSQL mirror with the source's rows at the mirror's watermark."""
+    return compare(source_table, target.read_mark(), target.read_rows(), pg=True, name=target.table)
+
+
+def compare(
+    source_table, mark: ChangelogMark | None, mirror: pa.Table | None, *, pg: bool, name: str = ""
+) -> MirrorVerdict:
+    """Compare mirror rows (from PostgreSQL, ``pg``, or an Iceberg scan) with the source at ``mark``."""
     if mark is None:  # never applied: the mirror must be empty (or not exist yet)
         rows = mirror.num_rows if mirror is not None else 0
         return MirrorVerdict(None, 0, rows, rows)
-    assert mirror is not None, f"the mirror table {target.table} has a watermark but does not exist"
+    assert mirror is not None, f"the mirror table {name} has a watermark but does not exist"
     state = table_state(source_table, mark.source_snapshot_id)
     names = [n for n in state.column_names if n in mirror.column_names]
     expected = _rows(state, names, pg=False)
-    found = _rows(mirror, names, pg=True)
+    found = _rows(mirror, names, pg=pg)
     return MirrorVerdict(
         mark,
         lost=sum((expected - found).values()),
