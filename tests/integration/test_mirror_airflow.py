@@ -17,12 +17,12 @@ import yaml
 
 from cdc_devtools.airflow_env import dags_test
 from cdc_devtools.cow import cow_merge
+from cdc_devtools.mirror_check import assert_mirror_exact
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.sync import mirror_status, sync
 from iceberg_cdc.config import load_config
 from iceberg_cdc.mirror.postgres.target import PostgresTarget
 from tests.support.airflow_pipeline import SINK, SOURCE, AirflowPipeline
-from cdc_devtools.mirror_check import assert_mirror_exact
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 MIRROR_DAG = "cdc_mirror__shop__orders__pg"

@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 from pyiceberg.types import LongType
 
+from cdc_devtools.mirror_check import assert_mirror_exact
 from tests.property.test_mor_histories import MorRandomHistory
 from tests.property.test_random_histories import RandomHistory
 from tests.support.history import COLUMN_KINDS, HistoryShape, HistoryTable, _longs
-from cdc_devtools.mirror_check import assert_mirror_exact
 from tests.support.mirror_pipeline import MirrorPipeline
 from tests.support.mor_history import MorHistory
 
