@@ -23,7 +23,10 @@ Runs, in this one invocation, all on Spark ``local[2]``:
   LocalExecutor with 2 slots; connect mode): one-row latency from the REST
   trigger to success, and a backlog of 30 one-row snapshots caught up by
   chained runs (also with ``--quick``; ``--no-scheduler`` leaves it out);
-* the engine-only figures of ``engine_bench.py``.
+* the engine-only figures of ``engine_bench.py``;
+* mirrors (``mirror_bench.py``): 1 M changed rows applied to PostgreSQL against
+  ``executemany``, and a mirror 30 changelog snapshots behind caught up in one
+  run against one run per snapshot (``--skip-mirror`` leaves it out).
 
 Writes ``bench/results/pipeline.{json,txt,png,md}`` and ends with the lines
 ``bench (warm Spark Connect): pipeline X s, spark-native Y s, ratio=R`` and
@@ -49,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "plugins"))
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
@@ -71,8 +73,8 @@ from probes import probe  # noqa: E402
 from s3log import RequestLog  # noqa: E402
 from sparkrun import dag_conf, spark_submit  # noqa: E402
 
+from cdc_devtools.local_s3 import LocalS3Server  # noqa: E402
 from iceberg_cdc.config import CdcConfig, parse_config  # noqa: E402
-from iceberg_cdc.local_s3 import LocalS3Server  # noqa: E402
 
 MiB = 1 << 20
 PARTITIONS = 64
@@ -395,6 +397,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=None, help="N (default 5 M; 100 k with --quick)")
     parser.add_argument("--skip-engine", action="store_true", help="leave engine_bench.py out (--quick does)")
     parser.add_argument("--skip-airflow", action="store_true", help="leave the one-row Airflow run out")
+    parser.add_argument("--skip-mirror", action="store_true", help="leave the mirror figures out")
     parser.add_argument(
         "--skip-connect", action="store_true", help="leave the warm Spark Connect comparison out"
     )
@@ -465,6 +468,15 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     if not args.skip_engine and not args.quick:
         results["engine"] = run_engine_bench(args.quick, out_dir)
+    if not args.skip_mirror:
+        log(
+            "mirrors: changes applied to PostgreSQL, and a mirror 30 changelog snapshots behind (mirror_bench.py)"
+        )
+        command = [sys.executable, str(ROOT / "bench" / "mirror_bench.py"), "--out", str(out_dir)]
+        subprocess.run(
+            [*command, *(["--quick"] if args.quick else [])], check=True, stdout=subprocess.DEVNULL
+        )
+        results["mirror"] = json.loads((out_dir / "mirror.json").read_text())
     results["bench_wall_seconds"] = round(time.perf_counter() - started, 1)
     results["headline"] = report.headline(results)
     (out_dir / "pipeline.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
@@ -483,6 +495,8 @@ def main() -> None:
         print(f"latency: one-row snapshot {results['latency']['wall_seconds']:.1f} s (submit)")
     if "scheduler" in results:
         print("\n".join(scheduler_lines(results["scheduler"])))
+    if "mirror" in results:
+        print((out_dir / "mirror.txt").read_text().rstrip())
     print(report.shuffled_line(results))
     if "connect" in results:
         print(connect_line(results))

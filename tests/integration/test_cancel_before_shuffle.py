@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from cdc_devtools.oracle import row_key
+from cdc_devtools.replay import assert_replay, changes_of
 from tests.support.history import HistoryShape, HistoryTable
 from tests.support.inline_pipeline import CANCEL_CONFIG, CANCEL_MODES, InlinePipeline
-from tests.support.oracle import row_key
-from tests.support.replay import assert_replay, changes_of
 
 SHAPES = {
     "with-ids": HistoryShape(

@@ -1,6 +1,6 @@
 """Row lineage on format-v3 tables: the planner's ids agree with the spec, carryover cancels by lineage.
 
-The tables are written by the tests' v3 writers (:mod:`iceberg_cdc.devtools.row_lineage`:
+The tables are written by the tests' v3 writers (:mod:`cdc_devtools.row_lineage`:
 copied rows keep ``_row_id`` and sequence number as columns, updated rows
 their ``_row_id``), and read back by the devtools' own row-by-row reader, apart
 from the pipeline's (:mod:`iceberg_cdc.source.lineage`).
@@ -14,14 +14,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from iceberg_cdc.devtools.row_lineage import inherited_first_row_ids, row_lineage
+from cdc_devtools.replay import assert_replay
+from cdc_devtools.row_lineage import inherited_first_row_ids, row_lineage
 from iceberg_cdc.source.changes import snapshot_changes
 from iceberg_cdc.source.lineage import LineageFiller, with_lineage
 from iceberg_cdc.source.reading import read_data_file
 from tests.support.history import HistoryShape
 from tests.support.inline_pipeline import InlinePipeline
 from tests.support.mor_history import MorHistory
-from tests.support.replay import assert_replay
 
 
 def v3_history(

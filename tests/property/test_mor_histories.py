@@ -12,7 +12,8 @@ DV, dangling or removed when a rewrite drops their file) and row lineage
 (rewritten rows keep ``_row_id`` and sequence number: carryover cancels by
 lineage before the shuffle; rows from before the upgrade fall back to values),
 whichever way carryover is cancelled before the shuffle. The states the
-replay checks against come from the tests' own merge-on-read reader (:mod:`iceberg_cdc.devtools.mor_state`), not the pipeline's.
+replay checks against come from the tests' own merge-on-read reader
+(:mod:`cdc_devtools.mor_state`), not the pipeline's.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from cdc_devtools.replay import ADDED, REMOVED, assert_replay, changes_of, multiset
 from iceberg_cdc.source.history import current_ancestry
 from tests.support.history import COLUMN_KINDS, HistoryShape
 from tests.support.inline_pipeline import CANCEL_CONFIG, CANCEL_MODES, InlinePipeline
 from tests.support.mor_history import MorHistory
-from tests.support.replay import ADDED, REMOVED, assert_replay, changes_of, multiset
 
 shapes = st.builds(
     HistoryShape,

@@ -56,9 +56,9 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from iceberg_cdc.devtools.cow import cow_apply, read_task_rows, rewrite_files
+from cdc_devtools.cow import cow_apply, read_task_rows, rewrite_files
+from cdc_devtools.oracle import row_key
 from tests.support.iceberg_tables import live_files, replace_files
-from tests.support.oracle import row_key
 
 REGIONS = ("us", "eu", "ap")
 Values = Callable[[random.Random, int], list]

@@ -20,10 +20,10 @@ A :class:`MorHistory` owns a source table keyed by ``id`` and applies:
   delete is a deletion vector that merges the file's earlier position deletes
   and replaces its earlier DV (as Spark writes them), old position delete
   files stay live, and every commit is a v3 row delta with row lineage
-  (:mod:`iceberg_cdc.devtools.row_lineage`): rewritten and compacted rows
+  (:mod:`cdc_devtools.row_lineage`): rewritten and compacted rows
   keep their ``_row_id`` and sequence number, updated rows their ``_row_id``.
 
-Which rows are live comes from :mod:`iceberg_cdc.devtools.mor_state`, the tests' own
+Which rows are live comes from :mod:`cdc_devtools.mor_state`, the tests' own
 reader, never from the pipeline.
 """
 
@@ -36,9 +36,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.table.snapshots import Operation
 
-from iceberg_cdc.devtools import format_v3, mor
-from iceberg_cdc.devtools.mor_state import live_files, position_deletes, snapshot_entries
-from iceberg_cdc.devtools.row_lineage import row_lineage, write_data_files_with_lineage
+from cdc_devtools import format_v3, mor
+from cdc_devtools.mor_state import live_files, position_deletes, snapshot_entries
+from cdc_devtools.row_lineage import row_lineage, write_data_files_with_lineage
 from tests.support.history import REGIONS, HistoryTable
 
 

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cdc_devtools.oracle import Ambiguous, actual_changes, expected_changes, row_key
 from iceberg_cdc.changelog.carryover import Lineage, cancel_by_multiplicity, cancel_carryover
 from iceberg_cdc.changelog.merge import merge_changes
 from iceberg_cdc.errors import AmbiguousUpdateError
 from iceberg_cdc.shuffle.rows import OP_COLUMN
-from tests.support.oracle import Ambiguous, actual_changes, expected_changes, row_key
 from tests.unit.test_merge import NAN_BITS, float_bits, floats, nested_forms
 
 SCHEMA = pa.schema([("k", pa.int64()), ("name", pa.string()), ("v", pa.float64())])

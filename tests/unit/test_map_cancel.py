@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cdc_devtools.oracle import row_key
 from iceberg_cdc.pipeline.map_cancel import CancelBuffer, file_groups
 from iceberg_cdc.shuffle.rows import Op
 from iceberg_cdc.source.lineage import ROW_ID_COLUMN, SEQUENCE_COLUMN
 from iceberg_cdc.source.planning import InputFile
-from tests.support.oracle import row_key
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.large_string()), ("v", pa.float64())])
 

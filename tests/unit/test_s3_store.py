@@ -278,7 +278,7 @@ def test_map_outputs_through_s3_one_ranged_get_per_map_output(s3_store, tmp_path
 
 @pytest.fixture
 def proxy(moto_server):
-    from iceberg_cdc.devtools.fault_proxy import FaultProxy
+    from cdc_devtools.fault_proxy import FaultProxy
 
     with FaultProxy(moto_server.endpoint, seed=4242) as running:
         yield running
@@ -456,8 +456,10 @@ def test_a_range_streamed_to_a_sink_survives_cut_bodies_and_resumes(
     data = os.urandom(3 * MIB + 17)
     s3_client.put_object(Bucket=s3_bucket, Key="shuffle/stream.data", Body=data)
     store = proxied_store(proxy, s3_properties, s3_bucket)
-    proxy.set_rates(cut_rate=0.5, error_rate=0.1)
-    for start, end in [(0, len(data)), (123, 2 * MIB + 5), (len(data) - 1, len(data))]:
+    proxy.set_rates(cut_rate=0.2, error_rate=0.1)
+    ranges = [(0, len(data)), (123, 2 * MIB + 5), (len(data) - 1, len(data))]
+    ranges += [(n * 100_000, n * 100_000 + MIB) for n in range(20)]
+    for start, end in ranges:
         sink = io.BytesIO()
         store.get_range_into("stream.data", start, end, sink)
         assert sink.getvalue() == data[start:end]

@@ -2,7 +2,7 @@
 
 Everything here comes from the catalog: the source table's history, and the
 sink table's watermark properties and snapshot summaries, which outlive
-Airflow's database (:mod:`iceberg_cdc.sink.table`, :mod:`iceberg_cdc.orchestration.commit_step`).
+Airflow's database (:mod:`iceberg_cdc.sink.table`, :mod:`iceberg_cdc.run.commit_step`).
 Per table:
 
 * the **watermark** -- the last source snapshot the sink has processed (id and ordinal);
@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from iceberg_cdc.config import CdcConfig, TableConfig, is_secret_key
+from iceberg_cdc.ui.mirrors import MirrorReader, MirrorStatus, default_reader, mirror_statuses
 
 DEFAULT_RECENT = 10
 DEFAULT_TIMEOUT_SECONDS = 20.0
@@ -153,6 +154,7 @@ class TableStatus:
     recent: list[ProcessedSnapshot] = field(default_factory=list)
     lease: LeaseStatus | None = None
     lease_checked: bool = False
+    mirrors: list[MirrorStatus] = field(default_factory=list)  # each mirror's watermark and lag
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -206,6 +208,7 @@ class TableStatus:
             },
             "recent": [s.to_dict() for s in self.recent],
             "lease": self.lease.to_dict() if self.lease else None,
+            "mirrors": [m.to_dict() for m in self.mirrors],
             "errors": list(self.errors),
             "notes": list(self.notes),
         }
@@ -383,6 +386,7 @@ def table_status(
     now: datetime | None = None,
     lease_reader: Callable[[str], Any] | None = None,
     redact: Callable[[str], str] = str,
+    mirror_reader: MirrorReader | None = None,
 ) -> TableStatus:
     """The status of one table, read through ``catalog`` (a pyiceberg Catalog). Never raises for the table's state."""
     from pyiceberg.exceptions import NoSuchTableError
@@ -469,15 +473,25 @@ def table_status(
                 status.lease = LeaseStatus(held.owner, held.epoch, held.expires_at, held.host)
         except Exception as exc:
             status.notes.append(redact(f"lease not readable: {describe_error(exc)}"))
+    if mirror_reader is not None and table.mirrors:
+        status.mirrors = mirror_statuses(
+            table,
+            reader=mirror_reader,
+            changelog_ordinal=watermark.ordinal if watermark is not None else None,
+            source_pending=status.pending,
+            source_table=source_table,
+            redact=redact,
+            describe=describe_error,
+        )
     return status
 
 
-def _lease_reader(config: CdcConfig) -> Callable[[str], Any]:
+def _lease_reader(config: CdcConfig, connections: Any = None) -> Callable[[str], Any]:
     """A function from a source table to the run holding its lease now (None when free)."""
     from iceberg_cdc.coordination.lease import TableLease
     from iceberg_cdc.pipeline.runtime import runtime_from_config
 
-    runtime = runtime_from_config(config)
+    runtime = runtime_from_config(config, connections)
 
     def held(source: str) -> Any:
         return TableLease.open(runtime.shuffle_uri, runtime.shuffle_properties, source).held()
@@ -500,8 +514,11 @@ def collect_status(
     with_lease: bool = True,
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     now: datetime | None = None,
+    connections: Any = None,
 ) -> list[TableStatus]:
     """The status of the configured tables (or of ``tables``, by source identifier), in config order.
+
+    ``connections`` resolves the connections the config names (the Airflow hook's, in the view).
 
     Tables are read in parallel. A catalog that cannot be loaded, and a table
     whose reads take longer than ``timeout_seconds`` (an unreachable
@@ -529,12 +546,22 @@ def collect_status(
     lease_error = None
     if with_lease:
         try:
-            lease_reader = _lease_reader(config)
+            lease_reader = _lease_reader(config, connections)
         except Exception as exc:
             lease_error = redact(f"lease not readable: {describe_error(exc)}")
 
+    mirror_reader = default_reader(config, connections) if any(t.mirrors for t in selected) else None
+
     def one(table: TableConfig) -> TableStatus:
-        return table_status(catalog, table, recent=recent, now=now, lease_reader=lease_reader, redact=redact)
+        return table_status(
+            catalog,
+            table,
+            recent=recent,
+            now=now,
+            lease_reader=lease_reader,
+            redact=redact,
+            mirror_reader=mirror_reader,
+        )
 
     pool = ThreadPoolExecutor(max_workers=min(4, len(selected)), thread_name_prefix="cdc-ui-status")
     try:
