@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -212,3 +212,44 @@ RandomHistory.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestRandomHistories = RandomHistory.TestCase
+
+
+# Whole-row tables with duplicate rows, through every cancel mode: copies appended, a dedup rewrite
+# (k DELETEs + 1 or 2 INSERTs of one row), rewrites and MERGEs; the multiset rule decides every snapshot.
+@settings(max_examples=max(1, int(os.environ.get("CDC_HISTORIES", "200")) // 5), deadline=None)
+@given(
+    seed=seeds,
+    n=st.integers(1, 30),
+    copies=st.integers(1, 6),
+    cancel=st.sampled_from(CANCEL_MODES),
+    partitioning=st.sampled_from(["region", "none"]),
+    steps=st.lists(
+        st.sampled_from(["dedupe", "merge", "noop_rewrite", "append copies"]), min_size=1, max_size=4
+    ),
+)
+def test_whole_row_tables_with_duplicate_rows(seed, n, copies, cancel, partitioning, steps):
+    tmp = Path(tempfile.mkdtemp(prefix="cdc-duplicates-"))
+    try:
+        rng = random.Random(seed)
+        pipeline = InlinePipeline(
+            tmp, shuffle={"partitions": 3, "target_partition_size": "2KB", **CANCEL_CONFIG[cancel]}
+        )
+        shape = HistoryShape(columns=("string", "double"), identifier=(), partitioning=partitioning)
+        history = HistoryTable(pipeline.create_source(shape.schema(), partition_spec=shape.spec()), shape)
+        history.append(rng, n)
+        history.append(rng, 0, duplicates=copies)
+        for step in ["dedupe", *steps]:
+            if step == "dedupe":
+                history.dedupe(rng)
+            elif step == "merge":
+                history.merge(rng, update=0.3, move=0.3, noop=0.3, delete=0.1, inserts=1, reinserts=0)
+            elif step == "noop_rewrite":
+                history.noop_rewrite(rng)
+            else:
+                history.append(rng, 1, duplicates=copies)
+        for run in pipeline.catch_up():
+            RUN_ACTIONS[f"duplicates: {run.action}"] += 1
+            if run.action != "skip":
+                assert_replay(history.table, pipeline.sink, run.snapshot_id, None)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
