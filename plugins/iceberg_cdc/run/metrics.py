@@ -21,7 +21,8 @@ COUNTERS = {
     "inserts": "rows.inserts",
     "deletes": "rows.deletes",
     "updates": "rows.updates",
-    "carryover_rows": "rows.carryover",
+    "carryover_rows": "rows.carryover",  # all carryover, before and after the shuffle
+    "cancelled_rows": "rows.cancelled",  # the part cancelled in the write tasks, never shuffled
     "shuffle_bytes": "shuffle.bytes",
 }
 
