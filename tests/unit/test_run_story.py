@@ -33,6 +33,20 @@ def test_a_shuffled_snapshot_says_what_changed_and_where_time_went():
     )
 
 
+def test_carryover_cancelled_before_the_shuffle_is_named():
+    committed = {
+        "committed": True,
+        "updates": 1000,
+        "carryover_rows": 37800,
+        "cancelled_rows": 37000,
+        "shuffle_bytes": 64 * 1024,
+    }
+    assert story(DETECTED, committed) == (
+        "snapshot 42 (overwrite, #7): +0 -0 ±1,000 updates, carryover 37,800 (37,000 cancelled before the "
+        "shuffle), 64.0 KB shuffled"
+    )
+
+
 def test_skew_is_named_in_the_story():
     committed = {
         "committed": True,
