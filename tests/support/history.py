@@ -245,7 +245,11 @@ class HistoryTable:
         return sorted(set(self.state().column("id").to_pylist()))
 
     def _updated(self, rng: random.Random, rows: pa.Table, move: set[int], noop: set[int]) -> pa.Table:
-        """New versions of ``rows``: fresh values; region changed for ``move``; ``noop`` ids unchanged."""
+        """New versions of ``rows``: fresh values; region changed for ``move``; ``noop`` ids unchanged.
+
+        Half of the other rows get a fresh value in one data column only (``UPDATE ... SET c = ...``),
+        the rest in every column.
+        """
         ids = rows.column("id").to_pylist()
         regions = rows.column("region").to_pylist()
         new_regions = [
@@ -253,11 +257,18 @@ class HistoryTable:
             for i, region in zip(ids, regions, strict=True)
         ]
         fresh = self.rows(rng, ids, new_regions)
-        keep = pa.array([i in noop for i in ids], pa.bool_())
-        return pa.Table.from_arrays(
-            [pc.if_else(keep, rows.column(n), fresh.column(n)) for n in self.arrow_schema.names],
-            schema=self.arrow_schema,
-        )
+        data_columns = [n for n in self.arrow_schema.names if n not in ("id", "region")]
+        only = [rng.choice(data_columns) if data_columns and rng.random() < 0.5 else None for _ in ids]
+        columns = []
+        for name in self.arrow_schema.names:
+            keep = [
+                i in noop or (column is not None and column != name)
+                for i, column in zip(ids, only, strict=True)
+            ]
+            if name in ("id", "region"):
+                keep = [i in noop for i in ids]
+            columns.append(pc.if_else(pa.array(keep, pa.bool_()), rows.column(name), fresh.column(name)))
+        return pa.Table.from_arrays(columns, schema=self.arrow_schema)
 
     # -- operations: each returns the snapshot ids it created ------------------------------------
 
