@@ -127,7 +127,7 @@ def test_bad_budget():
 
 
 def _file(path: str, op: str, partition: str | None) -> InputFile:
-    return InputFile(path, 10, 1, op, partition=partition)  # type: ignore[arg-type]
+    return InputFile(path, 10, 1, op, cancel_group=partition)  # type: ignore[arg-type]
 
 
 def test_file_groups_pair_the_two_sides_of_a_partition():

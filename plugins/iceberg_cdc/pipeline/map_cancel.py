@@ -59,18 +59,16 @@ class FileGroup:
 
 
 def file_groups(files: Sequence[InputFile], cancel: bool) -> list[FileGroup]:
-    """The task's files by partition: groups with both operations cancel; the rest stream, in plan order."""
+    """The task's files by cancel group: groups with both operations cancel; the rest stream, in plan order."""
     if not cancel:
         return [FileGroup(tuple(files), False)] if files else []
-    by_partition: dict[str, list[InputFile]] = {}
+    by_group: dict[str, list[InputFile]] = {}
     for f in files:
-        if f.partition is not None:
-            by_partition.setdefault(f.partition, []).append(f)
-    cancelling = {
-        key for key, members in by_partition.items() if {f.op for f in members} == {"DELETE", "INSERT"}
-    }
-    groups = [FileGroup(tuple(by_partition[key]), True) for key in sorted(cancelling)]
-    rest = tuple(f for f in files if f.partition not in cancelling)
+        if f.cancel_group is not None:
+            by_group.setdefault(f.cancel_group, []).append(f)
+    cancelling = {key for key, members in by_group.items() if {f.op for f in members} == {"DELETE", "INSERT"}}
+    groups = [FileGroup(tuple(by_group[key]), True) for key in sorted(cancelling)]
+    rest = tuple(f for f in files if f.cancel_group not in cancelling)
     return groups + ([FileGroup(rest, False)] if rest else [])
 
 

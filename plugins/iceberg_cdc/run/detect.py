@@ -28,6 +28,7 @@ from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import ensure_sink_table, loaded_in_full, read_watermark
 from iceberg_cdc.source.changes import initial_load_changes, require_supported, snapshot_changes
 from iceberg_cdc.source.history import next_snapshot
+from iceberg_cdc.source.key_ranges import key_field_id
 from iceberg_cdc.source.planning import CancelPlanning, plan_write_tasks
 from iceberg_cdc.source.reading import table_name_mapping_json
 from iceberg_cdc.source.reprocess import validate_manual_snapshot, validate_reprocess_range
@@ -186,7 +187,7 @@ def _detect(
     changes = (
         initial_load_changes(source, pending.snapshot_id)
         if pending.is_initial_load
-        else snapshot_changes(source, pending.snapshot_id)
+        else snapshot_changes(source, pending.snapshot_id, key_field_id(ctx.table, source.schema()))
     )
     require_supported(changes)
     paths = SnapshotPaths(ctx.table.source, pending.snapshot_id, attempt)

@@ -68,6 +68,8 @@ class DataFileRef:
     ``first_row_id`` / ``sequence_number`` (format v3): what the file's rows
     inherit as ``_row_id`` base and ``_last_updated_sequence_number``
     (:mod:`iceberg_cdc.source.lineage`); None when unknown or not v3.
+    ``key_range``: lower and upper bound of the first identifier column, when
+    the manifest's statistics can be trusted (:mod:`iceberg_cdc.source.key_ranges`).
     """
 
     path: str
@@ -80,6 +82,7 @@ class DataFileRef:
     partition: tuple[Any, ...] | None = field(default=None, hash=False, compare=False)
     first_row_id: int | None = field(default=None, compare=False)
     sequence_number: int | None = field(default=None, compare=False)
+    key_range: tuple[Any, Any] | None = field(default=None, hash=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -99,6 +102,8 @@ class DataFileRef:
                 data[name] = getattr(self, name)
         if self.partition is not None:
             data["partition"] = list(self.partition)
+        if self.key_range is not None:
+            data["key_range"] = list(self.key_range)
         return data
 
     @classmethod
@@ -115,6 +120,7 @@ class DataFileRef:
             partition=None if partition is None else tuple(partition),
             first_row_id=_optional_int(data.get("first_row_id")),
             sequence_number=_optional_int(data.get("sequence_number")),
+            key_range=None if data.get("key_range") is None else tuple(data["key_range"]),
         )
 
 

@@ -35,11 +35,13 @@ from pyiceberg.manifest import ManifestContent, ManifestEntry, ManifestEntryStat
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.types import NestedField
 
 from iceberg_cdc.errors import SourceHistoryError, UnsupportedSnapshotError
 from iceberg_cdc.source.change_files import DataFileRef, SnapshotChanges, identity_partition_values
 from iceberg_cdc.source.delete_scope import manifest_filter
 from iceberg_cdc.source.deletes import DeleteFileRef, DeleteIndex, partition_key
+from iceberg_cdc.source.key_ranges import key_range
 from iceberg_cdc.source.lineage import assign_first_row_ids, manifest_first_row_ids
 from iceberg_cdc.source.manifests import manifest_entries
 
@@ -64,12 +66,23 @@ class _Lineage:
         return entries
 
 
+def _key_field(table: Table, field_id: int | None) -> NestedField | None:
+    """The identifier field whose manifest bounds may split large partitions (None: do not split)."""
+    if field_id is None:
+        return None
+    try:
+        return table.schema().find_field(field_id)
+    except ValueError:
+        return None
+
+
 def _ref(
     entry: ManifestEntry,
     specs: Mapping[int, PartitionSpec],
     deletes: Iterable[str] = (),
     require: Iterable[str] = (),
     lineage: _Lineage | None = None,
+    key_field: NestedField | None = None,
 ) -> DataFileRef:
     data_file = entry.data_file
     spec = specs.get(int(data_file.spec_id))
@@ -85,6 +98,7 @@ def _ref(
         partition=partition_key(data_file),
         first_row_id=lineage.first_row_ids.get(data_file.file_path) if v3 else None,
         sequence_number=int(entry.sequence_number) if v3 and entry.sequence_number is not None else None,
+        key_range=key_range(data_file, key_field),
     )
 
 
@@ -156,7 +170,7 @@ def _used_refs(refs: Iterable[DataFileRef], *indexes: DeleteIndex) -> dict[str, 
     return used
 
 
-def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
+def snapshot_changes(table: Table, snapshot_id: int, key_field_id: int | None = None) -> SnapshotChanges:
     """The live rows ``snapshot_id`` removed and added, as files (and delete files) to read.
 
     Raises :class:`SourceHistoryError` when the snapshot is not in the table's
@@ -165,6 +179,7 @@ def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
     snapshot = _snapshot(table, snapshot_id)
     specs = table.specs()
     lineage = _Lineage(table, snapshot)
+    key_field = _key_field(table, key_field_id)
     added_entries: list[ManifestEntry] = []
     deleted_entries: list[ManifestEntry] = []
     delete_files: list[str] = []
@@ -195,8 +210,12 @@ def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
     )
     before = _delete_index(table, parent, header["schema_id"])
     after = _delete_index(table, snapshot, header["schema_id"])
-    deleted = [_ref(e, specs, before.for_data_file(e), lineage=lineage) for e in deleted_entries]
-    added = [_ref(e, specs, after.for_data_file(e), lineage=lineage) for e in added_entries]
+    deleted = [
+        _ref(e, specs, before.for_data_file(e), lineage=lineage, key_field=key_field) for e in deleted_entries
+    ]
+    added = [
+        _ref(e, specs, after.for_data_file(e), lineage=lineage, key_field=key_field) for e in added_entries
+    ]
     new_deletes, dropped_deletes = set(after.refs) - set(before.refs), set(before.refs) - set(after.refs)
     if new_deletes or dropped_deletes:
         # Data files kept by the snapshot whose live rows its delete files changed, in the
@@ -210,9 +229,13 @@ def snapshot_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
                 continue
             deletes_before, deletes_after = before.for_data_file(entry), after.for_data_file(entry)
             if deletes_after - deletes_before:
-                deleted.append(_ref(entry, specs, deletes_before, deletes_after - deletes_before, lineage))
+                deleted.append(
+                    _ref(entry, specs, deletes_before, deletes_after - deletes_before, lineage, key_field)
+                )
             if deletes_before - deletes_after:
-                added.append(_ref(entry, specs, deletes_after, deletes_before - deletes_after, lineage))
+                added.append(
+                    _ref(entry, specs, deletes_after, deletes_before - deletes_after, lineage, key_field)
+                )
     return SnapshotChanges(
         **header,
         added=_by_path(added),

@@ -18,7 +18,8 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from iceberg_cdc.source.change_files import (
@@ -28,6 +29,7 @@ from iceberg_cdc.source.change_files import (
     partition_values_from_dict,
     partition_values_to_dict,
 )
+from iceberg_cdc.source.key_ranges import KeyRange, split_by_key_range
 
 Op = Literal["DELETE", "INSERT"]
 _OPS: tuple[str, ...] = ("DELETE", "INSERT")
@@ -48,11 +50,14 @@ class InputFile:
     rows); see :class:`~iceberg_cdc.source.changes.DataFileRef`. They are part
     of the task id when present.
 
-    ``partition``: the file's spec id and partition tuple as canonical JSON;
-    files of one partition with both operations in one task cancel carryover
-    between them before the shuffle. ``first_row_id`` / ``sequence_number``:
-    the file's row lineage inheritance (format v3). None of these three is
-    part of the task id (a path names one file, whose metadata never changes).
+    ``cancel_group``: files of one partition (spec id and partition tuple,
+    as canonical JSON) whose key ranges can overlap (see
+    :mod:`iceberg_cdc.source.key_ranges`); the removed and added files of one
+    group are planned into one task, which cancels carryover between them
+    before the shuffle. None when the file's carryover is left to the shuffle.
+    ``first_row_id`` / ``sequence_number``: the file's row lineage inheritance
+    (format v3). None of these three is part of the task id (a path names one
+    file, whose metadata never changes).
     """
 
     path: str
@@ -62,7 +67,7 @@ class InputFile:
     partition_values: PartitionValues | None = field(default=None, hash=False)
     deletes: tuple[str, ...] = ()
     require: tuple[str, ...] = ()
-    partition: str | None = field(default=None, compare=False)
+    cancel_group: str | None = field(default=None, compare=False)
     first_row_id: int | None = field(default=None, compare=False)
     sequence_number: int | None = field(default=None, compare=False)
 
@@ -80,7 +85,7 @@ class InputFile:
             data["deletes"] = list(self.deletes)
         if self.require:
             data["require"] = list(self.require)
-        for name in ("partition", "first_row_id", "sequence_number"):
+        for name in ("cancel_group", "first_row_id", "sequence_number"):
             if getattr(self, name) is not None:
                 data[name] = getattr(self, name)
         return data
@@ -103,7 +108,7 @@ class InputFile:
             partition_values=partition_values_from_dict(data.get("partition_values")),
             deletes=tuple(str(p) for p in data.get("deletes", ())),
             require=tuple(str(p) for p in data.get("require", ())),
-            partition=data.get("partition"),
+            cancel_group=data.get("cancel_group"),
             first_row_id=None if data.get("first_row_id") is None else int(data["first_row_id"]),
             sequence_number=None if data.get("sequence_number") is None else int(data["sequence_number"]),
         )
@@ -153,7 +158,11 @@ def partition_of(ref: DataFileRef) -> str | None:
 
 
 def input_files(changes: SnapshotChanges) -> list[InputFile]:
-    """The snapshot's removed files as DELETE inputs and its added files as INSERT inputs."""
+    """The snapshot's removed files as DELETE inputs and its added files as INSERT inputs.
+
+    Each file's ``cancel_group`` is its partition here; :func:`cancel_groups`
+    narrows it to a key range, or clears it.
+    """
 
     def convert(refs: tuple[DataFileRef, ...], op: Op) -> list[InputFile]:
         return [
@@ -177,15 +186,19 @@ def input_files(changes: SnapshotChanges) -> list[InputFile]:
 
 @dataclass(frozen=True)
 class CancelPlanning:
-    """How detect plans map-side carryover cancellation.
+    """How detect plans carryover cancelled before the shuffle.
 
-    ``max_group_bytes``: a partition whose removed and added files hold more
-    bytes than this is not kept in one task; its files are packed one by one
-    as any other (today's path: the shuffle cancels its carryover), so no
-    write task runs for much longer than the others.
+    ``max_group_bytes``: a group of files (a partition, or the part of it whose
+    key ranges overlap) with more bytes than this is not kept in one task; its
+    files are packed one by one as any other and its carryover is left to the
+    shuffle, so no write task runs for much longer than the others.
+    ``key_ranges``: file path -> the file's key range from the manifests
+    (:mod:`iceberg_cdc.source.key_ranges`), to split partitions where no
+    carryover can cross; files without one leave their partition whole.
     """
 
     max_group_bytes: int
+    key_ranges: Mapping[str, KeyRange | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_group_bytes <= 0:
@@ -195,27 +208,35 @@ class CancelPlanning:
 def cancel_groups(
     files: list[InputFile], cancel: CancelPlanning | None, max_files: int
 ) -> list[list[InputFile]]:
-    """The packing items: each partition holding both operations as one item, every other file alone.
+    """The packing items: each group of a partition's files that can share carryover, and single files.
 
-    A partition too big (bytes or file count) to sit in one task is split
-    into single files, as every file is when ``cancel`` is None.
+    A partition's files are split into the components of their overlapping
+    key ranges (all of them one component when a range is unknown). A
+    component with removed and added files is one item, its files tagged with
+    their ``cancel_group``; a component too big (bytes or file count) for one
+    task, or with files of one operation only, becomes single files without a
+    group, as every file is when ``cancel`` is None.
     """
     if cancel is None:
-        return [[f] for f in files]
+        return [[replace(f, cancel_group=None)] for f in files]
     by_partition: dict[str, list[InputFile]] = {}
     items: list[list[InputFile]] = []
     for f in files:
-        if f.partition is None:
+        if f.cancel_group is None:
             items.append([f])
         else:
-            by_partition.setdefault(f.partition, []).append(f)
-    for members in by_partition.values():
-        both = {f.op for f in members} == set(_OPS)
-        size = sum(f.size for f in members)
-        if both and size <= cancel.max_group_bytes and len(members) <= max_files:
-            items.append(members)
-        else:
-            items.extend([f] for f in members)
+            by_partition.setdefault(f.cancel_group, []).append(f)
+    for partition, members in by_partition.items():
+        ordered = sorted(members, key=lambda f: (f.op, f.path))
+        components = split_by_key_range(ordered, lambda f: cancel.key_ranges.get(f.path))
+        for index, component in enumerate(components):
+            both = {f.op for f in component} == set(_OPS)
+            size = sum(f.size for f in component)
+            if both and size <= cancel.max_group_bytes and len(component) <= max_files:
+                group = partition if len(components) == 1 else f"{partition}#{index}"
+                items.append([replace(f, cancel_group=group) for f in component])
+            else:
+                items.extend([replace(f, cancel_group=None)] for f in component)
     return items
 
 
@@ -301,6 +322,9 @@ def plan_write_tasks(
     pyiceberg listed the files in (see :func:`pack_items`).
     """
     files = input_files(changes)
+    if cancel is not None and not cancel.key_ranges:
+        ranges = {ref.path: ref.key_range for ref in (*changes.deleted, *changes.added)}
+        cancel = replace(cancel, key_ranges=ranges)
     return pack_items(cancel_groups(files, cancel, max_files_per_task), target_bytes, max_files_per_task)
 
 
