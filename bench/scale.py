@@ -8,7 +8,9 @@ files, rows and bytes of the smaller one. Each goes through the pipeline as
 the DAG runs it in ``spark.mode: submit`` (``spark-submit`` per phase, Spark
 ``local[2]``, the shuffle on ``file://``) with the product's defaults
 (``write_task_size`` 256 MB, ``target_partition_size`` 64 MB, P = 64,
-``cancel_memory`` 256 MB). Reported per size: wall seconds and seconds per
+``cancel_memory`` 256 MB). Then the large snapshot once more with detect told to plan without key
+ranges, so each region is one cancel group and goes through hash buckets on
+local disk, as for a table whose files overlap in key. Reported per run: wall seconds and seconds per
 phase, peak RSS of every write and read task (each task resets its peak
 mark), shuffled bytes against input bytes, rows cancelled before the
 shuffle, and the sink's update/delete counts checked against the generator.
@@ -22,11 +24,13 @@ Writes ``bench/results/scale.{json,txt}`` and the README's scale figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,7 @@ import yaml  # noqa: E402
 from pipeline_run import PipelineSetup, breakdown, run_pipeline  # noqa: E402
 
 from iceberg_cdc.config import parse_config  # noqa: E402
+from iceberg_cdc.run import detect as detect_step  # noqa: E402
 
 MiB = float(1 << 20)
 RESULTS = ROOT / "bench" / "results"
@@ -50,14 +55,33 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def run_size(work: Path, catalog, rows: int, rows_per_append: int) -> dict[str, Any]:
+def build(catalog, rows: int, rows_per_append: int) -> tuple[Any, int, float]:
     name = f"scale_{rows // 1_000_000}m" if rows >= 1_000_000 else f"scale_{rows}"
     appends = max(1, rows // rows_per_append)
     log(f"building {rows:,} rows in {appends} appends, then the copy-on-write snapshot")
     started = time.perf_counter()
     workload = wl.build_source(catalog, name, rows, appends)
-    build_seconds = time.perf_counter() - started
-    sink = f"{workload.table}_changes"
+    return workload, appends, time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def whole_partitions() -> Iterator[None]:
+    """Detect (in this process) plans without key ranges: every region one cancel group, as for a
+    table whose files overlap in key (written in random key order), so the groups go to hash buckets."""
+    original = detect_step.key_field_id
+    detect_step.key_field_id = lambda *_: None
+    try:
+        yield
+    finally:
+        detect_step.key_field_id = original
+
+
+def run_size(
+    work: Path, catalog, workload: Any, appends: int, build_seconds: float, label: str = ""
+) -> dict[str, Any]:
+    rows = workload.rows
+    name = workload.table.split(".")[-1] + label
+    sink = f"{workload.table}_changes{label}"
     wl.start_sink_at_parent(catalog, workload, sink)
     raw = {
         "catalog": wl.catalog_properties(work),
@@ -80,6 +104,7 @@ def run_size(work: Path, catalog, rows: int, rows_per_append: int) -> dict[str, 
     got = {"updates": b["rows"]["updates"], "deletes": b["rows"]["deletes"]}
     return {
         "rows": rows,
+        "run": label.strip("_").replace("_", " ") or "defaults",
         "appends": appends,
         "build_seconds": round(build_seconds, 1),
         "input_files": len(workload.removed) + len(workload.added),
@@ -106,16 +131,23 @@ def lines(sizes: list[dict[str, Any]]) -> list[str]:
     out = []
     for size in sizes:
         fixed = size["spark_fixed_seconds"]
+        how = (
+            ""
+            if size.get("run", "defaults") == "defaults"
+            else f" ({size['run']}: one cancel group per region)"
+        )
         out.append(
-            f"{size['rows']:,} rows: {size['wall_seconds']:.1f} s ({size['wall_seconds'] - fixed:.1f} s without the "
+            f"{size['rows']:,} rows{how}: {size['wall_seconds']:.1f} s ({size['wall_seconds'] - fixed:.1f} s without the "
             f"two Spark applications' start/stop), write tasks {size['write_tasks']} peak RSS "
             f"{max(size['write_peak_rss_mb'], default=0):.0f} MB, read ranges {size['read_ranges']} peak RSS "
             f"{max(size['read_peak_rss_mb'], default=0):.0f} MB, shuffled {size['shuffle_bytes'] / MiB:,.0f} MB for "
             f"{size['input_file_bytes'] / MiB:,.0f} MB of input files, {size['cancelled_rows']:,} rows cancelled "
-            f"before the shuffle{'' if size['equal'] else ' -- CHANGES DIFFER FROM THE GENERATOR'}"
+            f"before the shuffle, {size['cancel_spill_mb']:,.0f} MB through local hash buckets"
+            f"{'' if size['equal'] else ' -- CHANGES DIFFER FROM THE GENERATOR'}"
         )
-    if len(sizes) == 2:
-        small, big = sorted(sizes, key=lambda s: s["rows"])
+    defaults = [s for s in sizes if s.get("run", "defaults") == "defaults"]
+    if len(defaults) == 2:
+        small, big = sorted(defaults, key=lambda s: s["rows"])
         grow = lambda key: big[key] / max(small[key], 1e-9)  # noqa: E731
         out.append(
             f"growth for {big['rows'] / small['rows']:.0f}x the rows: wall {grow('wall_seconds'):.1f}x, without Spark "
@@ -132,16 +164,20 @@ def markdown(sizes: list[dict[str, Any]], command: str) -> str:
         "shuffle on file://, the product's default sizes):",
         "",
         "| rows | input files | seconds (wall) | without Spark start/stop | write tasks: peak RSS | "
-        "read ranges: peak RSS | shuffled | rows cancelled before the shuffle |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "read ranges: peak RSS | shuffled | rows cancelled before the shuffle | spilled to hash buckets |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for s in sorted(sizes, key=lambda s: s["rows"]):
+    for s in sizes:
+        label = f"{s['rows']:,}" + (
+            "" if s.get("run", "defaults") == "defaults" else ", one cancel group per region"
+        )
         rows.append(
-            f"| {s['rows']:,} | {s['input_files']} ({s['input_file_bytes'] / MiB:,.0f} MB) | {s['wall_seconds']:.1f} | "
+            f"| {label} | {s['input_files']} ({s['input_file_bytes'] / MiB:,.0f} MB) | {s['wall_seconds']:.1f} | "
             f"{s['wall_seconds'] - s['spark_fixed_seconds']:.1f} | {s['write_tasks']}: "
             f"{max(s['write_peak_rss_mb'], default=0):.0f} MB | {s['read_ranges']}: "
             f"{max(s['read_peak_rss_mb'], default=0):.0f} MB | {s['shuffle_bytes'] / MiB:,.0f} MB "
-            f"({s['shuffle_bytes'] / max(s['input_file_bytes'], 1):.2f}x) | {s['cancelled_rows']:,} |"
+            f"({s['shuffle_bytes'] / max(s['input_file_bytes'], 1):.2f}x) | {s['cancelled_rows']:,} | "
+            f"{s['cancel_spill_mb']:,.0f} MB |"
         )
     return "\n".join([*rows, "", *lines(sizes)])
 
@@ -160,9 +196,15 @@ def main() -> None:
     started = time.perf_counter()
     sizes = []
     for rows in (args.rows // 10, args.rows):
-        sizes.append(run_size(work, catalog, rows, args.rows_per_append))
+        workload, appends, seconds = build(catalog, rows, args.rows_per_append)
+        sizes.append(run_size(work, catalog, workload, appends, seconds))
         for line in lines(sizes[-1:]):
             log(line)
+    log(f"the {args.rows:,}-row snapshot again, every region one cancel group (no key ranges): hash buckets")
+    with whole_partitions():
+        unsplit = run_size(work, catalog, workload, appends, seconds, "_unsplit")
+    log(lines([unsplit])[0])
+    sizes.append(unsplit)
     command = "make bench-scale" if args.rows == 50_000_000 else f"python bench/scale.py --rows {args.rows}"
     results = {
         "sizes": sizes,
