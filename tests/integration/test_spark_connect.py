@@ -119,7 +119,8 @@ def test_unit_error_shows_the_pipelines_message_first(pipeline: AirflowPipeline)
     snapshot = cow_rewrite(source, live_files(source), after.cast(before.schema))
     code = pipeline.run()
     log = pipeline.last_log.read_text()
-    assert code != 0 or "failed" in log.lower()
+    assert code != 0, log[-3000:]
+    assert "DagRun failed" in log, log[-3000:]
     assert pipeline.watermark() == mark, "a failed run must not move the watermark"
     assert pipeline.shuffle_objects() == [] and not pipeline.lease_exists(), "cleanup ran"
     message = re.search(r"AmbiguousUpdateError: (.*)", log)
