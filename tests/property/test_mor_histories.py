@@ -9,7 +9,8 @@ deletes, compactions that drop every delete file, re-inserts of deleted
 keys, and an upgrade to format v3 part-way, after which position deletes are
 deletion vectors (merging the file's earlier deletes, replacing its earlier
 DV, dangling or removed when a rewrite drops their file). The states the replay checks against come from the tests' own
-merge-on-read reader (:mod:`iceberg_cdc.devtools.mor_state`), not the pipeline's.
+merge-on-read reader (:mod:`iceberg_cdc.devtools.mor_state`, with its own manifest reading and
+delete application), not the pipeline's; the histories pick live rows with it too.
 """
 
 from __future__ import annotations
