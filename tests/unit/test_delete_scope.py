@@ -23,8 +23,8 @@ from pyiceberg.manifest import (
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.typedef import Record
 
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from iceberg_cdc.source.delete_scope import manifest_filter
-from tests.support.orders import BY_REGION, SCHEMA, rows
 
 REGIONS = ("us", "eu", "ap", None)
 

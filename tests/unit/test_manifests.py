@@ -4,7 +4,7 @@ Two kinds of checks. Hand-written manifests pin each inheritance rule the
 reader applies (spec, "Sequence Number Inheritance"). Manifests of real
 tables -- v2 appends and merge-on-read deletes, a v3 table with deletion
 vectors -- are read both by the pipeline and by the tests' own reader
-(:mod:`iceberg_cdc.devtools.reference_manifests`: fastavro, no shared code),
+(:mod:`cdc_devtools.reference_manifests`: fastavro, no shared code),
 and every field the pipeline uses must agree.
 """
 
@@ -30,11 +30,11 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
 
-from iceberg_cdc.devtools import reference_manifests as reference
-from iceberg_cdc.devtools.format_v3 import upgrade_to_v3
-from iceberg_cdc.devtools.mor import mor_merge
+from cdc_devtools import reference_manifests as reference
+from cdc_devtools.format_v3 import upgrade_to_v3
+from cdc_devtools.mor import mor_merge
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from iceberg_cdc.source.manifests import manifest_entries, v3_field
-from tests.support.orders import BY_REGION, SCHEMA, rows
 
 KEY_SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=False), NestedField(2, "region", StringType(), required=False)

@@ -16,12 +16,12 @@ import pytest
 from pyiceberg.io.pyarrow import _dataframe_to_data_files, parquet_file_to_data_file
 from pyiceberg.manifest import DataFile
 
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from iceberg_cdc.errors import SinkSchemaError
 from iceberg_cdc.sink.datafiles import data_file_from_parquet, data_files_from_parquet
 from iceberg_cdc.sink.schema import to_sink_arrow
 from iceberg_cdc.sink.staging import staged_file_path, write_staged_file
 from iceberg_cdc.sink.table import ensure_sink_table
-from tests.support.orders import BY_REGION, SCHEMA, rows
 from tests.support.sink_tables import SINK, change_rows, make_catalog, source_schema
 
 FIELDS = (

@@ -11,12 +11,11 @@ is replaced here: what is tested is the operator's handling of its failure.
 from __future__ import annotations
 
 import pytest
-from airflow.exceptions import AirflowException
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from iceberg_cdc.orchestration import operators
-from iceberg_cdc.orchestration.operators import CdcSparkSubmitOperator
+from iceberg_cdc.airflow.operators import spark as operators
+from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator
 
 ARGS = ["--phase", "write", "--plan", "plans/p.json", "--group", "0", "--label", "write 1/1"]
 
