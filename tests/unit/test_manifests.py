@@ -226,13 +226,13 @@ def catalog(tmp_path) -> SqlCatalog:
     return catalog
 
 
-def _assert_same_as_reference(table, *, read_version: int | None = None) -> int:
+def _assert_same_as_reference(table) -> int:
     """Every live entry of every snapshot's manifests, read by both readers, agrees; returns how many."""
     version = table.metadata.format_version
     compared = 0
     for snapshot in table.snapshots():
         for manifest in snapshot.manifests(table.io):
-            ours = manifest_entries(table.io, manifest, read_version or version)
+            ours = manifest_entries(table.io, manifest, version)
             theirs = reference.manifest_file_entries(table.io, manifest, version)
             assert len(ours) == len(theirs), manifest.manifest_path
             for a, b in zip(ours, theirs, strict=True):
@@ -252,10 +252,9 @@ def _assert_same_as_reference(table, *, read_version: int | None = None) -> int:
                 assert tuple(f.partition[i] for i in range(len(f.partition))) == b.partition
                 assert f.record_count == b.record_count
                 assert tuple(f.equality_ids or ()) == b.equality_ids
-                if read_version is None or read_version >= 3:
-                    assert v3_field(f, "referenced_data_file") == b.referenced_data_file
-                    assert v3_field(f, "content_offset") == b.content_offset
-                    assert v3_field(f, "content_size_in_bytes") == b.content_size_in_bytes
+                assert v3_field(f, "referenced_data_file") == b.referenced_data_file
+                assert v3_field(f, "content_offset") == b.content_offset
+                assert v3_field(f, "content_size_in_bytes") == b.content_size_in_bytes
                 compared += 1
     return compared
 
