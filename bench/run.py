@@ -23,7 +23,10 @@ Runs, in this one invocation, all on Spark ``local[2]``:
   LocalExecutor with 2 slots; connect mode): one-row latency from the REST
   trigger to success, and a backlog of 30 one-row snapshots caught up by
   chained runs (also with ``--quick``; ``--no-scheduler`` leaves it out);
-* the engine-only figures of ``engine_bench.py``.
+* the engine-only figures of ``engine_bench.py``;
+* mirrors (``mirror_bench.py``): 1 M changed rows applied to PostgreSQL against
+  ``executemany``, and a mirror 30 changelog snapshots behind caught up in one
+  run against one run per snapshot (``--skip-mirror`` leaves it out).
 
 Writes ``bench/results/pipeline.{json,txt,png,md}`` and ends with the lines
 ``bench (warm Spark Connect): pipeline X s, spark-native Y s, ratio=R`` and
@@ -374,6 +377,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=None, help="N (default 5 M; 100 k with --quick)")
     parser.add_argument("--skip-engine", action="store_true", help="leave engine_bench.py out (--quick does)")
     parser.add_argument("--skip-airflow", action="store_true", help="leave the one-row Airflow run out")
+    parser.add_argument("--skip-mirror", action="store_true", help="leave the mirror figures out")
     parser.add_argument(
         "--skip-connect", action="store_true", help="leave the warm Spark Connect comparison out"
     )
@@ -443,6 +447,15 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     if not args.skip_engine and not args.quick:
         results["engine"] = run_engine_bench(args.quick, out_dir)
+    if not args.skip_mirror:
+        log(
+            "mirrors: changes applied to PostgreSQL, and a mirror 30 changelog snapshots behind (mirror_bench.py)"
+        )
+        command = [sys.executable, str(ROOT / "bench" / "mirror_bench.py"), "--out", str(out_dir)]
+        subprocess.run(
+            [*command, *(["--quick"] if args.quick else [])], check=True, stdout=subprocess.DEVNULL
+        )
+        results["mirror"] = json.loads((out_dir / "mirror.json").read_text())
     results["bench_wall_seconds"] = round(time.perf_counter() - started, 1)
     results["headline"] = report.headline(results)
     (out_dir / "pipeline.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
@@ -461,6 +474,8 @@ def main() -> None:
         print(f"latency: one-row snapshot {results['latency']['wall_seconds']:.1f} s (submit)")
     if "scheduler" in results:
         print("\n".join(scheduler_lines(results["scheduler"])))
+    if "mirror" in results:
+        print((out_dir / "mirror.txt").read_text().rstrip())
     if "connect" in results:
         print(connect_line(results))
     print(
