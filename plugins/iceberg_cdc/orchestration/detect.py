@@ -241,6 +241,7 @@ def _detect(
         lease_ttl_seconds=base["lease_ttl"],
         name_mapping_json=table_name_mapping_json(source),
         delete_files={path: ref.to_dict() for path, ref in sorted(changes.delete_refs.items())},
+        snapshot_timestamp_ms=source.metadata.snapshot_by_id(pending.snapshot_id).timestamp_ms,
     )
     plan.save(store, paths.plan)
     phase = plan.phase
