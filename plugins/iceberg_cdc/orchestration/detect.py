@@ -19,6 +19,7 @@ from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
 from iceberg_cdc.errors import CdcError, SourceHistoryError
 from iceberg_cdc.orchestration import run_lease
 from iceberg_cdc.orchestration.context import Context
+from iceberg_cdc.orchestration.retention_guard import guard
 from iceberg_cdc.pipeline.groups import record_phase
 from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_key, table_prefix
 from iceberg_cdc.pipeline.plan import SnapshotPlan, group_tasks
@@ -168,6 +169,7 @@ def _detect(
         "lease_ttl": run_lease.lease_ttl_seconds(),
         "manual": snapshot_id is not None,
         "swept": swept,
+        **guard(ctx, source, watermark, catalog=catalog),
     }
     if in_range:
         base.update(

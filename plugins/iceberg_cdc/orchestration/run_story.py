@@ -75,10 +75,18 @@ def story(detected: dict[str, Any], committed: dict[str, Any] | None = None) -> 
     """The run in one line: which snapshot, and what changed."""
     label = snapshot_label(detected)
     if detected.get("action") == "caught_up":
-        return label
-    if detected.get("action") == "skip":
-        return f"{label}: skipped ({detected.get('reason')}: no logical change)"
-    return f"{label}: {outcome(committed or {})}"
+        line = label
+    elif detected.get("action") == "skip":
+        line = f"{label}: skipped ({detected.get('reason')}: no logical change)"
+    else:
+        line = f"{label}: {outcome(committed or {})}"
+    return line + retention_suffix(detected)
+
+
+def retention_suffix(detected: dict[str, Any] | None) -> str:
+    """``; WARNING: <retention guard's warning>`` when detect raised one (orchestration/retention_guard.py)."""
+    warning = (detected or {}).get("retention_warning")
+    return f"; WARNING: {warning}" if warning else ""
 
 
 def chained_run_id(snapshot_id: int | None, stamp: str, kind: str = "chained") -> str:
@@ -185,4 +193,4 @@ def run_note(
             what += f" (also failed: {', '.join(others[:3])}{', …' if len(others) > 3 else ''})"
     else:
         what = "failed" + (f": {reason}" if reason else "")
-    return clip(scrub(where + what), NOTE_LIMIT)
+    return clip(scrub(where + what + retention_suffix(detected)), NOTE_LIMIT)
