@@ -33,6 +33,8 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import DAG, Asset, Param, TriggerRule, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
+from iceberg_cdc.airflow.events import schedule_for
+from iceberg_cdc.airflow.operators.lineage import lineage_task
 from iceberg_cdc.airflow.operators.spark import (  # noqa: F401  (re-exported for callers)
     CdcSparkSubmitOperator,
     connect_url,
@@ -51,7 +53,7 @@ from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.run import steps
 from iceberg_cdc.run.kinds import backfill_refusal, is_backfill, should_chain
 from iceberg_cdc.run.lease import lease_ttl_seconds, lease_wait_step
-from iceberg_cdc.run.metrics import emit_commit, emit_lag, emit_safely
+from iceberg_cdc.run.metrics import emit_commit, emit_lag, emit_retention, emit_safely
 from iceberg_cdc.run.story import chained_run_id, story
 
 log = logging.getLogger("iceberg_cdc")
@@ -117,7 +119,7 @@ and `through_snapshot_id` (reprocess with a manual run instead).
 """
 
 
-def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
+def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = None) -> DAG:
     source = table.source
     operator, spark = phase_operator(config)
 
@@ -133,7 +135,8 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
 
     with DAG(
         dag_id=table.dag_id,
-        schedule=table.schedule,
+        # The source's new snapshots (an AssetWatcher's event) or the table's clock (airflow/events.py).
+        schedule=schedule_for(config, table, config_path),
         start_date=datetime(2024, 1, 1),
         catchup=False,
         max_active_runs=1,
@@ -169,7 +172,7 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         },
     ) as dag:
 
-        @task(task_id="detect")
+        @lineage_task(task_id="detect", lineage="input")
         def detect(
             params: dict[str, Any] | None = None, run_id: str | None = None, ti=None, dag_run=None
         ) -> dict[str, Any]:
@@ -194,6 +197,7 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
                             through_snapshot_id=params.get("through_snapshot_id"),
                         )
                     log.info("this run: %s", story(detected))
+                    emit_safely(emit_retention, source, detected.get("retention"))
                     return detected
                 except LeaseHeldError as exc:
                     action, seconds = lease_wait_step(
@@ -255,7 +259,9 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
 
         asset = sink_asset(config, table)
 
-        @task(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, outlets=[asset])
+        @lineage_task(
+            task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, outlets=[asset], lineage="changelog"
+        )
         def commit(ti=None, outlet_events=None) -> dict[str, Any]:
             # Pulled, not passed: an argument would make commit a direct downstream of the
             # setup task, which Airflow allows only with trigger rule ALL_SUCCESS.
@@ -350,6 +356,7 @@ def _holder_since(ctx: steps.Context) -> float | None:
     return current.acquired_at.timestamp() if current is not None and not current.released else None
 
 
-def build_dags(config: CdcConfig | None = None) -> dict[str, DAG]:
-    config = config or load_config()
-    return {table.dag_id: build_dag(config, table) for table in config.tables}
+def build_dags(config: CdcConfig | None = None, config_path: str | None = None) -> dict[str, DAG]:
+    """One DAG per table; ``config_path`` (default: ``CDC_CONFIG``) is what the event triggers read."""
+    config = config or load_config(config_path)
+    return {table.dag_id: build_dag(config, table, config_path) for table in config.tables}

@@ -169,6 +169,9 @@ def _detect(
         "lease_ttl": run_lease.lease_ttl_seconds(),
         "manual": snapshot_id is not None,
         "swept": swept,
+        # Where the tables live: their names in lineage events (iceberg_cdc/lineage.py).
+        "source_location": source.location(),
+        "sink_location": sink.location(),
         **guard(ctx, source, watermark, catalog=catalog),
     }
     if in_range:

@@ -150,6 +150,9 @@ class TableStatus:
     recent: list[ProcessedSnapshot] = field(default_factory=list)
     lease: LeaseStatus | None = None
     lease_checked: bool = False
+    # The retention guard (source/retention.py): when a snapshot the sink needs may be expired.
+    retention: dict[str, Any] | None = None
+    retention_warning: str | None = None
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -203,6 +206,8 @@ class TableStatus:
             },
             "recent": [s.to_dict() for s in self.recent],
             "lease": self.lease.to_dict() if self.lease else None,
+            "retention": self.retention,
+            "retention_warning": self.retention_warning,
             "errors": list(self.errors),
             "notes": list(self.notes),
         }
@@ -449,6 +454,7 @@ def table_status(
         if watermark_ok:
             try:
                 status.pending = pending_count(source_table, watermark, table.start)
+                _retention(status, source_table, watermark, table)
                 following = next_snapshot(source_table, watermark, table.start)
                 if following is not None:
                     status.oldest_pending_snapshot_id = following.snapshot_id
@@ -467,6 +473,22 @@ def table_status(
         except Exception as exc:
             status.notes.append(redact(f"lease not readable: {describe_error(exc)}"))
     return status
+
+
+def _retention(status: TableStatus, source_table: Any, watermark: Any, table: TableConfig) -> None:
+    """How long until a snapshot the sink needs may be expired; the warning below the table's threshold."""
+    from iceberg_cdc.source.protection import tag_prefix
+    from iceberg_cdc.source.retention import table_outlook
+
+    view = table_outlook(
+        source_table,
+        watermark,
+        table.start,
+        protection_prefix=tag_prefix(table.sink) if table.protect_pending else None,
+    )
+    now_ms = int(status.checked_at.timestamp() * 1000)
+    status.retention = view.to_dict(now_ms)
+    status.retention_warning = view.warning(now_ms, table.retention_warning)
 
 
 def _lease_reader(config: CdcConfig) -> Callable[[str], Any]:
