@@ -7,8 +7,9 @@ The file follows the public contract (``../shared/design/README.md``)::
     tables:    [{source: ns.table, sink: ns.table_changes, identifier_columns: [id]}, ...]
 
 plus optional knobs with defaults (``shuffle.write_task_size``, ``spark.*``,
-per-table ``start``, ``duplicate_keys``, ``schedule``). ``CDC_CONFIG`` names
-the file for the DAG files.
+``events.*``, per-table ``start``, ``duplicate_keys``, ``schedule``,
+``protect_pending``, ``retention_warning``). ``CDC_CONFIG`` names the file for
+the DAG files (and for the event trigger, in the triggerer).
 
 Secrets need not be in the file: any string value may be ``${ENV_VAR}``
 (expanded at load; a missing variable is an error naming it), S3 and catalog
