@@ -62,8 +62,8 @@ def test_protection_keeps_every_needed_snapshot_through_pyicebergs_expiry(tmp_pa
     assert [r.snapshot_id for r in runs] == pending
     for snapshot_id in pending:
         assert_replay(pipeline.source, pipeline.sink, snapshot_id, ["id"])
-    assert runs[0].detected["protection"]["removed"] == [str(first)]  # passed by the watermark
-    assert "retention_warning" not in runs[0].detected
+    assert runs[0].detected.protection["removed"] == [str(first)]  # passed by the watermark
+    assert runs[0].detected.retention_warning is None
 
     # Caught up: only the watermark's snapshot (the head) stays tagged; the rest may now expire.
     idle = run_snapshot(pipeline.config, SOURCE)
@@ -79,7 +79,7 @@ def test_an_idle_run_writes_nothing_to_the_source(tmp_path):
     run_snapshot(pipeline.config, SOURCE)  # moves the tags to the caught-up state
     location = pipeline.source.metadata_location
     idle = run_snapshot(pipeline.config, SOURCE)
-    assert idle.action == "caught_up" and idle.detected["protection"]["committed"] is False
+    assert idle.action == "caught_up" and idle.detected.protection["committed"] is False
     assert pipeline.source.metadata_location == location
 
 
@@ -94,11 +94,11 @@ def test_without_protection_detect_warns_first_and_expiry_then_breaks_the_table(
 
     # The next run (it processes one snapshot) says the watermark's snapshot may go within the hour.
     warned = pipeline.run()
-    warning = warned.detected["retention_warning"]
+    warning = warned.detected.retention_warning
     assert f"the watermark's snapshot {mark} may be expired in" in warning
     assert "protect_pending: true" in warning
     assert "WARNING: the watermark's snapshot" in story(warned.detected, warned.committed)
-    left = warned.detected["retention"]["seconds_left"]
+    left = warned.detected.retention["seconds_left"]
     assert 0 < left <= 30 * 60
     assert not own_tags(pipeline.source, SINK)
 

@@ -14,9 +14,11 @@ failure callback). Notes are scrubbed of anything that looks like a secret
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from iceberg_cdc.run.state import Detected
 
 NOTE_LIMIT = 1000  # Airflow's dag_run_note.content is a String(1000)
 ERROR_LIMIT = 400
@@ -34,13 +36,14 @@ def _bytes(size: float) -> str:
     raise AssertionError("unreachable")
 
 
-def snapshot_label(detected: dict[str, Any]) -> str:
+def snapshot_label(detected: Detected | Mapping[str, Any]) -> str:
     """``snapshot 123 (overwrite, #7)``, or what the run found instead of a snapshot."""
-    if detected.get("snapshot_id") is None:
+    detected = Detected.of(detected)
+    if detected.snapshot_id is None:
         return "caught up"
-    kind = "initial load" if detected.get("initial_load") else detected.get("operation", "?")
-    manual = ", reprocess" if detected.get("manual") else ""
-    return f"snapshot {detected['snapshot_id']} ({kind}, #{detected.get('ordinal')}{manual})"
+    kind = "initial load" if detected.initial_load else (detected.operation or "?")
+    manual = ", reprocess" if detected.manual else ""
+    return f"snapshot {detected.snapshot_id} ({kind}, #{detected.ordinal}{manual})"
 
 
 def outcome(committed: dict[str, Any]) -> str:
@@ -71,21 +74,24 @@ def outcome(committed: dict[str, Any]) -> str:
     return line
 
 
-def story(detected: dict[str, Any], committed: dict[str, Any] | None = None) -> str:
+def story(detected: Detected | Mapping[str, Any], committed: dict[str, Any] | None = None) -> str:
     """The run in one line: which snapshot, and what changed."""
+    detected = Detected.of(detected)
     label = snapshot_label(detected)
-    if detected.get("action") == "caught_up":
+    if detected.action == "caught_up":
         line = label
-    elif detected.get("action") == "skip":
-        line = f"{label}: skipped ({detected.get('reason')}: no logical change)"
+    elif detected.action == "skip":
+        line = f"{label}: skipped ({detected.reason}: no logical change)"
     else:
         line = f"{label}: {outcome(committed or {})}"
     return line + retention_suffix(detected)
 
 
-def retention_suffix(detected: dict[str, Any] | None) -> str:
+def retention_suffix(detected: Detected | Mapping[str, Any] | None) -> str:
     """``; WARNING: <retention guard's warning>`` when detect raised one (run/retention_guard.py)."""
-    warning = (detected or {}).get("retention_warning")
+    if detected is None:
+        return ""
+    warning = Detected.of(detected).retention_warning
     return f"; WARNING: {warning}" if warning else ""
 
 
@@ -137,6 +143,18 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
     return _AWS_KEY_ID.sub("***", text)
 
 
+def _readable(value: Any) -> Detected | None:
+    """Detect's XCom as a record, or None when there is none or it cannot be read (a note never fails)."""
+    if isinstance(value, Detected):
+        return value
+    if not isinstance(value, Mapping):
+        return None
+    try:
+        return Detected.of(value)
+    except (TypeError, ValueError):
+        return None
+
+
 @dataclass(frozen=True)
 class FailedTask:
     """A failed task instance of the run, with the error line its failure callback recorded (if any)."""
@@ -153,7 +171,7 @@ class FailedTask:
 def run_note(
     state: str,
     *,
-    detected: dict[str, Any] | None = None,
+    detected: Detected | Mapping[str, Any] | None = None,
     committed: dict[str, Any] | None = None,
     mark: dict[str, Any] | None = None,
     failed: list[FailedTask] | None = None,
@@ -166,7 +184,7 @@ def run_note(
     tasks, first to fail first; ``reason``: why Airflow ended the run when no
     task failed (a state set by hand).
     """
-    detected = detected if isinstance(detected, dict) else None
+    detected = _readable(detected)
     committed = committed if isinstance(committed, dict) else None
     if state == "success":
         if committed and committed.get("story"):
@@ -176,11 +194,11 @@ def run_note(
         else:
             note = "succeeded" + (f" ({reason})" if reason else "")
         remaining = (mark or {}).get("remaining") if isinstance(mark, dict) else None
-        if isinstance(remaining, int) and remaining and detected and detected.get("action") != "caught_up":
+        if isinstance(remaining, int) and remaining and detected and detected.action != "caught_up":
             note += f"; {remaining:,} more pending"
         return clip(scrub(note), NOTE_LIMIT)
     where = ""
-    if detected and detected.get("snapshot_id") is not None:
+    if detected and detected.snapshot_id is not None:
         where = snapshot_label(detected) + ": "
     failed = failed or []
     if failed:

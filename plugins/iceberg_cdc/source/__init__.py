@@ -1,14 +1,14 @@
 """The source side of the pipeline: what a snapshot changed, which snapshot is next, how to read it.
 
-* :mod:`.changes` — the files one snapshot added and removed, from its manifests.
+* :mod:`.changes` — the files one snapshot added and removed, from its manifests
+  (:mod:`.change_files`: their form in plans).
 * :mod:`.history` — the watermark against the table's current ancestry: the next snapshot.
 * :mod:`.planning` — changed files bin-packed into deterministic SHUFFLE_WRITE tasks.
 * :mod:`.reading` — one data file streamed as Arrow batches in the snapshot's schema.
 """
 
+from iceberg_cdc.source.change_files import DataFileRef, SnapshotChanges
 from iceberg_cdc.source.changes import (
-    DataFileRef,
-    SnapshotChanges,
     initial_load_changes,
     require_supported,
     snapshot_changes,
