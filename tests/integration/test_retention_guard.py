@@ -135,3 +135,22 @@ def test_tags_go_when_protection_is_turned_off_or_the_table_leaves_the_config(tm
     run_snapshot(parse_config(off), SOURCE)
     assert not own_tags(pipeline.source, SINK)
     assert tag_name(SINK, 1) == f"cdc-pending-{SINK}-1"
+
+
+def test_the_release_command_removes_one_tables_tags_and_its_record(tmp_path):
+    import yaml
+
+    from iceberg_cdc.pipeline.runtime import runtime_from_config
+    from iceberg_cdc.run.protection_cli import main
+
+    pipeline = InlinePipeline(tmp_path, table={"protect_pending": True})
+    source = pipeline.create_source(SCHEMA)
+    source.append(rows(range(3)))
+    source.append(rows(range(3, 6)))
+    pipeline.run()
+    assert own_tags(pipeline.source, SINK)
+    path = tmp_path / "cdc.yaml"
+    path.write_text(yaml.safe_dump(pipeline.raw))
+    assert main(["release", "--config", str(path), "--source", SOURCE, "--sink", SINK]) == 0
+    assert not own_tags(pipeline.source, SINK)
+    assert recorded(runtime_from_config(pipeline.config).store()) == []

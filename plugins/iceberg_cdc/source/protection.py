@@ -26,7 +26,7 @@ tags), or when the table leaves the config: every table whose tags the
 pipeline ever set is recorded in the shuffle store (``_protection/``), and
 detect of any table of the config sweeps the records of tables no longer
 configured with ``protect_pending`` (:func:`sweep_unconfigured`), removing
-their tags. ``python -m iceberg_cdc.source.protection release --config ...
+their tags. ``python -m iceberg_cdc.run.protection_cli release --config ...
 --source ns.t --sink ns.t_changes`` does the same by hand.
 """
 
@@ -210,29 +210,3 @@ def sweep_unconfigured(
                 exc,
             )
     return released
-
-
-def _main(argv: list[str] | None = None) -> int:
-    """``release``: remove one (source, sink)'s tags by hand, and its registry record."""
-    import argparse
-
-    from iceberg_cdc.config import load_config
-    from iceberg_cdc.pipeline.runtime import load_catalog_from_config, runtime_from_config
-
-    parser = argparse.ArgumentParser(prog="python -m iceberg_cdc.source.protection")
-    sub = parser.add_subparsers(dest="command", required=True)
-    release = sub.add_parser("release", help="remove the protect_pending tags of one source/sink pair")
-    release.add_argument("--config", required=True)
-    release.add_argument("--source", required=True)
-    release.add_argument("--sink", required=True)
-    args = parser.parse_args(argv)
-    config = load_config(args.config)
-    table = load_catalog_from_config(config).load_table(args.source)
-    change = release_tags(table, args.sink)
-    forget(runtime_from_config(config).store(), args.source, args.sink)
-    print(f"removed {len(change.removed)} tag(s) of {args.sink} from {args.source}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())
