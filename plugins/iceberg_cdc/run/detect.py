@@ -28,9 +28,10 @@ from iceberg_cdc.sink.schema import evolve_sink_schema
 from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import ensure_sink_table, loaded_in_full, read_watermark
 from iceberg_cdc.source.changes import initial_load_changes, require_supported, snapshot_changes
-from iceberg_cdc.source.history import next_snapshot, validate_manual_snapshot, validate_reprocess_range
+from iceberg_cdc.source.history import next_snapshot
 from iceberg_cdc.source.planning import plan_write_tasks
 from iceberg_cdc.source.reading import table_name_mapping_json
+from iceberg_cdc.source.reprocess import validate_manual_snapshot, validate_reprocess_range
 from iceberg_cdc.source.tables import load_source_table, resolve_identifier_columns
 
 log = logging.getLogger("iceberg_cdc")
