@@ -340,6 +340,7 @@ class TableConfig(_Strict):
     @classmethod
     def _duration(cls, value: Any) -> float:
         return parse_duration(value)
+
     mirrors: list[MirrorConfig] = Field(default_factory=list)
 
     @field_validator("source", "sink")

@@ -250,6 +250,8 @@ def test_durations_and_the_event_and_retention_knobs():
         parse_config({**raw, "events": {"poll_interval": "200ms"}})
     with pytest.raises(ConfigError, match="retention_warning"):
         parse_config({**raw, "tables": [{"source": "a.b", "sink": "a.c", "retention_warning": "soon"}]})
+
+
 # ---------------------------------------------------------------------------------------- mirrors
 
 PG = {"type": "postgres", "dsn": "postgresql://cdc:hunter2@127.0.0.1:5432/app", "table": "public.orders"}
