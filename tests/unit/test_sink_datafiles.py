@@ -22,7 +22,7 @@ from iceberg_cdc.sink.datafiles import data_file_from_parquet, data_files_from_p
 from iceberg_cdc.sink.schema import to_sink_arrow
 from iceberg_cdc.sink.staging import staged_file_path, write_staged_file
 from iceberg_cdc.sink.table import ensure_sink_table
-from tests.support.sink_tables import SINK, change_rows, make_catalog, source_schema
+from tests.support.sink_tables import SINK, TS, change_rows, make_catalog, source_schema
 
 FIELDS = (
     "content",
@@ -59,7 +59,7 @@ def sink(catalog):
 
 def _staged(sink, ids, name: str = "f") -> str:
     path = staged_file_path(sink.location(), 1001, name)
-    write_staged_file(sink.io, path, to_sink_arrow(change_rows(ids), sink.schema(), 1, 1001))
+    write_staged_file(sink.io, path, to_sink_arrow(change_rows(ids), sink.schema(), 1, 1001, TS))
     return path
 
 
@@ -111,7 +111,7 @@ def _write(sink, table: pa.Table, name: str) -> str:
 
 
 def _sink_rows(sink, ids=range(3)) -> pa.Table:
-    return to_sink_arrow(change_rows(ids), sink.schema(), 1, 1001)
+    return to_sink_arrow(change_rows(ids), sink.schema(), 1, 1001, TS)
 
 
 def _with_field(table: pa.Table, name: str, field: pa.Field, column) -> pa.Table:
