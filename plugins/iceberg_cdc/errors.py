@@ -137,3 +137,17 @@ FINAL_ERRORS: tuple[type[CdcError], ...] = (
     SinkSchemaError,
     UnsupportedSnapshotError,
 )
+
+
+class MirrorStateError(CdcError):
+    """An Iceberg mirror is not in a state an apply can build on.
+
+    Someone else wrote to the mirror (a commit after the one the apply was
+    planned on, equality deletes, a file the plan named gone), or its schema
+    cannot take the source's. The message names the mirror and the fix; the
+    apply committed nothing, and a new run plans again from the mirror's
+    current state.
+    """
+
+
+FINAL_ERRORS = (*FINAL_ERRORS, MirrorStateError)

@@ -20,15 +20,35 @@ from iceberg_cdc.storage import ObjectStore, get_json_many
 
 UnitFunction = Callable[[SnapshotPlan, Runtime, Any], dict[str, Any]]
 
+
+def _run_mirror_join_task(plan: Any, runtime: Runtime, unit_id: str) -> dict[str, Any]:
+    from iceberg_cdc.mirror.iceberg.join import run_mirror_join_task  # only the mirror's workers need it
+
+    return run_mirror_join_task(plan, runtime, unit_id)
+
+
 PHASE_FUNCTIONS: dict[str, UnitFunction] = {
     "write": executor_tasks.run_write_task,
     "read": executor_tasks.run_read_task,
     "insert": executor_tasks.run_insert_task,
+    "mirror_join": _run_mirror_join_task,
 }
 
 
-def units_of(phase: str, plan: SnapshotPlan, group: int, store: ObjectStore) -> list[Any]:
-    """Write/insert groups list task ids (from the plan); read groups list range documents (from coalesce)."""
+def load_phase_plan(phase: str, store: ObjectStore, key: str) -> Any:
+    """The plan a phase's group runs from: a snapshot plan, or an Iceberg mirror's apply plan."""
+    if phase == "mirror_join":
+        from iceberg_cdc.mirror.iceberg.plan import MirrorPlan
+
+        return MirrorPlan.load(store, key)
+    return SnapshotPlan.load(store, key)
+
+
+def units_of(phase: str, plan: Any, group: int, store: ObjectStore) -> list[Any]:
+    """Write/insert groups list task ids (from the plan); read groups list range documents (from coalesce);
+    mirror_join groups list the apply plan's unit ids."""
+    if phase == "mirror_join":
+        return list(plan.groups[group])
     if phase in ("write", "insert"):
         return list(plan.groups[group].task_ids)
     paths = plan.paths

@@ -1,0 +1,1 @@
+"""Mirrors: tables kept exactly equal to a source, fed by its changelog."""
