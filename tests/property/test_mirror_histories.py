@@ -65,7 +65,9 @@ class MirrorHistory(RuleBasedStateMachine):
     )
     def create(self, shape: HistoryShape, seed: int, n: int, format_version: int, mode: str) -> None:
         self.pipeline = InlinePipeline(self.tmp, shuffle={"write_task_size": "4KB"})
-        self.history = HistoryTable(self.pipeline.create_source(shape.schema(), partition_spec=shape.spec()), shape)
+        self.history = HistoryTable(
+            self.pipeline.create_source(shape.schema(), partition_spec=shape.spec()), shape
+        )
         target = MirrorTarget("mirror.orders", mode=mode, format_version=format_version)
         self.harness = MirrorHarness(self.pipeline.config, SOURCE, target, shape.identifier)
         if n:
@@ -75,11 +77,24 @@ class MirrorHistory(RuleBasedStateMachine):
     def append(self, seed: int, n: int) -> None:
         self.history.append(random.Random(seed), n)
 
-    @rule(seed=seeds, update=fractions, move=fractions, noop=fractions, delete=fractions, inserts=st.integers(0, 6))
+    @rule(
+        seed=seeds,
+        update=fractions,
+        move=fractions,
+        noop=fractions,
+        delete=fractions,
+        inserts=st.integers(0, 6),
+    )
     def merge(self, seed: int, update: float, move: float, noop: float, delete: float, inserts: int) -> None:
         rng = random.Random(seed)
         self.history.merge(
-            rng, update=update, move=move, noop=noop, delete=delete, inserts=inserts, reinserts=rng.randint(0, 3)
+            rng,
+            update=update,
+            move=move,
+            noop=noop,
+            delete=delete,
+            inserts=inserts,
+            reinserts=rng.randint(0, 3),
         )
 
     def _apply(self, seed: int, fault: str | None) -> None:
@@ -117,7 +132,9 @@ class MirrorHistory(RuleBasedStateMachine):
                 return
             steps.run_units_inline(harness.ctx.runtime, planned)
             if fault == "unit-twice":
-                steps.run_units_inline(harness.ctx.runtime, planned)  # every unit again: new files, new records
+                steps.run_units_inline(
+                    harness.ctx.runtime, planned
+                )  # every unit again: new files, new records
                 steps.commit(harness.ctx, harness.target, planned)
                 return
             if fault in ("join", "crash-after-join"):

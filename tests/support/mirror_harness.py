@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,9 +119,17 @@ class MirrorHarness:
         return {"net_changes": key, "run_id": run_id, "epoch": epoch, "lease_ttl": 300.0}
 
     def apply(
-        self, net: StandInNetChanges, new_state: pa.Table | None = None, *, fail_at: str | None = None
+        self,
+        net: StandInNetChanges,
+        new_state: pa.Table | None = None,
+        *,
+        fail_at: str | None = None,
+        run_units: Callable[[dict[str, Any]], Any] | None = None,
     ) -> dict:
-        """One mirror run: lease, stage, plan, units, commit, cleanup; ``fail_at`` raises after that step."""
+        """One mirror run: lease, stage, plan, units, commit, cleanup; ``fail_at`` raises after that step.
+
+        ``run_units(planned)`` runs the ``mirror_join`` groups (default: in this process).
+        """
         self.runs += 1
         run_id = f"mirror_test__{uuid.uuid4().hex[:8]}"
         lease = self.lease()
@@ -131,7 +140,10 @@ class MirrorHarness:
             planned = steps.plan(self.ctx, self.target, staged)
             if fail_at == "plan":
                 raise RuntimeError("killed after plan")
-            steps.run_units_inline(self.ctx.runtime, planned)
+            if run_units is not None and planned.get("action") == "apply":
+                run_units(planned)
+            else:
+                steps.run_units_inline(self.ctx.runtime, planned)
             if fail_at == "join":
                 raise RuntimeError("killed after join")
             committed = steps.commit(self.ctx, self.target, planned)
