@@ -16,6 +16,14 @@ and the run's lease from ``staged`` itself: ``run_id``, ``epoch``,
 ``_leases/``; default :func:`default_lease_name`). :func:`stage_net_changes`
 writes exactly that document from a ``NetChanges``-shaped object, for callers
 and tests.
+
+The mirror DAG's own staging (:mod:`iceberg_cdc.mirror.staging`) is read as
+well: its plan document (``staged["plan"]``) names one ``upserts`` and one
+``deletes`` Parquet object with their row counts, the mirror's ``columns``,
+and the run (``run_id``, ``epoch``, ``source``, ``mirror_name``); the lease
+is then the mirror DAG's (``_mirrors/<source>/<mirror name>``) and the
+Iceberg target keeps its objects in that run's namespace (``join/``), which
+the DAG's cleanup and sweep remove.
 """
 
 from __future__ import annotations
@@ -81,6 +89,9 @@ class StagedNetChanges:
     upserts: tuple[StagedPart, ...]
     deletes: tuple[StagedPart, ...]
     source: str = ""
+    columns: tuple[str, ...] | None = None  # the mirror's columns, when the stager chose them
+    run: dict[str, Any] | None = None  # the run that staged them (run_id, epoch, lease), if the document says
+    root: str | None = None  # where the target's own objects go, when the stager gives it a namespace
 
     @property
     def upsert_rows(self) -> int:
@@ -93,6 +104,8 @@ class StagedNetChanges:
     @classmethod
     def load(cls, store: ObjectStore, key: str) -> StagedNetChanges:
         data = json.loads(store.get(key))
+        if isinstance(data.get("upserts"), str):
+            return cls._from_mirror_dag(key, data)
         if not data.get("key_columns"):
             raise ConfigError(
                 f"the staged net changes {store.describe(key)} name no key columns: a mirror holds one row "
@@ -104,6 +117,24 @@ class StagedNetChanges:
             upserts=tuple(StagedPart(p["key"], int(p["rows"])) for p in data.get("upserts", ())),
             deletes=tuple(StagedPart(p["key"], int(p["rows"])) for p in data.get("deletes", ())),
             source=str(data.get("source", "")),
+        )
+
+    @classmethod
+    def _from_mirror_dag(cls, key: str, data: Mapping[str, Any]) -> StagedNetChanges:
+        """The mirror DAG's plan document (:class:`iceberg_cdc.mirror.staging.MirrorPlan`)."""
+        return cls(
+            key_columns=tuple(data["key_columns"]),
+            through=Through.from_dict(data["through"]),
+            upserts=(StagedPart(data["upserts"], int(data["upsert_rows"])),),
+            deletes=(StagedPart(data["deletes"], int(data["delete_rows"])),),
+            source=str(data.get("source", "")),
+            columns=tuple(data["columns"]) if data.get("columns") else None,
+            run={
+                "run_id": data["run_id"],
+                "epoch": int(data["epoch"]),
+                "lease": f"_mirrors/{data['source']}/{data['mirror_name']}",
+            },
+            root=key.rsplit("/", 1)[0] + "/join/",
         )
 
 
@@ -127,17 +158,26 @@ class RunLease:
     ttl: float
 
     @classmethod
-    def of(cls, staged: Mapping[str, Any], mirror_table: str) -> RunLease:
-        missing = [k for k in ("run_id", "epoch", "lease_ttl") if k not in staged]
+    def of(
+        cls, staged: Mapping[str, Any], mirror_table: str, run: Mapping[str, Any] | None = None
+    ) -> RunLease:
+        """From ``staged`` (XCom), completed by the staged document's ``run`` (the mirror DAG's plan)."""
+        given = {k: v for k, v in staged.items() if k in ("run_id", "epoch", "lease", "lease_ttl")}
+        merged = {**(run or {}), **given}
+        if "lease_ttl" not in merged:
+            from iceberg_cdc.orchestration.run_lease import lease_ttl_seconds
+
+            merged["lease_ttl"] = lease_ttl_seconds()
+        missing = [k for k in ("run_id", "epoch") if k not in merged]
         if missing:
             raise ValueError(
                 f"the staged reference lacks {missing}: the mirror run's lease must come with it"
             )
         return cls(
-            str(staged.get("lease") or default_lease_name(mirror_table)),
-            str(staged["run_id"]),
-            int(staged["epoch"]),
-            float(staged["lease_ttl"]),
+            str(merged.get("lease") or default_lease_name(mirror_table)),
+            str(merged["run_id"]),
+            int(merged["epoch"]),
+            float(merged["lease_ttl"]),
         )
 
 

@@ -47,6 +47,7 @@ class MirrorPaths:
     mirror: str
     changelog_snapshot_id: int
     attempt: str
+    root: str | None = None  # a namespace the caller gave (the mirror DAG run's ``join/``), else our own
 
     @property
     def apply_prefix(self) -> str:
@@ -54,7 +55,7 @@ class MirrorPaths:
 
     @property
     def prefix(self) -> str:
-        return f"{self.apply_prefix}{self.attempt}/"
+        return self.root if self.root else f"{self.apply_prefix}{self.attempt}/"
 
     @property
     def plan(self) -> str:
@@ -144,6 +145,7 @@ class MirrorPlan:
     # ref key -> DeleteFileRef dict, plus "manifest" and "file_scoped" (whether the commit replaces it)
     delete_files: dict[str, dict[str, Any]] = field(default_factory=dict)
     figures: dict[str, int] = field(default_factory=dict)
+    root: str | None = None  # MirrorPaths.root
     version: int = MIRROR_PLAN_VERSION
 
     @property
@@ -161,7 +163,7 @@ class MirrorPlan:
 
     @property
     def paths(self) -> MirrorPaths:
-        return MirrorPaths(self.mirror, self.changelog_snapshot_id, self.attempt)
+        return MirrorPaths(self.mirror, self.changelog_snapshot_id, self.attempt, self.root)
 
     def unit(self, unit_id: str) -> Unit:
         for unit in self.units:

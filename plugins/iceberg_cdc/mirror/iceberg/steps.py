@@ -126,10 +126,10 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     mirror_table = str(_setting(mirror, "table"))
     mode = _mode(mirror)
-    run = RunLease.of(staged, mirror_table)
-    _confirm(ctx, run)
     store = ctx.runtime.store()
-    net = StagedNetChanges.load(store, staged["net_changes"])
+    net = StagedNetChanges.load(store, staged.get("net_changes") or staged["plan"])
+    run = RunLease.of(staged, mirror_table, net.run)
+    _confirm(ctx, run)
     source_name = net.source or ctx.table.source
     answer = {
         "mirror": mirror_table,
@@ -137,6 +137,7 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
         "epoch": run.epoch,
         "lease_ttl": run.ttl,
         "lease": run.name,
+        "root": net.root,
         "through": net.through.to_dict(),
         "join_args": [],
         "labels": [],
@@ -144,6 +145,8 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
     catalog = ctx.catalog()
     source = catalog.load_table(source_name)
     source_schema = source_schema_at(source, net.through.source_snapshot_id)
+    if net.columns is not None:  # the mirror's columns, as the stager chose them (excluded ones left out)
+        source_schema = source_schema.select(*net.columns)
     table, created = create_or_load(
         catalog,
         mirror_table,
@@ -181,7 +184,7 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
         if part.rows
     ]
     parallel = int(getattr(getattr(ctx.config, "spark", None), "parallel_jobs", 2))
-    paths = MirrorPaths(mirror_table, net.through.changelog_snapshot_id, f"epoch-{run.epoch}")
+    paths = MirrorPaths(mirror_table, net.through.changelog_snapshot_id, f"epoch-{run.epoch}", net.root)
     apply_plan = MirrorPlan(
         mirror=mirror_table,
         source=source_name,
@@ -205,6 +208,7 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
         groups=_groups(units, parallel),
         delete_files=pruned.delete_files,
         figures={**pruned.figures, "created": int(created), "evolved": int(evolved)},
+        root=net.root,
     )
     sink = io.BytesIO()
     pq.write_table(keys, sink)
@@ -342,7 +346,10 @@ def cleanup(ctx: Any, mirror: Any, planned: Mapping[str, Any]) -> dict[str, Any]
         return {"deleted_objects": 0, "deleted_files": 0}
     store = ctx.runtime.store()
     paths = MirrorPaths(
-        str(planned["mirror"]), int(planned["through"]["changelog_snapshot_id"]), f"epoch-{planned['epoch']}"
+        str(planned["mirror"]),
+        int(planned["through"]["changelog_snapshot_id"]),
+        f"epoch-{planned['epoch']}",
+        planned.get("root"),
     )
     if store.list(paths.commit_pending):
         log.warning("mirror %s: a commit's outcome is unknown; its files are kept", planned["mirror"])
@@ -372,3 +379,25 @@ def _through(apply_plan: MirrorPlan):
     from iceberg_cdc.mirror.iceberg.inputs import Through
 
     return Through.from_dict(apply_plan.through)
+
+
+def watermark(ctx: Any, mirror: Any) -> Any:
+    """The mirror's watermark: the last changelog snapshot applied (None: the mirror is new or empty).
+
+    A ``ChangelogMark`` of the mirror core when it is installed, else this
+    target's own :class:`~.inputs.Through` (same fields).
+    """
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        table = ctx.catalog().load_table(str(_setting(mirror, "table")))
+    except NoSuchTableError:
+        return None
+    mark = read_mirror_watermark(table)
+    if mark is None:
+        return None
+    try:
+        from iceberg_cdc.mirror.net_changes import ChangelogMark
+    except ImportError:
+        return mark
+    return ChangelogMark(mark.changelog_snapshot_id, mark.source_snapshot_id, mark.ordinal)
