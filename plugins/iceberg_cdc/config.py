@@ -4,7 +4,8 @@ The file follows the public contract (``../shared/design/README.md``)::
 
     catalog:   {name: ..., <pyiceberg catalog properties>}
     shuffle:   {uri: ..., partitions: 64, target_partition_size: 64MB, retain_files: false, s3.*: ...}
-    tables:    [{source: ns.table, sink: ns.table_changes, identifier_columns: [id]}, ...]
+    tables:    [{source: ns.table, sink: ns.table_changes, identifier_columns: [id],
+                 mirrors: [{type: postgres, dsn: postgresql://..., table: public.orders}, ...]}, ...]
 
 plus optional knobs with defaults (``shuffle.write_task_size``, ``spark.*``,
 per-table ``start``, ``duplicate_keys``, ``schedule``). ``CDC_CONFIG`` names
@@ -232,6 +233,75 @@ def connect_url_problem(url: str) -> str | None:
     return None
 
 
+_PG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+_MIRROR_NAME = re.compile(r"^[A-Za-z0-9_]{1,100}$")
+
+
+class MirrorConfig(_Strict):
+    """One mirror of a table: a copy of the source's current rows, one row per key, kept by its own DAG.
+
+    ``{type: iceberg, table: ns.name}`` or
+    ``{type: postgres, conn_id: <Airflow connection> | dsn: postgresql://..., table: schema.name}``.
+    ``name`` tells two mirrors of one table apart (DAG id, lease, staging); it defaults to the
+    table with ``.`` as ``__``. ``exclude_columns`` leaves source columns out of the mirror
+    (e.g. a type the target cannot hold); key columns cannot be left out.
+    """
+
+    type: Literal["iceberg", "postgres"]
+    table: str
+    conn_id: str | None = None
+    dsn: str | None = None
+    name: str | None = None
+    exclude_columns: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _target(self) -> MirrorConfig:
+        if self.type == "iceberg":
+            if not _IDENT.match(self.table):
+                raise ValueError(
+                    f"table {self.table!r} is not an Iceberg table identifier like namespace.table"
+                )
+            extra = [key for key in ("conn_id", "dsn") if getattr(self, key) is not None]
+            if extra:
+                raise ValueError(
+                    f"{', '.join(extra)} only apply to type: postgres; an Iceberg mirror lives in the "
+                    "config's catalog: remove them"
+                )
+            return self
+        parts = self.table.split(".")
+        if len(parts) != 2 or not all(_PG_NAME.match(part) for part in parts):
+            raise ValueError(
+                f"table {self.table!r} is not a PostgreSQL table like schema.name (letters, digits, _ and $, "
+                "at most 63 characters each, not starting with a digit), e.g. public.orders"
+            )
+        if (self.conn_id is None) == (self.dsn is None):
+            raise ValueError(
+                "a postgres mirror needs exactly one of conn_id (an Airflow connection, e.g. postgres_default) "
+                "or dsn (postgresql://user@host:5432/database; put a password in ${ENV_VAR})"
+            )
+        if self.dsn is not None and not self.dsn.startswith(("postgresql://", "postgres://")):
+            raise ValueError(
+                f"dsn {_redact(self.dsn)!r} is not a URL like postgresql://user@host:5432/database"
+            )
+        return self
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not _MIRROR_NAME.match(value):
+            raise ValueError(f"name {value!r} may hold only letters, digits and _ (at most 100)")
+        return value
+
+    @property
+    def mirror_name(self) -> str:
+        """The mirror's name within its table: ``name``, or the table with ``.`` as ``__``."""
+        return self.name or self.table.replace(".", "__")
+
+    def describe(self) -> str:
+        """For messages: ``postgres mirror public.orders`` (never the DSN: it may hold a password)."""
+        return f"{self.type} mirror {self.table}" + (f" ({self.name})" if self.name else "")
+
+
 class TableConfig(_Strict):
     source: str
     sink: str
@@ -239,6 +309,7 @@ class TableConfig(_Strict):
     start: Literal["earliest", "latest"] = "earliest"
     duplicate_keys: Literal["fail", "emit_unpaired"] = "fail"
     schedule: str | None = "@hourly"
+    mirrors: list[MirrorConfig] = Field(default_factory=list)
 
     @field_validator("source", "sink")
     @classmethod
@@ -268,9 +339,45 @@ class TableConfig(_Strict):
             raise ValueError("identifier_columns must be a non-empty list of distinct column names")
         return value
 
+    @model_validator(mode="after")
+    def _mirrors(self) -> TableConfig:
+        names = [m.mirror_name for m in self.mirrors]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(
+                f"mirrors: two mirrors of {self.source} are both named {dupes}; give each a distinct "
+                "mirrors[].name (it names the mirror's DAG, lease and staging)"
+            )
+        for mirror in self.mirrors:
+            if mirror.type == "iceberg" and mirror.table.lower() in (self.source.lower(), self.sink.lower()):
+                raise ValueError(
+                    f"mirrors: the Iceberg mirror {mirror.table!r} is this table's source or sink; a "
+                    f"mirror needs a table of its own, e.g. '{self.source}_mirror'"
+                )
+            keys = set(self.identifier_columns or ())
+            excluded_keys = sorted(keys & set(mirror.exclude_columns))
+            if excluded_keys:
+                raise ValueError(
+                    f"mirrors: {mirror.describe()} excludes the key column(s) {excluded_keys}; a mirror "
+                    "holds one row per key, so key columns cannot be left out"
+                )
+        return self
+
     @property
     def dag_id(self) -> str:
         return dag_id_for(self.source)
+
+    def mirror(self, name: str) -> MirrorConfig:
+        for mirror in self.mirrors:
+            if mirror.mirror_name == name:
+                return mirror
+        raise ConfigError(
+            f"table {self.source!r} has no mirror named {name!r} "
+            f"(configured: {[m.mirror_name for m in self.mirrors]})"
+        )
+
+    def mirror_dag_id(self, mirror: MirrorConfig) -> str:
+        return mirror_dag_id_for(self.source, mirror.mirror_name)
 
 
 class CdcConfig(_Strict):
@@ -286,6 +393,22 @@ class CdcConfig(_Strict):
             dupes = sorted({s for s in seen if seen.count(s) > 1})
             if dupes:
                 raise ValueError(f"tables: {attr} {dupes} configured more than once")
+        captured = {t.source.lower() for t in self.tables} | {t.sink.lower() for t in self.tables}
+        targets: dict[tuple[str, str | None, str], str] = {}
+        for table in self.tables:
+            for mirror in table.mirrors:
+                if mirror.type == "iceberg" and mirror.table.lower() in captured:
+                    raise ValueError(
+                        f"tables: the Iceberg mirror {mirror.table!r} of {table.source} is a configured source "
+                        "or sink; give the mirror a table of its own"
+                    )
+                where = (mirror.type, mirror.conn_id or mirror.dsn, mirror.table.lower())
+                if where in targets:
+                    raise ValueError(
+                        f"tables: {mirror.describe()} is configured twice ({targets[where]} and {table.source}); "
+                        "two mirrors must not write one table"
+                    )
+                targets[where] = table.source
         return self
 
     def table(self, source: str) -> TableConfig:
@@ -348,6 +471,11 @@ def secret_values(config: CdcConfig) -> set[str]:
 def dag_id_for(source: str) -> str:
     """``shop.orders`` -> ``cdc__shop__orders`` (the public contract)."""
     return "cdc__" + source.replace(".", "__")
+
+
+def mirror_dag_id_for(source: str, mirror_name: str) -> str:
+    """``shop.orders`` + ``public__orders`` -> ``cdc_mirror__shop__orders__public__orders``."""
+    return "cdc_mirror__" + source.replace(".", "__") + "__" + mirror_name
 
 
 def _expand_env(value: Any, where: str) -> Any:

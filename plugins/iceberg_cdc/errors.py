@@ -125,6 +125,45 @@ class TransientStorageError(StorageError):
         self.attempts = attempts
 
 
+class MirrorError(CdcError):
+    """Base of the errors about a mirror (a copy of the source's current rows kept by its own DAG)."""
+
+
+class MirrorConfigError(MirrorError, ConfigError):
+    """A mirror cannot be kept as configured: no key (whole-row mode), a key nested in a struct, ..."""
+
+
+class MirrorSchemaError(MirrorError):
+    """The mirror's target cannot hold the changelog's columns: an unmappable type, a conflicting column."""
+
+
+class MirrorKeyError(MirrorError):
+    """The changelog does not give one row per key (a key twice in one snapshot, a null key)."""
+
+
+class MirrorHistoryError(MirrorError):
+    """The changelog snapshot a mirror last applied is no longer in the changelog's history.
+
+    The changelog table was rolled back, dropped and recreated, or its snapshots
+    expired past a reprocess the mirror must compare; the fix is a rebuild.
+    """
+
+
+class MirrorStateError(MirrorError, LeaseLostError):
+    """The mirror moved under this run: nothing was applied.
+
+    Another run applied first (the watermark moved), or an Iceberg mirror got a
+    commit after the one its apply was planned on, or holds files its applies
+    never write (equality deletes): the delete positions found may be stale.
+
+    A subclass of :class:`LeaseLostError`: the run stops, and the next run plans afresh.
+    """
+
+
+class MirrorUnavailableError(MirrorError, ConfigError):
+    """A mirror type whose implementation is not part of this installation."""
+
+
 # Errors no retry of the same task can fix: the run stops at once (the next run starts afresh from
 # detect, or the user fixes config or data). Transient storage errors are not among them.
 FINAL_ERRORS: tuple[type[CdcError], ...] = (
@@ -136,18 +175,9 @@ FINAL_ERRORS: tuple[type[CdcError], ...] = (
     AmbiguousUpdateError,
     SinkSchemaError,
     UnsupportedSnapshotError,
+    MirrorConfigError,
+    MirrorSchemaError,
+    MirrorKeyError,
+    MirrorHistoryError,
 )
 
-
-class MirrorStateError(CdcError):
-    """An Iceberg mirror is not in a state an apply can build on.
-
-    Someone else wrote to the mirror (a commit after the one the apply was
-    planned on, equality deletes, a file the plan named gone), or its schema
-    cannot take the source's. The message names the mirror and the fix; the
-    apply committed nothing, and a new run plans again from the mirror's
-    current state.
-    """
-
-
-FINAL_ERRORS = (*FINAL_ERRORS, MirrorStateError)

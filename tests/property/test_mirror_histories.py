@@ -1,177 +1,216 @@
-"""Random source histories keep an Iceberg mirror exactly equal to the source after every apply.
+"""Random histories with a PostgreSQL mirror: equal to the source after every mirror run.
 
-hypothesis drives a state machine over a real source table (SQLite catalog,
-local files) with a random schema, key (``id`` or ``id, region``: then a
-partition move changes the key) and partitioning, and one Iceberg mirror of
-random format (v2: position delete files; v3: deletion vectors) and mode
-(merge-on-read or copy-on-write). Its rules write snapshots as engines do
-(copy-on-write MERGEs with value updates, partition moves, no-op updates,
-deletes, new rows and re-inserts of deleted keys; appends) and apply the
-net changes since the last apply at random points -- several snapshots at
-once, or one -- through the mirror's own steps. Some applies are killed
-after a step (plan, some or all join units, commit), crash without cleanup,
-or have a join unit run twice (a Spark retry), and are then retried.
-
-After every apply (and its retry): the mirror's rows, read by pyiceberg,
-are exactly the source's rows at the apply's snapshot; no key is held twice;
-every apply is committed at most once (its marker is in one snapshot); the
-watermark is the last apply's. Rows deleted earlier are never deleted again:
-the commit's conservation check refuses a delete that does not hold exactly
-the old plus the new positions.
+The changelog's own random-history machines (copy-on-write:
+:mod:`tests.property.test_random_histories`; merge-on-read, v2 and v3:
+:mod:`tests.property.test_mor_histories`) gain a PostgreSQL mirror on a real
+server and a rule that runs it (after catching the changelog up, or without:
+then the mirror applies whatever the changelog holds). The copy-on-write
+machine also changes the source's schema: columns added, widened
+(``int -> long``) and dropped. After every mirror run, and at the end of each
+history, the mirror must hold exactly the source's rows at the mirror's
+watermark (:mod:`tests.support.mirror_check`), and its watermark must be the
+changelog's. Every changelog check of the parent machines still runs.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import shutil
-import tempfile
-from pathlib import Path
+import uuid
 
+import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import initialize, precondition, rule
+from pyiceberg.types import LongType
 
-from iceberg_cdc.mirror.iceberg import join, steps
-from iceberg_cdc.mirror.iceberg.plan import MirrorPlan
-from iceberg_cdc.mirror.iceberg.table import read_mirror_watermark, snapshot_marker
-from tests.support.history import COLUMN_KINDS, HistoryShape, HistoryTable
-from tests.support.inline_pipeline import SOURCE, InlinePipeline
-from tests.support.mirror_harness import MirrorHarness, MirrorTarget
+from tests.property.test_mor_histories import MorRandomHistory
+from tests.property.test_random_histories import RandomHistory
+from tests.support.history import COLUMN_KINDS, HistoryShape, HistoryTable, _longs
+from tests.support.mirror_check import assert_mirror_exact
+from tests.support.mirror_pipeline import MirrorPipeline
+from tests.support.mor_history import MorHistory
 
-shapes = st.builds(
+SERVER: dict[str, str] = {}
+seeds = st.integers(0, 2**32 - 1)
+keyed_shapes = st.builds(
     HistoryShape,
-    columns=st.lists(st.sampled_from(sorted(COLUMN_KINDS)), min_size=0, max_size=3).map(tuple),
+    columns=st.lists(st.sampled_from(sorted(COLUMN_KINDS)), min_size=0, max_size=4).map(tuple),
     identifier=st.sampled_from([("id",), ("id",), ("id", "region")]),
     partitioning=st.sampled_from(["region", "bucket", "none"]),
 )
-seeds = st.integers(0, 2**32 - 1)
-fractions = st.sampled_from([0.0, 0.1, 0.3, 1.0])
-FAULTS = ("plan", "join", "join-partial", "commit", "crash-after-join", "unit-twice")
 
 
-class MirrorHistory(RuleBasedStateMachine):
-    def __init__(self) -> None:
-        super().__init__()
-        self.tmp = Path(tempfile.mkdtemp(prefix="cdc-mirror-"))
-        self.applies = 0
+@pytest.fixture(scope="module", autouse=True)
+def _postgres(postgres_server):
+    SERVER["dsn"] = postgres_server.dsn
+    yield
+    SERVER.clear()
 
-    @initialize(
-        shape=shapes,
-        seed=seeds,
-        n=st.integers(0, 40),
-        format_version=st.sampled_from([2, 3]),
-        mode=st.sampled_from(["merge-on-read", "merge-on-read", "copy-on-write"]),
-    )
-    def create(self, shape: HistoryShape, seed: int, n: int, format_version: int, mode: str) -> None:
-        self.pipeline = InlinePipeline(self.tmp, shuffle={"write_task_size": "4KB"})
-        self.history = HistoryTable(
-            self.pipeline.create_source(shape.schema(), partition_spec=shape.spec()), shape
+
+class EvolvingHistory(HistoryTable):
+    """A history whose table also changes schema: added, widened and dropped columns."""
+
+    added = 0
+    evolved = False
+
+    def rows(self, rng: random.Random, ids: list[int], regions: list[str] | None = None) -> pa.Table:
+        n = len(ids)
+        columns: dict[str, list] = {}
+        for name in self.arrow_schema.names:
+            if name == "id":
+                columns[name] = ids
+            elif name == "region":
+                columns[name] = (
+                    regions if regions is not None else [rng.choice(["us", "eu", "ap"]) for _ in range(n)]
+                )
+            elif name.startswith("x"):
+                columns[name] = _longs(rng, n)
+            else:
+                columns[name] = COLUMN_KINDS[name.split("_", 1)[1]].values(rng, n)
+        return pa.Table.from_pydict(columns, schema=self.arrow_schema)
+
+    def state(self) -> pa.Table:
+        """The current rows in the current schema (a scan reads in its snapshot's schema)."""
+        state = super().state()
+        columns = [
+            state.column(f.name).cast(f.type)
+            if f.name in state.column_names
+            else pa.nulls(state.num_rows, f.type)
+            for f in self.arrow_schema
+        ]
+        return pa.Table.from_arrays(columns, schema=self.arrow_schema)
+
+    def evolve(self, rng: random.Random, change: str) -> None:
+        schema = self.table.schema()
+        data = [f for f in schema.fields if f.name not in ("id", "region")]
+        ints = [f for f in data if isinstance(f.field_type, type(COLUMN_KINDS["int"].iceberg(lambda: 0)))]
+        with self.table.update_schema() as update:
+            if change == "widen" and ints:
+                update.update_column(rng.choice(ints).name, LongType())
+            elif change == "drop" and data:
+                update.delete_column(rng.choice(data).name)
+            else:
+                update.add_column(f"x{self.added}", LongType())
+                self.added += 1
+        self.table.refresh()
+        self.arrow_schema = self.table.schema().as_arrow()
+        self.evolved = True
+        # A snapshot in the new schema right away: pyiceberg scans (and its upsert) read in the
+        # current snapshot's schema.
+        self.append(rng, 1)
+
+
+class _MirrorRules:
+    """The mirror rule and the final check, shared by both machines."""
+
+    pipeline: MirrorPipeline
+
+    def _new_pipeline(self, partitions: int) -> MirrorPipeline:
+        return MirrorPipeline(
+            self.tmp,
+            SERVER["dsn"],
+            f"h_{uuid.uuid4().hex[:12]}",
+            shuffle={"partitions": partitions, "target_partition_size": "2KB"},
         )
-        target = MirrorTarget("mirror.orders", mode=mode, format_version=format_version)
-        self.harness = MirrorHarness(self.pipeline.config, SOURCE, target, shape.identifier)
+
+    def _mirror_and_check(self) -> None:
+        run = self.pipeline.mirror()
+        verdict = assert_mirror_exact(self.history.table, self.pipeline.target)
+        mark = self.pipeline.watermark()
+        if mark is not None:
+            assert verdict.mark is not None and verdict.mark.source_snapshot_id == mark.snapshot_id, (
+                f"mirror at {verdict.mark} after its run ({run.action}), the changelog at {mark}"
+            )
+
+    def _final(self) -> None:
+        if self.history is not None:
+            self.process()
+            self._mirror_and_check()
+
+
+class MirroredCowHistory(_MirrorRules, RandomHistory):
+    @initialize(shape=keyed_shapes, seed=seeds, n=st.integers(0, 40), partitions=st.sampled_from([1, 3, 8]))
+    def create(self, shape: HistoryShape, seed: int, n: int, partitions: int) -> None:
+        self.pipeline = self._new_pipeline(partitions)
+        table = self.pipeline.create_source(shape.schema(), partition_spec=shape.spec())
+        self.history = EvolvingHistory(table, shape)
         if n:
             self.history.append(random.Random(seed), n)
 
-    @rule(seed=seeds, n=st.integers(1, 15))
-    def append(self, seed: int, n: int) -> None:
-        self.history.append(random.Random(seed), n)
+    @rule(seed=seeds, change=st.sampled_from(["add", "widen", "drop"]))
+    def evolve(self, seed: int, change: str) -> None:
+        self.history.evolve(random.Random(seed), change)
 
-    @rule(
-        seed=seeds,
-        update=fractions,
-        move=fractions,
-        noop=fractions,
-        delete=fractions,
-        inserts=st.integers(0, 6),
-    )
-    def merge(self, seed: int, update: float, move: float, noop: float, delete: float, inserts: int) -> None:
-        rng = random.Random(seed)
-        self.history.merge(
-            rng,
-            update=update,
-            move=move,
-            noop=noop,
-            delete=delete,
-            inserts=inserts,
-            reinserts=rng.randint(0, 3),
-        )
+    @rule()
+    def process(self) -> None:
+        """The parent's checks while the schema is the first one; after a change, catch up only.
 
-    def _apply(self, seed: int, fault: str | None) -> None:
-        rng = random.Random(seed)
-        state = self.history.state()
-        head = self.history.table.current_snapshot()
-        net = self.harness.net_changes(rng, state, head.snapshot_id if head else 0)
-        if fault is None:
-            self.harness.apply(net, state)
-        else:
-            self._apply_with_fault(net, fault)
-            self.harness.apply(net, state)  # the retry: a new run, a new epoch
-        self.applies += 1
-        self.harness.assert_equal(state)
-        mirror = self.harness.mirror()
-        assert read_mirror_watermark(mirror) is not None
-        assert read_mirror_watermark(mirror).ordinal == net.through.ordinal
-        marked = [s for s in mirror.snapshots() if snapshot_marker(s) == read_mirror_watermark(mirror)]
-        assert len(marked) <= 1, "an apply was committed twice"
+        The replay checker compares snapshots in the current schema; the changelog's schema
+        evolution has its own tests (tests/integration/test_types_and_evolution.py).
+        """
+        if not self.history.evolved:
+            super().process()
+            return
+        for run in self.pipeline.catch_up():
+            assert run.snapshot_id not in self.processed, f"snapshot {run.snapshot_id} processed twice"
+            self.processed.append(run.snapshot_id)
 
-    def _apply_with_fault(self, net, fault: str) -> None:
-        harness = self.harness
-        lease = harness.lease()
-        run_id = f"faulty__{self.applies}__{fault}"
-        info = lease.acquire(run_id, 300.0)
-        staged = harness.stage(net, run_id, info.epoch)
-        planned = steps.plan(harness.ctx, harness.target, staged)
-        try:
-            if fault == "plan":
-                return
-            if fault == "join-partial" and planned.get("action") == "apply":
-                plan = MirrorPlan.load(harness.ctx.runtime.store(), planned["plan"])
-                if plan.units:
-                    join.run_mirror_join_task(plan, harness.ctx.runtime, plan.units[0].unit_id)
-                return
-            steps.run_units_inline(harness.ctx.runtime, planned)
-            if fault == "unit-twice":
-                steps.run_units_inline(
-                    harness.ctx.runtime, planned
-                )  # every unit again: new files, new records
-                steps.commit(harness.ctx, harness.target, planned)
-                return
-            if fault in ("join", "crash-after-join"):
-                return
-            steps.commit(harness.ctx, harness.target, planned)  # fault == "commit": dies after it
-        finally:
-            if fault != "crash-after-join":
-                steps.cleanup(harness.ctx, harness.target, planned)
-                lease.release(run_id, info.epoch)
-            else:  # the worker died: no cleanup, the lease expires (taken over here at once)
-                lease.release(run_id, info.epoch)
-
-    @rule(seed=seeds)
-    def apply(self, seed: int) -> None:
-        self._apply(seed, None)
-
-    @rule(seed=seeds, fault=st.sampled_from(FAULTS))
-    def apply_with_fault(self, seed: int, fault: str) -> None:
-        self._apply(seed, fault)
-
-    @invariant()
-    def mirror_never_ahead(self) -> None:
-        if self.applies:
-            assert read_mirror_watermark(self.harness.mirror()).ordinal == self.harness.ordinal
+    @rule(catch_up=st.booleans())
+    def mirror(self, catch_up: bool) -> None:
+        if catch_up:
+            self.process()
+        self._mirror_and_check()
 
     def teardown(self) -> None:
         try:
-            if getattr(self, "harness", None) is not None:
-                self._apply(0, None)
+            self._final()
         finally:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            super().teardown()
 
 
-MirrorHistory.TestCase.settings = settings(
-    max_examples=int(os.environ.get("CDC_MIRROR_HISTORIES", "40")),
-    stateful_step_count=10,
+class MirroredMorHistory(_MirrorRules, MorRandomHistory):
+    @initialize(
+        shape=keyed_shapes,
+        seed=seeds,
+        n=st.integers(1, 30),
+        partitions=st.sampled_from([1, 3]),
+        formats=st.sampled_from(["v2", "v3", "v2 then v3"]),
+    )
+    def create(self, shape: HistoryShape, seed: int, n: int, partitions: int, formats: str) -> None:
+        self.formats = formats
+        self.pipeline = self._new_pipeline(partitions)
+        table = self.pipeline.create_source(
+            shape.schema(), partition_spec=shape.spec(), properties={"format-version": "2"}
+        )
+        self.history = MorHistory(table, shape)
+        self.history.append(random.Random(seed), n)
+        if formats == "v3":
+            self.history.upgrade_to_v3()
+
+    @precondition(lambda self: self.history is not None)
+    @rule(catch_up=st.booleans())
+    def mirror(self, catch_up: bool) -> None:
+        if catch_up:
+            self.process()
+        self._mirror_and_check()
+
+    def teardown(self) -> None:
+        try:
+            self._final()
+        finally:
+            super().teardown()
+
+
+_SETTINGS = dict(
+    stateful_step_count=7,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-TestMirrorHistories = MirrorHistory.TestCase
+# 40 copy-on-write and 25 merge-on-read histories in make test; CDC_HISTORIES scales them (default 200).
+_SCALE = int(os.environ.get("CDC_HISTORIES", "200"))
+MirroredCowHistory.TestCase.settings = settings(max_examples=max(1, _SCALE // 5), **_SETTINGS)
+MirroredMorHistory.TestCase.settings = settings(max_examples=max(1, _SCALE // 8), **_SETTINGS)
+TestMirroredCowHistories = MirroredCowHistory.TestCase
+TestMirroredMorHistories = MirroredMorHistory.TestCase
