@@ -180,4 +180,3 @@ FINAL_ERRORS: tuple[type[CdcError], ...] = (
     MirrorKeyError,
     MirrorHistoryError,
 )
-

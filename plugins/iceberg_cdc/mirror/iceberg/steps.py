@@ -146,7 +146,8 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
     source = catalog.load_table(source_name)
     source_schema = source_schema_at(source, net.through.source_snapshot_id)
     if net.columns is not None:  # the mirror's columns, as the stager chose them (excluded ones left out)
-        source_schema = source_schema.select(*net.columns)
+        present = {f.name for f in source_schema.fields}
+        source_schema = source_schema.select(*[c for c in net.columns if c in present])
     table, created = create_or_load(
         catalog,
         mirror_table,
