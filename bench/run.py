@@ -23,7 +23,11 @@ Runs, in this one invocation, all on Spark ``local[2]``:
   LocalExecutor with 2 slots; connect mode): one-row latency from the REST
   trigger to success, and a backlog of 30 one-row snapshots caught up by
   chained runs (also with ``--quick``; ``--no-scheduler`` leaves it out);
-* the engine-only figures of ``engine_bench.py``.
+* the engine-only figures of ``engine_bench.py``;
+* an Iceberg mirror (``mirror_bench.py``): a 1% update + 0.1% delete of the
+  N-row table applied by the mirror target against pyiceberg's own
+  ``Table.upsert`` (seconds, bytes written), and a 30-snapshot catch-up in one
+  apply against one apply per snapshot (``--skip-mirror`` leaves it out).
 
 Writes ``bench/results/pipeline.{json,txt,png,md}`` and ends with the lines
 ``bench (warm Spark Connect): pipeline X s, spark-native Y s, ratio=R`` and
@@ -64,6 +68,8 @@ from latency import (  # noqa: E402
     scheduler_figures,
     scheduler_lines,
 )
+from mirror_bench import mirror_lines  # noqa: E402
+from mirror_bench import run as run_mirror_bench  # noqa: E402
 from mor_bench import mor_line, run_mor_vs_cow  # noqa: E402
 from pipeline_run import PipelineSetup, breakdown, expected_reads, run_pipeline, sink_changes  # noqa: E402
 from point_update import point_update_line, run_point_update  # noqa: E402
@@ -375,6 +381,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=None, help="N (default 5 M; 100 k with --quick)")
     parser.add_argument("--skip-engine", action="store_true", help="leave engine_bench.py out (--quick does)")
     parser.add_argument("--skip-airflow", action="store_true", help="leave the one-row Airflow run out")
+    parser.add_argument("--skip-mirror", action="store_true", help="leave the Iceberg mirror figures out")
     parser.add_argument(
         "--skip-connect", action="store_true", help="leave the warm Spark Connect comparison out"
     )
@@ -442,6 +449,12 @@ def main() -> None:
     # A quick run must not overwrite the committed figures of a full one.
     out_dir = work / "results" if args.quick else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
+    if not args.skip_mirror:
+        log("Iceberg mirror: net changes applied by the mirror target and by pyiceberg's upsert")
+        results["mirror"] = run_mirror_bench(rows, work / "mirror", 30)
+        results["checks"]["mirror"] = {"equal": results["mirror"]["equal"]}
+        (out_dir / "mirror.json").write_text(json.dumps(results["mirror"], indent=2) + "\n")
+        (out_dir / "mirror.txt").write_text("\n".join(mirror_lines(results["mirror"])) + "\n")
     if not args.skip_engine and not args.quick:
         results["engine"] = run_engine_bench(args.quick, out_dir)
     results["bench_wall_seconds"] = round(time.perf_counter() - started, 1)
@@ -455,6 +468,8 @@ def main() -> None:
     if not ok:
         print("bench: CHECK FAILED: the pipeline and a comparison run disagree; see pipeline.json 'checks'")
     print(mor_line(results["merge_on_read"]))
+    if "mirror" in results:
+        print("\n".join(mirror_lines(results["mirror"])))
     print(point_update_line(results["point_update"]))
     if "latency_connect" in results:
         print(latency_line(results["latency"]["wall_seconds"], results["latency_connect"]))
