@@ -34,7 +34,9 @@ MIRROR_DAG = "cdc_mirror__shop__orders__ice"
 def pipeline(moto_server, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("iceberg-mirror-e2e")
     p = AirflowPipeline(tmp, moto_server, SCHEMA, partition_spec=BY_REGION)
-    p.config["tables"][0]["mirrors"] = [{"type": "iceberg", "table": MIRROR, "name": "ice", "format_version": 3}]
+    p.config["tables"][0]["mirrors"] = [
+        {"type": "iceberg", "table": MIRROR, "name": "ice", "format_version": 3}
+    ]
     p.config_path.write_text(yaml.safe_dump(p.config))
     p.moto = moto_server
     return p
@@ -59,7 +61,9 @@ def _check(p: AirflowPipeline) -> None:
     assert mirror.metadata.format_version == 3
     names = state.column_names
     assert multiset(mirror.scan().to_arrow(), names) == multiset(state, names)
-    assert multiset(read_iceberg(mirror.metadata_location, p.moto.properties), names) == multiset(state, names)
+    assert multiset(read_iceberg(mirror.metadata_location, p.moto.properties), names) == multiset(
+        state, names
+    )
     assert not [k for k in p.shuffle_objects() if "/mirror-ice/" in k], "the mirror run left staged objects"
 
 
