@@ -47,7 +47,7 @@ from iceberg_cdc.config import parse_config  # noqa: E402
 from iceberg_cdc.coordination.lease import TableLease  # noqa: E402
 from iceberg_cdc.mirror.iceberg import steps  # noqa: E402
 from iceberg_cdc.mirror.iceberg.inputs import Through, default_lease_name, stage_net_changes  # noqa: E402
-from iceberg_cdc.orchestration.context import Context  # noqa: E402
+from iceberg_cdc.run.context import Context  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SOURCE = "bench.orders_src"

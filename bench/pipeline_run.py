@@ -1,6 +1,6 @@
 """One DAG run's phases, each timed, through the same Spark jobs the DAG submits.
 
-Order and calls as ``iceberg_cdc.orchestration.inline.run_snapshot`` (the
+Order and calls as ``iceberg_cdc.run.inline.run_snapshot`` (the
 DAG's order), except that the write and read groups run as ``spark-submit``
 of ``spark_jobs/cdc_phase.py --phase write|read --plan KEY --group N``, as
 the DAG's mapped SparkSubmitOperator tasks do, with ``CDC_CONFIG`` naming
@@ -34,11 +34,11 @@ from s3log import RequestLog
 from sparkrun import PHASE_APPLICATION, dag_conf, spark_env, spark_submit
 
 from iceberg_cdc.config import CdcConfig
-from iceberg_cdc.orchestration import steps
-from iceberg_cdc.orchestration.inline import _run_phase
-from iceberg_cdc.orchestration.pyfiles import package_zip
 from iceberg_cdc.pipeline.groups import read_group_count
 from iceberg_cdc.pipeline.plan import SnapshotPlan
+from iceberg_cdc.pipeline.pyfiles import package_zip
+from iceberg_cdc.run import steps
+from iceberg_cdc.run.inline import _run_phase
 
 
 @dataclass
@@ -150,19 +150,19 @@ def run_pipeline(setup: PipelineSetup) -> dict[str, Any]:
     started = time.perf_counter()
     detected = steps.detect(ctx, run_id)
     phases.done("plan")
-    if detected["action"] != "shuffle":
+    if detected.action != "shuffle":
         steps.cleanup(ctx, detected, run_id)
         raise RuntimeError(f"{setup.label}: expected a snapshot with deletes to shuffle, got {detected}")
     store = ctx.runtime.store()
-    plan = SnapshotPlan.load(store, detected["plan"])
+    plan = SnapshotPlan.load(store, detected.plan)
     submits: dict[str, list[dict[str, Any]]] = {}
     try:
         if setup.inline:
             _run_phase(ctx, plan, "write", len(plan.groups))
         elif setup.connect_url:
-            submits["write"] = _connect_groups(setup, ctx, detected["write_args"])
+            submits["write"] = _connect_groups(setup, ctx, detected.write_args)
         else:
-            submits["write"] = _submit_groups(setup, "write", detected["write_args"])
+            submits["write"] = _submit_groups(setup, "write", detected.write_args)
         phases.done("write")
         missing, failed = steps.missing_map_outputs(ctx, detected)
         if missing or failed:

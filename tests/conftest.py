@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from iceberg_cdc.local_postgres import LocalPostgres
-from iceberg_cdc.local_s3 import LocalS3Server
+from cdc_devtools.local_postgres import LocalPostgres
+from cdc_devtools.local_s3 import LocalS3Server
 from iceberg_cdc.storage import LocalObjectStore, ObjectStore, open_store
 
 _DUMMY_AWS_ENV = {

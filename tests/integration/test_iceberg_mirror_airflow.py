@@ -15,15 +15,15 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from cdc_devtools.airflow_env import dags_test
+from cdc_devtools.cow import cow_merge
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
+from cdc_devtools.replay import multiset
 from iceberg_cdc.config import load_config
-from iceberg_cdc.devtools.airflow_env import dags_test
-from iceberg_cdc.devtools.cow import cow_merge
 from iceberg_cdc.mirror.iceberg import steps as iceberg_steps
-from iceberg_cdc.orchestration.context import Context
+from iceberg_cdc.run.context import Context
 from tests.support.airflow_pipeline import SOURCE, AirflowPipeline
 from tests.support.duckdb_reader import read_iceberg
-from tests.support.orders import BY_REGION, SCHEMA, rows
-from tests.support.replay import multiset
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 MIRROR = "shop.orders_mirror"

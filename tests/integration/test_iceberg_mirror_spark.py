@@ -20,18 +20,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from iceberg_cdc.devtools.connect_server import LocalSparkConnectServer
-from iceberg_cdc.devtools.spark_cluster import SPARK_HOME
-from iceberg_cdc.local_s3 import free_port
-from iceberg_cdc.orchestration.dag_factory import spark_application
-from iceberg_cdc.orchestration.pyfiles import package_zip
-from iceberg_cdc.orchestration.submit_conf import submit_conf
+from cdc_devtools.connect_server import LocalSparkConnectServer
+from cdc_devtools.local_s3 import free_port
+from cdc_devtools.replay import multiset
+from cdc_devtools.spark_cluster import SPARK_HOME
+from iceberg_cdc.airflow.operators.spark import spark_application
 from iceberg_cdc.pipeline import connect_app
+from iceberg_cdc.pipeline.pyfiles import package_zip
+from iceberg_cdc.pipeline.submit_conf import submit_conf
 from tests.support.duckdb_reader import read_iceberg
 from tests.support.history import HistoryShape, HistoryTable
 from tests.support.inline_pipeline import SOURCE, InlinePipeline
 from tests.support.mirror_harness import MirrorHarness, MirrorTarget
-from tests.support.replay import multiset
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

@@ -15,15 +15,15 @@ import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, ListType, LongType, NestedField, StringType, StructType
 
-from iceberg_cdc.devtools.cow import cow_merge
+from cdc_devtools.cow import cow_merge
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from iceberg_cdc.errors import MirrorConfigError, MirrorSchemaError
 from iceberg_cdc.mirror.postgres.connection import connect
 from iceberg_cdc.mirror.rebuild import rebuild
-from iceberg_cdc.orchestration.context import Context
+from iceberg_cdc.run.context import Context
 from tests.support.inline_pipeline import SOURCE
 from tests.support.mirror_check import verdict
 from tests.support.mirror_pipeline import MirrorPipeline
-from tests.support.orders import BY_REGION, SCHEMA, rows
 
 
 @pytest.fixture

@@ -26,14 +26,14 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from iceberg_cdc.devtools.airflow_env import connect_connection, connection_env_var
-from iceberg_cdc.devtools.connect_server import LocalSparkConnectServer
-from iceberg_cdc.devtools.cow import cow_merge
-from iceberg_cdc.local_s3 import free_port
+from cdc_devtools.airflow_env import connect_connection, connection_env_var
+from cdc_devtools.connect_server import LocalSparkConnectServer
+from cdc_devtools.cow import cow_merge
+from cdc_devtools.local_s3 import free_port
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
+from cdc_devtools.replay import assert_replay
 from tests.support.airflow_pipeline import AirflowPipeline
 from tests.support.iceberg_tables import cow_rewrite, live_files
-from tests.support.orders import BY_REGION, SCHEMA, rows
-from tests.support.replay import assert_replay
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
@@ -137,10 +137,10 @@ def test_unit_error_shows_the_pipelines_message_first(pipeline: AirflowPipeline)
 
 def test_a_closed_shared_session_gives_way_to_the_next(server, tmp_path):
     """The server closed today's shared session (it timed out): clients move on to the next id."""
-    from iceberg_cdc.pipeline import connect_app
+    from iceberg_cdc.pipeline import connect_app, connect_sessions
 
     digest = f"test-{uuid.uuid4().hex}"
-    closed = connect_app._new_session(
+    closed = connect_sessions._new_session(
         connect_app.with_session_id(server.url, connect_app.shared_session_id(digest, 0))
     )
     assert closed.range(1).count() == 1

@@ -22,16 +22,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from iceberg_cdc.devtools.spark_cluster import SPARK_HOME
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
+from cdc_devtools.spark_cluster import SPARK_HOME
+from iceberg_cdc.airflow.dag_factory import spark_application
 from iceberg_cdc.errors import LeaseHeldError
-from iceberg_cdc.orchestration import steps
-from iceberg_cdc.orchestration.dag_factory import spark_application
-from iceberg_cdc.orchestration.pyfiles import package_zip
-from iceberg_cdc.orchestration.submit_conf import submit_conf
+from iceberg_cdc.pipeline.pyfiles import package_zip
+from iceberg_cdc.pipeline.submit_conf import submit_conf
+from iceberg_cdc.run import steps
 from tests.integration.test_exactly_once import leftovers, merge
 from tests.support.fault_runs import verdict
 from tests.support.inline_pipeline import SOURCE, InlinePipeline
-from tests.support.orders import BY_REGION, SCHEMA, rows
 
 pytestmark = [pytest.mark.e2e]
 
@@ -39,7 +39,7 @@ TTL = 8.0
 
 
 def _spark_submit(config_path: Path, detected: dict, log: Path) -> subprocess.Popen:
-    args = detected["write_args"][0]
+    args = detected.write_args[0]
     command = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", "local[1]"]
     for key, value in submit_conf().items():
         command += ["--conf", f"{key}={value}"]
@@ -66,7 +66,7 @@ def test_sigkill_of_a_spark_phase_blocks_one_ttl_then_repairs(tmp_path, monkeypa
 
     ctx = steps.Context.of(p.config, SOURCE)
     detected = steps.detect(ctx, "doomed-run")
-    assert detected["action"] == "shuffle"
+    assert detected.action == "shuffle"
     lease = ctx.lease()
     first = lease.current()
     process = _spark_submit(config_path, detected, tmp_path / "spark.log")

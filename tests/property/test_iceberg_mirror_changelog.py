@@ -21,10 +21,10 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-from iceberg_cdc.devtools.cow import table_state
+from cdc_devtools.cow import table_state
 from iceberg_cdc.mirror.iceberg import steps as iceberg_steps
 from iceberg_cdc.mirror.inline import MirrorRun, run_mirror
-from iceberg_cdc.orchestration.context import Context
+from iceberg_cdc.run.context import Context
 from tests.property.test_mirror_histories import MirroredCowHistory, MirroredMorHistory
 from tests.support.inline_pipeline import SOURCE, InlinePipeline
 from tests.support.mirror_check import _rows

@@ -16,18 +16,18 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from iceberg_cdc.orchestration import steps
+from cdc_devtools.replay import ADDED, REMOVED, assert_replay, multiset
 from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS, read_group_count, record_group, units_of
 from iceberg_cdc.pipeline.plan import SnapshotPlan
+from iceberg_cdc.run import steps
 from iceberg_cdc.sink.table import SOURCE_SNAPSHOT_ID_KEY, summary_properties
 from iceberg_cdc.source.history import current_ancestry
-from tests.support.replay import ADDED, REMOVED, assert_replay, multiset
 
 POINTS = (
     "after_detect",
@@ -49,7 +49,7 @@ class Crash(BaseException):
 class RunState:
     ctx: steps.Context
     run_id: str
-    detected: dict[str, Any] = field(default_factory=dict)
+    detected: Any = None
     plan: SnapshotPlan | None = None
 
 
@@ -81,9 +81,9 @@ def run_steps(
     crashed = False
     try:
         call("after_detect", state)
-        action = state.detected["action"]
+        action = state.detected.action
         if action in ("shuffle", "insert"):
-            state.plan = SnapshotPlan.load(ctx.runtime.store(), state.detected["plan"])
+            state.plan = SnapshotPlan.load(ctx.runtime.store(), state.detected.plan)
             if action == "insert":
                 _phase(state, "insert", len(state.plan.groups))
                 call("after_write", state)

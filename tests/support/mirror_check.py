@@ -2,7 +2,7 @@
 
 Rows of the PostgreSQL mirror (read back through ADBC) and of the source
 table's state at the watermark's snapshot (read by the tests' own readers,
-:func:`iceberg_cdc.devtools.cow.table_state`, which applies merge-on-read
+:func:`cdc_devtools.cow.table_state`, which applies merge-on-read
 deletes with a reference reader) are turned into comparable Python values --
 decimals by their digits, floats by ``repr`` (NaN and -0.0 kept apart),
 structs and maps as JSON objects, uuids as text, times in UTC -- and compared
@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from iceberg_cdc.devtools.cow import table_state
+from cdc_devtools.cow import table_state
 from iceberg_cdc.mirror.net_changes import ChangelogMark
 from iceberg_cdc.mirror.postgres.target import PostgresTarget
 

@@ -22,11 +22,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_devtools.replay import multiset
 from iceberg_cdc.coordination.lease import TableLease
 from iceberg_cdc.mirror.iceberg import steps
 from iceberg_cdc.mirror.iceberg.inputs import default_lease_name, stage_net_changes
-from iceberg_cdc.orchestration.context import Context
-from tests.support.replay import multiset
+from iceberg_cdc.run.context import Context
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class MirrorTarget:
 
 
 def _key_strings(table: pa.Table, keys: tuple[str, ...]) -> list[tuple]:
-    from tests.support.oracle import row_key
+    from cdc_devtools.oracle import row_key
 
     return [row_key(r, keys) for r in table.select(list(keys)).to_pylist()]
 
@@ -77,11 +77,11 @@ class MirrorHarness:
         new_by_key = dict(zip(_key_strings(new_state, keys), range(new_state.num_rows), strict=True))
         old_rows = {}
         if old is not None:
-            from tests.support.oracle import row_key
+            from cdc_devtools.oracle import row_key
 
             names = old.column_names
             old_rows = {row_key(r, keys): row_key(r, names) for r in old.to_pylist()}
-        from tests.support.oracle import row_key
+        from cdc_devtools.oracle import row_key
 
         names = new_state.column_names
         take = []

@@ -14,16 +14,15 @@ from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.transforms import BucketTransform, IdentityTransform
 from pyiceberg.types import ListType, LongType, NestedField, StringType, StructType
 
+from cdc_devtools import mor
 from iceberg_cdc.changelog.merge import merge_changes
 from iceberg_cdc.config import TableConfig
-from iceberg_cdc.devtools import mor
 from iceberg_cdc.errors import ConfigError, SourceHistoryError, UnsupportedSnapshotError
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.rows import OP_COLUMN, Op
 from iceberg_cdc.source import changes as changes_module
+from iceberg_cdc.source.change_files import DataFileRef, SnapshotChanges
 from iceberg_cdc.source.changes import (
-    DataFileRef,
-    SnapshotChanges,
     initial_load_changes,
     require_supported,
     snapshot_changes,

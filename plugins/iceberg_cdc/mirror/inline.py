@@ -16,7 +16,7 @@ from iceberg_cdc.config import CdcConfig
 from iceberg_cdc.mirror import steps
 from iceberg_cdc.mirror.postgres.target import Hook
 from iceberg_cdc.mirror.targets import iceberg_steps
-from iceberg_cdc.orchestration.context import Context
+from iceberg_cdc.run.context import Context
 
 
 @dataclass

@@ -36,8 +36,8 @@ from iceberg_cdc.mirror.net_changes import ChangelogMark, NetChanges
 from iceberg_cdc.mirror.postgres.target import ApplyResult
 from iceberg_cdc.mirror.steps import mirror_lease
 from iceberg_cdc.mirror.targets import iceberg_steps, postgres_target
-from iceberg_cdc.orchestration.context import Context
-from iceberg_cdc.orchestration.run_lease import lease_ttl_seconds
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.lease import lease_ttl_seconds
 from iceberg_cdc.source.tables import load_source_table
 
 log = logging.getLogger("iceberg_cdc")

@@ -45,8 +45,8 @@ from iceberg_cdc.mirror.staging import (
     stage_net_changes,
 )
 from iceberg_cdc.mirror.targets import iceberg_steps, postgres_target, read_mirror_mark
-from iceberg_cdc.orchestration.context import Context
-from iceberg_cdc.orchestration.run_lease import lease_ttl_seconds
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.lease import lease_ttl_seconds
 from iceberg_cdc.source.tables import load_source_table
 
 log = logging.getLogger("iceberg_cdc")

@@ -42,7 +42,7 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 
-from iceberg_cdc.source.manifests import v3_field
+from iceberg_cdc.pyiceberg_internals.manifest_reader import v3_field
 
 EQUALITY_IDS_FIELD_ID = 135
 _V3_ONLY_FIELD_IDS = frozenset({142, 144, 145})  # first_row_id, content_offset, content_size_in_bytes

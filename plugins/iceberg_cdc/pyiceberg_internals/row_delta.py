@@ -47,13 +47,13 @@ from pyiceberg.table.update import (
     UpdateTableMetadata,
 )
 
+from iceberg_cdc.pyiceberg_internals.manifest_reader import manifest_entries, v3_field
 from iceberg_cdc.pyiceberg_internals.manifests import (
     SpecManifestListWriter,
     SpecManifestWriter,
     as_record,
     read_manifest_list,
 )
-from iceberg_cdc.source.manifests import manifest_entries, v3_field
 
 FileKey = tuple[str, int | None]
 

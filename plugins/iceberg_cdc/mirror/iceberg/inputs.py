@@ -165,7 +165,7 @@ class RunLease:
         given = {k: v for k, v in staged.items() if k in ("run_id", "epoch", "lease", "lease_ttl")}
         merged = {**(run or {}), **given}
         if "lease_ttl" not in merged:
-            from iceberg_cdc.orchestration.run_lease import lease_ttl_seconds
+            from iceberg_cdc.run.lease import lease_ttl_seconds
 
             merged["lease_ttl"] = lease_ttl_seconds()
         missing = [k for k in ("run_id", "epoch") if k not in merged]

@@ -1,0 +1,556 @@
+"""A real Airflow under its scheduler on 127.0.0.1, for tests, benchmarks and ``make airflow``.
+
+``airflow dags test`` runs one DAG run in one process; what a deployment does
+-- the scheduler creating and ordering runs, backfills with their own
+``max_active_runs``, runs triggered over the REST API, chained runs, a
+LocalExecutor with few slots -- needs the real components. :class:`LocalAirflow`
+starts them from an Airflow environment (:func:`~cdc_devtools.airflow_env.airflow_env`)::
+
+    with LocalAirflow(env, work_dir) as airflow:
+        airflow.wait_for_dag(dag_id)
+        airflow.unpause(dag_id)
+        run = airflow.trigger(dag_id, {"snapshot_id": 42})
+        airflow.wait_for_runs(dag_id, [run["dag_run_id"]])
+        airflow.task_states(dag_id, run["dag_run_id"])
+
+* API server (one worker), scheduler and DAG processor (plus, optionally, a
+  triggerer and the task log server), each its own process group, all bound
+  to 127.0.0.1; the API server on a free port unless one is given;
+* a LocalExecutor with ``parallelism`` slots (default 2, for a 2-core
+  machine), one DAG-parsing process;
+* every request goes to the REST API v2 with a token from the simple auth
+  manager (every user is admin: a local instance), backfills through the
+  ``airflow backfill create`` CLI as an operator types it;
+* :meth:`stop` (also on ``__exit__``, and at interpreter exit) stops every
+  process it started and every process they started, by process group and
+  then by pid: nothing outlives it, even when a test fails.
+
+Airflow is only run here, never imported: this module imports with the
+library alone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from cdc_devtools.airflow_env import VENV_BIN, ensure_airflow_db
+
+HOST = "127.0.0.1"
+FINAL_RUN_STATES = frozenset({"success", "failed"})
+
+# Airflow's task log server (the app the scheduler and triggerer would start on every
+# interface), on 127.0.0.1, for the worker and triggerer log ports given as arguments.
+LOG_SERVER = """
+import asyncio, sys
+import uvicorn
+from airflow.utils.serve_logs.log_server import get_app
+
+async def main():
+    app = get_app()
+    servers = [
+        uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=int(port), log_config=None, access_log=False))
+        for port in sys.argv[1:]
+    ]
+    await asyncio.gather(*(server.serve() for server in servers))
+
+asyncio.run(main())
+"""
+
+
+# The ``airflow`` CLI, with SQLite transactions that take the write lock when they begin. The
+# scheduler commits every second; a CLI transaction that read before it writes (backfill create
+# does) would otherwise fail at once with "database is locked" (a stale read snapshot cannot be
+# upgraded to a write in WAL mode, whatever the busy timeout). BEGIN IMMEDIATE waits instead.
+AIRFLOW_CLI = """
+import sqlite3, sys
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+@event.listens_for(Engine, "connect")
+def _autocommit_driver(dbapi_connection, record):
+    if isinstance(dbapi_connection, sqlite3.Connection):
+        dbapi_connection.isolation_level = None
+
+@event.listens_for(Engine, "begin")
+def _begin_immediate(connection):
+    if connection.dialect.name == "sqlite":
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+from airflow.__main__ import main
+sys.argv[0] = "airflow"
+sys.exit(main())
+"""
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def machine_env(env: dict[str, str], port: int, *, parallelism: int | None = None) -> dict[str, str]:
+    """Settings for one small machine, everything on 127.0.0.1 (``env`` is changed and returned).
+
+    ``parallelism``: LocalExecutor slots (default: the machine's cores).
+    """
+    slots = parallelism or os.cpu_count() or 2
+    env.update(
+        {
+            "CDC_SENSOR_MODE": "reschedule",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__API__HOST": HOST,
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__WORKERS": "1",
+            # Tasks reach Airflow through the execution API; it must follow the port.
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{HOST}:{port}/execution/",
+            # LocalExecutor: one worker process per parallel task slot.
+            "AIRFLOW__CORE__PARALLELISM": str(slots),
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(slots),
+            "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": str(min(2, slots)),
+            # Tasks record this host name; the API server fetches running tasks' logs from it.
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "urllib.request.localhost",
+        }
+    )
+    env.setdefault("AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT", "8793")
+    env.setdefault("AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT", "8794")
+    database = env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
+    if database.startswith("sqlite") and "?" not in database:
+        # Scheduler, DAG processor, API server and CLI commands (a backfill) write one SQLite file:
+        # wait for a lock up to a minute instead of sqlite's 5 s, which a backfill create outlasts.
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"{database}?timeout=60"
+    return env
+
+
+def components(
+    env: dict[str, str], port: int, *, triggerer: bool = True, log_server: bool = True
+) -> dict[str, list[str]]:
+    """The command of each Airflow component, by name."""
+    airflow = str(VENV_BIN / "airflow")
+    commands = {
+        "api-server": [airflow, "api-server", "--host", HOST, "--port", str(port), "--workers", "1"],
+        "scheduler": [airflow, "scheduler", "--skip-serve-logs"],
+        "dag-processor": [airflow, "dag-processor"],
+    }
+    if triggerer:
+        commands["triggerer"] = [airflow, "triggerer", "--skip-serve-logs"]
+    if log_server:
+        commands["log-server"] = [
+            str(VENV_BIN / "python"),
+            "-c",
+            LOG_SERVER,
+            env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"],
+            env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"],
+        ]
+    return commands
+
+
+def _children() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from /proc (empty where /proc is not available)."""
+    tree: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            tree.setdefault(int(fields[1]), []).append(int(entry))
+    return tree
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (children, their children, ...)."""
+    tree, found, todo = _children(), set(), [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stop_processes(processes: Iterable[subprocess.Popen], timeout: float = 20.0) -> None:
+    """Stop processes started with ``start_new_session``: their groups, then every descendant by pid.
+
+    A descendant that left the group (a task runner in its own session) is
+    found through /proc before anything is signalled, so it is stopped too.
+    """
+    processes = [p for p in processes if p is not None]
+    stray = set()
+    for process in processes:
+        stray |= descendants(process.pid)
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        # Whatever is still in the group (workers the component forked) goes too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+    for pid in stray:
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in stray) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in stray:
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def healthy(url: str) -> bool:
+    try:
+        with _opener().open(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class AirflowApiError(RuntimeError):
+    def __init__(self, method: str, url: str, status: int, body: str) -> None:
+        super().__init__(f"{method} {url}: HTTP {status}: {body[:2000]}")
+        self.status = status
+        self.body = body
+
+
+class LocalAirflow:
+    """Airflow's components on 127.0.0.1 for one AIRFLOW_HOME (``env``), stopped by pid."""
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        work_dir: Path,
+        *,
+        port: int | None = None,
+        parallelism: int = 2,
+        triggerer: bool = False,
+        log_server: bool = False,
+    ) -> None:
+        self.work_dir = Path(work_dir)
+        self.port = port or free_port()
+        self.env = machine_env(dict(env), self.port, parallelism=parallelism)
+        # Every component must sign and check the execution API's tokens with one secret.
+        self.env.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_hex(16))
+        self.env.setdefault("AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION", "True")
+        if not log_server:
+            self.env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
+        self.triggerer = triggerer
+        self.log_server = log_server
+        self.processes: dict[str, subprocess.Popen] = {}
+        self._token: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def log_path(self, name: str) -> Path:
+        return self.work_dir / f"{name}.log"
+
+    # --- life cycle ------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 180.0) -> LocalAirflow:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        ensure_airflow_db(self.env)
+        atexit.register(self.stop)
+        try:
+            commands = components(self.env, self.port, triggerer=self.triggerer, log_server=self.log_server)
+            for name, command in commands.items():
+                with open(self.log_path(name), "ab") as log:
+                    self.processes[name] = subprocess.Popen(
+                        command,
+                        env=self.env,
+                        cwd=self.work_dir,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+            deadline = time.monotonic() + timeout
+            while not healthy(f"{self.url}/api/v2/monitor/health"):
+                self.check_running()
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the Airflow API server did not answer in {timeout:.0f} s; see {self.work_dir}"
+                    )
+                time.sleep(0.5)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def check_running(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                tail = self.log_path(name).read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"airflow {name} exited with {process.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        processes, self.processes = list(self.processes.values()), {}
+        stop_processes(processes)
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> LocalAirflow:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # --- REST API v2 -----------------------------------------------------------------------------
+
+    def token(self) -> str:
+        if self._token is None:
+            with _opener().open(f"{self.url}/auth/token", timeout=30) as response:
+                self._token = json.loads(response.read())["access_token"]
+        return self._token
+
+    def request(self, method: str, path: str, body: Any = None, *, params: dict | None = None) -> Any:
+        """One call to the API server (``path`` below the base URL); the JSON answer."""
+        url = f"{self.url}{path}" + (f"?{urlencode(params, doseq=True)}" if params else "")
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(url, data=data, method=method)
+        request.add_header("Authorization", f"Bearer {self.token()}")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with _opener().open(request, timeout=60) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as error:
+            raise AirflowApiError(method, url, error.code, error.read().decode(errors="replace")) from None
+        return json.loads(raw) if raw else None
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 180.0) -> dict[str, Any]:
+        """Until the DAG processor parsed ``dag_id``; import errors end the wait at once."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_running()
+            try:
+                return self.request("GET", f"/api/v2/dags/{quote(dag_id)}/details")
+            except AirflowApiError as error:
+                if error.status != 404:
+                    raise
+            errors = self.request("GET", "/api/v2/importErrors").get("import_errors", [])
+            if errors:
+                raise RuntimeError(f"the DAG folder has import errors: {errors}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"DAG {dag_id} not parsed in {timeout:.0f} s; see {self.work_dir}")
+            time.sleep(1)
+
+    def set_paused(self, dag_id: str, paused: bool) -> None:
+        self.request("PATCH", f"/api/v2/dags/{quote(dag_id)}", {"is_paused": paused})
+
+    def unpause(self, dag_id: str) -> None:
+        self.set_paused(dag_id, False)
+
+    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None, run_id: str | None = None) -> dict:
+        """A manual run (``logical_date`` none, as the UI's trigger button), with ``conf``."""
+        run_id = (
+            run_id or f"manual__{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime())}_{secrets.token_hex(3)}"
+        )
+        body: dict[str, Any] = {"logical_date": None, "conf": conf or {}, "dag_run_id": run_id}
+        path = f"/api/v2/dags/{quote(dag_id)}/dagRuns"
+        for attempt in range(5):
+            try:
+                return self.request("POST", path, body)
+            except AirflowApiError as error:
+                # SQLite: the API server's insert can lose a race with the scheduler ("database is
+                # locked", a 500); the run id makes a retry safe (409 if the first one landed).
+                if error.status == 409 and attempt:
+                    return self.run(dag_id, run_id)
+                if error.status < 500 or attempt == 4:
+                    raise
+                time.sleep(1 + attempt)
+        raise AssertionError("unreachable")
+
+    def backfill(
+        self,
+        dag_id: str,
+        from_date: str,
+        to_date: str,
+        *,
+        max_active_runs: int | None = None,
+        conf: dict[str, Any] | None = None,
+        extra: Iterable[str] = (),
+    ) -> subprocess.CompletedProcess:
+        """``airflow backfill create`` as an operator types it; the CLI's result (not checked)."""
+        command = [
+            *self.cli(), "backfill", "create", "--dag-id", dag_id,
+            "--from-date", from_date, "--to-date", to_date,
+        ]  # fmt: skip
+        if max_active_runs is not None:
+            command += ["--max-active-runs", str(max_active_runs)]
+        if conf is not None:
+            command += ["--dag-run-conf", json.dumps(conf)]
+        command += list(extra)
+        return subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=300)
+
+    def cli(self) -> list[str]:
+        """The ``airflow`` command (on SQLite, with transactions that queue for the write lock)."""
+        if self.env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "").startswith("sqlite"):
+            return [str(VENV_BIN / "python"), "-c", AIRFLOW_CLI]
+        return [str(VENV_BIN / "airflow")]
+
+    def backfills(self, dag_id: str) -> list[dict[str, Any]]:
+        return self.request("GET", "/api/v2/backfills", params={"dag_id": dag_id, "limit": 100})["backfills"]
+
+    def runs(self, dag_id: str) -> list[dict[str, Any]]:
+        """Every run of ``dag_id``, oldest first (by run_after)."""
+        runs: list[dict[str, Any]] = []
+        while True:
+            page = self.request(
+                "GET",
+                f"/api/v2/dags/{quote(dag_id)}/dagRuns",
+                params={"limit": 100, "offset": len(runs), "order_by": "run_after"},
+            )
+            runs += page["dag_runs"]
+            if not page["dag_runs"] or len(runs) >= page["total_entries"]:
+                return runs
+
+    def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}")
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        path = f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}/taskInstances"
+        return self.request("GET", path, params={"limit": 1000})["task_instances"]
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
+        """``task_id`` (``task_id[i]`` for mapped ones) -> state."""
+        return {
+            ti["task_id"] if ti["map_index"] < 0 else f"{ti['task_id']}[{ti['map_index']}]": ti["state"]
+            for ti in self.task_instances(dag_id, run_id)
+        }
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+        path = (
+            f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}/taskInstances/"
+            f"{quote(task_id)}/xcomEntries/{quote(key)}"
+        )
+        return self.request("GET", path, params={"deserialize": "true", "stringify": "false"})["value"]
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """A task try's log as text (one line per record), through the API server."""
+        path = (
+            f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}/taskInstances/"
+            f"{quote(task_id)}/logs/{try_number}"
+        )
+        content = self.request("GET", path, params={"full_content": "true"}).get("content", [])
+        if isinstance(content, str):
+            return content
+        lines = []
+        for record in content:
+            if not isinstance(record, dict):
+                lines.append(str(record))
+                continue
+            lines.append(str(record.get("event", "")))
+            # An exception's message as plain text, the way a traceback ends.
+            for error in record.get("error_detail") or []:
+                lines.append(f"{error.get('exc_type')}: {error.get('exc_value')}")
+        return "\n".join(lines)
+
+    def wait_for_backfills(self, dag_id: str, timeout: float = 120.0) -> list[dict[str, Any]]:
+        """Until the scheduler marked every backfill of the DAG completed (its runs all final)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            backfills = self.backfills(dag_id)
+            if all(b.get("completed_at") for b in backfills):
+                return backfills
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"backfills of {dag_id} not completed in {timeout:.0f} s: {backfills}")
+            time.sleep(1)
+
+    def pids(self) -> set[int]:
+        """The processes started here and all their descendants, alive now."""
+        found = set()
+        for process in self.processes.values():
+            if process.poll() is None:
+                found.add(process.pid)
+            found |= descendants(process.pid)
+        return {pid for pid in found if alive(pid)}
+
+    def wait_for_runs(
+        self,
+        dag_id: str,
+        run_ids: Iterable[str] | None = None,
+        *,
+        timeout: float = 600.0,
+        settle: Callable[[list[dict[str, Any]]], bool] | None = None,
+        poll: float = 1.0,
+    ) -> list[dict[str, Any]]:
+        """Until the given runs (default: every run of the DAG) reached success or failed.
+
+        ``settle``: an extra condition on all the DAG's runs (e.g. "no run is
+        queued any more"), checked with the final states. Returns every run.
+        """
+        wanted = set(run_ids) if run_ids is not None else None
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_running()
+            runs = self.runs(dag_id)
+            watched = [r for r in runs if wanted is None or r["dag_run_id"] in wanted]
+            seen = {r["dag_run_id"] for r in watched}
+            done = all(r["state"] in FINAL_RUN_STATES for r in watched) and (wanted is None or wanted <= seen)
+            if done and (settle is None or settle(runs)):
+                return runs
+            if time.monotonic() > deadline:
+                states = {r["dag_run_id"]: r["state"] for r in watched}
+                raise TimeoutError(f"runs of {dag_id} not finished in {timeout:.0f} s: {states}")
+            time.sleep(poll)
+
+    def wait_until_idle(self, dag_id: str, *, timeout: float = 600.0, quiet: float = 5.0) -> list[dict]:
+        """Until every run of the DAG is final and no new run appeared for ``quiet`` seconds."""
+        deadline = time.monotonic() + timeout
+        count = -1
+        while True:
+            runs = self.wait_for_runs(dag_id, timeout=max(1.0, deadline - time.monotonic()))
+            if len(runs) == count:
+                return runs
+            count = len(runs)
+            time.sleep(quiet)

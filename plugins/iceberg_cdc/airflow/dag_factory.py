@@ -1,0 +1,265 @@
+"""One DAG per configured table: ``cdc__<namespace>__<table>``, one run per source snapshot.
+
+    detect ─┬─ write_jobs ─ shuffle_write[] ─ barrier ─ coalesce ─ shuffle_read[] ─┬─ commit ─ watermark ─ more_pending ─ trigger_next_run
+            └─ insert_jobs ─ changelog_insert[] ──────────────────────────────────┘
+    cleanup: teardown of detect (runs after failures too, keeps them failed)
+
+The mapped Spark tasks expand over what detect (or coalesce) planned; a path
+with nothing to do expands to zero tasks and is skipped, so insert-only and
+skipped snapshots need no branching operator. Labels from the plan show in
+the UI as the mapped tasks' names.
+
+``spark.mode`` picks what a mapped Spark task is: ``submit`` (default) a
+SparkSubmitOperator, one Spark application per group; ``connect`` a
+:class:`SparkConnectPhaseOperator`, which runs the same group from the Airflow
+worker as a client of a warm Spark Connect server. Both take the same
+``application_args`` (so the same labels) and the DAG's shape is the same.
+
+``write_jobs`` / ``insert_jobs`` only hand detect's lists on: a mapped task
+cannot expand over one key of detect's XCom, because Airflow records one map
+length per task (the length of its return value, here the number of keys of
+detect's dict), not per key.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, Asset, Param, TriggerRule, task
+
+from iceberg_cdc.airflow.hooks.cdc import CdcHook
+from iceberg_cdc.airflow.metrics import emit_safely
+from iceberg_cdc.airflow.operators.detect import DetectOperator, sensor_mode
+from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
+from iceberg_cdc.airflow.policy import final_errors, record_error, task_retries
+from iceberg_cdc.airflow.sensors.barrier import MapOutputBarrierSensor
+from iceberg_cdc.config import CdcConfig, TableConfig, load_config
+from iceberg_cdc.run import steps
+from iceberg_cdc.run.kinds import is_backfill, should_chain
+from iceberg_cdc.run.metrics import emit_commit, emit_lag
+from iceberg_cdc.run.story import chained_run_id, story
+
+log = logging.getLogger("iceberg_cdc")
+
+
+def sink_asset(config: CdcConfig, table: TableConfig) -> Asset:
+    """The sink table as an Airflow Asset: commit emits an event per source snapshot it commits."""
+    return Asset(
+        name=f"cdc:{table.sink}",
+        uri=f"iceberg://{config.catalog.name}/{table.sink.replace('.', '/')}",
+        group="cdc",
+    )
+
+
+DOC = """
+### Change data capture of `{source}` into `{sink}`
+
+Each run processes the oldest source snapshot after the watermark kept in
+`{sink}`'s properties, and says which in its logs, XComs and the sink asset's
+events. When more snapshots are pending it starts the next run at once
+(`{{"trigger_next": false}}` turns that off).
+
+**Reprocess one snapshot:** trigger with `{{"snapshot_id": <id>}}` (a snapshot of
+the current history the sink holds, or the next pending one): its rows in the
+sink are replaced atomically, and the run does not chain unless `trigger_next`
+is true.
+
+**Reprocess a range:** trigger with `{{"snapshot_id": A, "through_snapshot_id": B}}`.
+The run replaces A's rows, then starts a run for the next snapshot of the
+current history, and so on up to B: one run per snapshot, in order, each
+replacing that snapshot's rows (run ids `reprocess__s<id>__...`). Refused,
+naming the fix, when the sink is fresh, when A or B is not in the current
+history (expired, rolled back), when B comes before A, or when B is after the
+watermark (pending snapshots are for ordinary runs). `{{"trigger_next": false}}`
+stops after A.
+
+**Runs never overlap.** A run that finds the table held by another run waits
+for it without holding a worker slot (it is rescheduled), for up to two lease
+TTLs per holder (so a dead holder is taken over), then fails naming the
+holder -- it never skips silently.
+
+**Backfills** (`airflow backfill create`) process pending snapshots in order,
+one per run, whatever their `max_active_runs` (the runs queue for the table);
+their runs never chain (`trigger_next` is ignored) and refuse `snapshot_id`
+and `through_snapshot_id` (reprocess with a manual run instead).
+
+* **detect** — picks the snapshot, plans the work, takes the table's lease
+* **shuffle_write / barrier / coalesce / shuffle_read** — the S3 shuffle (snapshots with deletes)
+* **changelog_insert** — insert-only snapshots, no shuffle
+* **commit** — one atomic sink commit, marked with the source snapshot (exactly once)
+* **watermark** — confirms progress; **trigger_next_run** starts the next run at once when more is pending
+* **cleanup** — teardown: shuffle objects, uncommitted files, the lease
+"""
+
+
+def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
+    source = table.source
+    operator, spark = phase_operator(config)
+
+    def spark_task(task_id: str, phase: str):
+        """A mapped Spark task of ``spark.mode``'s operator, to ``.expand(application_args=...)``."""
+        name = {"name": f"cdc-{source}-{phase}"} if operator is CdcSparkSubmitOperator else {}
+        return operator.partial(task_id=task_id, **name, **spark)
+
+    barrier_mode = sensor_mode()
+
+    def context() -> steps.Context:
+        return CdcHook(load_config()).context(source)
+
+    with DAG(
+        dag_id=table.dag_id,
+        schedule=table.schedule,
+        start_date=datetime(2024, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        tags=["cdc", source],
+        doc_md=DOC.format(source=source, sink=table.sink),
+        params={
+            "snapshot_id": Param(
+                None,
+                type=["null", "integer"],
+                description="Reprocess this snapshot of the current history (replacing its rows in the sink).",
+            ),
+            "trigger_next": Param(
+                None,
+                type=["null", "boolean"],
+                description="Start the next run at once when more snapshots are pending "
+                "(default: yes, except for a reprocess of one snapshot_id).",
+            ),
+            "through_snapshot_id": Param(
+                None,
+                type=["null", "integer"],
+                description="With snapshot_id: reprocess every snapshot from snapshot_id through this one, "
+                "one run per snapshot, in order.",
+            ),
+        },
+        # Transient failures (an S3 blip, a killed worker) are retried where they happen: every
+        # step is idempotent within the run's lease epoch. Errors a retry cannot fix fail at once.
+        # A task that fails for good records its error line (XCom cdc_error) for the run's note,
+        # which the plugin's listener writes when the run ends (orchestration/run_notes.py).
+        default_args={
+            "retries": task_retries(),
+            "retry_delay": timedelta(seconds=15),
+            "on_failure_callback": record_error,
+        },
+    ) as dag:
+        detected = DetectOperator(task_id="detect", source=source).output
+
+        @task
+        def jobs(detected: dict[str, Any], key: str) -> list[list[str]]:
+            """The Spark jobs of one path (empty when the run takes the other path)."""
+            return detected[key]
+
+        write_jobs = jobs.override(task_id="write_jobs")(detected, "write_args")
+        insert_jobs = jobs.override(task_id="insert_jobs")(detected, "insert_args")
+
+        shuffle_write = spark_task("shuffle_write", "write").expand(application_args=write_jobs)
+
+        barrier = MapOutputBarrierSensor(
+            task_id="barrier",
+            source=source,
+            mode=barrier_mode,
+            poke_interval=5 if barrier_mode == "poke" else 30,
+            timeout=timedelta(hours=1).total_seconds(),
+            # ALL_SUCCESS: a write task that failed fails the run at once (upstream_failed);
+            # the sensor itself catches outputs a "successful" job did not leave, and failure
+            # markers of jobs that run detached from Airflow (cluster deploy mode).
+        )
+
+        @task(task_id="coalesce")
+        def coalesce(detected: dict[str, Any]) -> list[list[str]]:
+            with final_errors():
+                return steps.coalesce(context(), detected)
+
+        ranges = coalesce(detected)
+
+        shuffle_read = spark_task("shuffle_read", "read").expand(application_args=ranges)
+
+        changelog_insert = spark_task("changelog_insert", "insert").expand(application_args=insert_jobs)
+
+        asset = sink_asset(config, table)
+
+        @task(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, outlets=[asset])
+        def commit(ti=None, outlet_events=None) -> dict[str, Any]:
+            # Pulled, not passed: an argument would make commit a direct downstream of the
+            # setup task, which Airflow allows only with trigger rule ALL_SUCCESS.
+            detected = ti.xcom_pull(task_ids="detect")
+            with final_errors():
+                committed = steps.commit(context(), detected)
+            committed["story"] = story(detected, committed)
+            log.info("this run: %s", committed["story"])
+            emit_safely(emit_commit, source, committed)
+            if outlet_events is not None:
+                figures = {k: v for k, v in committed.items() if isinstance(v, int | str | float)}
+                outlet_events[asset].extra = {
+                    "source": source,
+                    "snapshot_id": detected.get("snapshot_id"),  # a string of digits in the XCom form
+                    **figures,
+                }
+            return committed
+
+        @task(task_id="watermark")
+        def watermark(
+            detected: dict[str, Any], committed: dict[str, Any], ts_nodash: str | None = None
+        ) -> dict[str, Any]:
+            mark = steps.watermark(context(), detected)
+            emit_safely(emit_lag, source, int(mark.get("remaining") or 0))
+            stamp = f"{ts_nodash or datetime.now().strftime('%Y%m%dT%H%M%S')}_{time.time_ns() % 10**6}"
+            if mark.get("next_conf"):
+                mark["chained_run_id"] = chained_run_id(mark["next_conf"]["snapshot_id"], stamp, "reprocess")
+            else:
+                mark["chained_run_id"] = chained_run_id(mark.get("next_snapshot_id"), stamp)
+            return mark
+
+        @task.short_circuit(task_id="more_pending")
+        def more_pending(mark: dict[str, Any], params: dict[str, Any] | None = None, dag_run=None) -> bool:
+            # A backfill never chains: its runs are the backfill's, and a chained run would escape it.
+            # A manual reprocess (snapshot_id) does not chain unless asked to: it is about one snapshot;
+            # a range reprocess chains to the next snapshot of its range (run_kinds).
+            backfill = is_backfill(getattr(dag_run, "run_type", None))
+            if backfill:
+                log.info("a backfill run does not chain; the backfill's next run takes the next snapshot")
+            return should_chain(mark, params, backfill=backfill)
+
+        trigger_next = ChainRunOperator(
+            task_id="trigger_next_run",
+            trigger_dag_id=table.dag_id,
+            wait_for_completion=False,
+            # The chained run's id names the snapshot it will process.
+            trigger_run_id="{{ ti.xcom_pull(task_ids='watermark')['chained_run_id'] }}",
+            # {} for an ordinary chain; the next snapshot of the range for a range reprocess.
+            conf="{{ ti.xcom_pull(task_ids='watermark').get('next_conf', {}) | tojson }}",
+            note="chained: {{ ti.xcom_pull(task_ids='watermark')['remaining'] }} snapshot(s) pending",
+        )
+
+        @task(task_id="cleanup")
+        def cleanup(detected: dict[str, Any], run_id: str | None = None) -> dict[str, Any]:
+            return steps.cleanup(context(), detected, run_id or "manual")
+
+        committed = commit()
+        mark = watermark(detected, committed)
+        shuffle_write >> barrier >> ranges >> shuffle_read >> committed
+        changelog_insert >> committed
+        mark >> more_pending(mark) >> trigger_next
+        teardown = cleanup(detected).as_teardown(setups=detected)
+        mark >> teardown
+    return dag
+
+
+class ChainRunOperator(TriggerDagRunOperator):
+    """TriggerDagRunOperator whose ``note`` is a template too (the provider renders only the run id and conf).
+
+    The chained run's note says how many snapshots were pending when it was
+    started; the plugin's listener replaces it with what the run did when it ends.
+    """
+
+    template_fields = (*TriggerDagRunOperator.template_fields, "note")
+
+
+def build_dags(config: CdcConfig | None = None) -> dict[str, DAG]:
+    config = config or load_config()
+    return {table.dag_id: build_dag(config, table) for table in config.tables}

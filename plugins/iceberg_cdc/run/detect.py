@@ -1,0 +1,283 @@
+"""detect: take the table, find the snapshot to process, sweep leftovers, plan the work.
+
+The first step of every DAG run. It takes the table's lease with a new epoch
+(the run's fencing token), so everything it plans lives in the epoch's own
+namespace of the shuffle store and the sink's staging directory. Holding the
+lease, it also repairs what dead or overtaken runs left behind: their shuffle
+namespaces and their staged files that no sink commit references.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
+from iceberg_cdc.errors import CdcError, SourceHistoryError
+from iceberg_cdc.pipeline.groups import record_phase
+from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_key, table_prefix
+from iceberg_cdc.pipeline.plan import SnapshotPlan, group_tasks
+from iceberg_cdc.run import lease as run_lease
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.state import Detected
+from iceberg_cdc.sink.schema import evolve_sink_schema
+from iceberg_cdc.sink.staging import delete_uncommitted_staged
+from iceberg_cdc.sink.table import ensure_sink_table, loaded_in_full, read_watermark
+from iceberg_cdc.source.changes import initial_load_changes, require_supported, snapshot_changes
+from iceberg_cdc.source.history import next_snapshot
+from iceberg_cdc.source.planning import plan_write_tasks
+from iceberg_cdc.source.reading import table_name_mapping_json
+from iceberg_cdc.source.reprocess import validate_manual_snapshot, validate_reprocess_range
+from iceberg_cdc.source.tables import load_source_table, resolve_identifier_columns
+
+log = logging.getLogger("iceberg_cdc")
+
+COMMIT_GRACE_SECONDS = 600.0
+
+
+def detect(
+    ctx: Context,
+    run_id: str,
+    snapshot_id: int | None = None,
+    *,
+    dag_id: str = "",
+    try_number: int | None = None,
+    holder_state: Callable[[LeaseInfo], HolderState] | None = None,
+    through_snapshot_id: int | None = None,
+) -> Detected:
+    """Take the lease, find the snapshot to process, plan it, and say which path the run takes.
+
+    The cleanup teardown releases the lease, but it only runs when detect
+    succeeded; so a detect that fails after taking the lease releases it itself.
+    ``through_snapshot_id``: this run reprocesses ``snapshot_id``, the first of a
+    range that ends there (:func:`~iceberg_cdc.source.history.validate_reprocess_range`);
+    detect's result names the next snapshot of the range (``next_in_range``).
+    """
+    if through_snapshot_id is not None and snapshot_id is None:
+        raise SourceHistoryError(
+            f"through_snapshot_id={through_snapshot_id} needs snapshot_id, the first snapshot to "
+            f'reprocess: trigger with {{"snapshot_id": <first>, "through_snapshot_id": '
+            f"{through_snapshot_id}}}. Nothing was run."
+        )
+    held = run_lease.take(ctx, run_id, dag_id=dag_id, try_number=try_number, holder_state=holder_state)
+    try:
+        return _detect(ctx, run_id, snapshot_id, held, through_snapshot_id)
+    except BaseException:
+        try:
+            run_lease.give_back(ctx, run_id, held.epoch)
+        except Exception:  # the original error matters more; the lease then expires by itself
+            log.exception("run %r could not release the lease of %s", run_id, ctx.table.source)
+        raise
+
+
+def sweep_leftovers(ctx: Context, sink, keep_attempt: str) -> dict[str, int]:
+    """Delete what earlier runs of this table left behind; only ever called while holding the lease.
+
+    Every shuffle namespace of the table except ``keep_attempt`` (the
+    caller's) belongs to a finished, dead or overtaken run, none of which may
+    use it any more (an overtaken run fails its next lease check). For each:
+    first the staged files of that attempt that no sink commit references
+    (committed ones are referenced and kept), then the namespace itself -- in
+    that order, so a sweep cut short leaves the namespace that leads the next
+    sweep back to the files. The cost follows the leftovers, not the sink's
+    history: committed files stay in the staging directory, so listing all of
+    it would grow with every commit. ``retain_files`` keeps the namespaces.
+    """
+    store = ctx.runtime.store()
+    table = ctx.table.source
+    keys: dict[tuple[int, str], list[str]] = {}
+    for info in store.list(table_prefix(table)):
+        found = attempt_of_key(table, info.key)
+        if found is not None and found[1] != keep_attempt:
+            keys.setdefault(found, []).append(info.key)
+    attempts = set(keys)
+    removed = staged = 0
+    for snapshot_id, attempt in sorted(attempts):
+        paths = SnapshotPaths(table, snapshot_id, attempt)
+        if paths.commit_pending in keys[(snapshot_id, attempt)] and _commit_may_land(store, paths):
+            log.warning(
+                "%s: keeping %s: its sink commit started recently and its outcome is unknown",
+                table,
+                paths.prefix,
+            )
+            continue
+        staged += len(
+            delete_uncommitted_staged(
+                sink, snapshot_id, properties=ctx.runtime.io_properties, attempt=attempt
+            )
+        )
+        if not ctx.config.shuffle.retain_files:
+            removed += store.delete_prefix(paths.prefix)
+    if removed or staged:
+        log.warning(
+            "%s: swept leftovers of earlier runs: %d shuffle objects in %d namespace(s), %d uncommitted "
+            "staged file(s)",
+            table,
+            removed,
+            len(attempts),
+            staged,
+        )
+    return {"namespaces": len(attempts), "shuffle_objects": removed, "staged_files": staged}
+
+
+def _commit_may_land(store, paths: SnapshotPaths) -> bool:
+    """Whether a dead attempt's sink commit, begun at its ``commit-pending`` marker, might still land.
+
+    A catalog commit finishes within seconds of its start or not at all, but the
+    run that began it may be a zombie past its lease; within two TTLs plus ten
+    minutes of the marker its staged files are kept (a late commit references
+    them), after that they are swept like any other leftovers.
+    """
+    try:
+        written_at = float(json.loads(store.get(paths.commit_pending)).get("written_at", 0))
+    except (CdcError, ValueError, TypeError):
+        return False
+    return time.time() - written_at < 2 * run_lease.lease_ttl_seconds() + COMMIT_GRACE_SECONDS
+
+
+def _detect(
+    ctx: Context, run_id: str, snapshot_id: int | None, held: LeaseInfo, through_snapshot_id: int | None
+) -> Detected:
+    started = time.perf_counter()
+    catalog = ctx.catalog()
+    source = load_source_table(catalog, ctx.table)
+    sink = ensure_sink_table(catalog, ctx.table.sink, source.schema())
+    watermark = read_watermark(sink, ctx.table.source)
+    in_range: list[int] = []
+    if through_snapshot_id is not None and snapshot_id is not None:
+        in_range = validate_reprocess_range(source, snapshot_id, through_snapshot_id, watermark)
+    if snapshot_id is not None:
+        pending = validate_manual_snapshot(
+            source,
+            snapshot_id,
+            watermark,
+            ctx.table.start,
+            loaded_in_full=watermark is not None
+            and loaded_in_full(sink, ctx.table.source, snapshot_id, start=ctx.table.start),
+        )
+    else:
+        pending = next_snapshot(source, watermark, ctx.table.start)
+    attempt = attempt_name(held.epoch)
+    swept = sweep_leftovers(ctx, sink, attempt)
+    base: dict[str, Any] = {
+        "source": ctx.table.source,
+        "sink": ctx.table.sink,
+        "run_id": run_id,
+        "epoch": held.epoch,
+        "lease_ttl": run_lease.lease_ttl_seconds(),
+        "manual": snapshot_id is not None,
+        "swept": swept,
+    }
+    if in_range:
+        base.update(
+            through_snapshot_id=through_snapshot_id, next_in_range=in_range[1] if in_range[1:] else None
+        )
+    if pending is None:
+        log.info(
+            "%s is caught up: nothing after snapshot %s",
+            ctx.table.source,
+            watermark and watermark.snapshot_id,
+        )
+        return Detected(action="caught_up", **base)
+
+    changes = (
+        initial_load_changes(source, pending.snapshot_id)
+        if pending.is_initial_load
+        else snapshot_changes(source, pending.snapshot_id)
+    )
+    require_supported(changes)
+    paths = SnapshotPaths(ctx.table.source, pending.snapshot_id, attempt)
+    base.update(
+        snapshot_id=pending.snapshot_id,
+        ordinal=pending.ordinal,
+        operation=changes.operation,
+        remaining=pending.remaining,
+        source_uuid=str(source.metadata.table_uuid),
+        plan=paths.plan,
+        initial_load=pending.is_initial_load,
+    )
+    if changes.kind in ("replace", "empty"):
+        log.info(
+            "snapshot %s of %s is a %s snapshot (%s): no logical change, skipped",
+            pending.snapshot_id,
+            ctx.table.source,
+            changes.operation,
+            changes.kind,
+        )
+        return Detected(action="skip", reason=changes.kind, **base)
+
+    schema = source.schemas()[changes.schema_id] if changes.schema_id in source.schemas() else source.schema()
+    if schema.schema_id != source.schema().schema_id:
+        # The rows are written in the snapshot's schema: the sink must also hold its columns that
+        # were renamed or dropped since (a sink created from the current schema lacks them).
+        evolve_sink_schema(sink, schema)
+    identifiers = resolve_identifier_columns(ctx.table, schema)
+    store = ctx.runtime.store()
+    kind = "with_deletes" if changes.kind == "with_deletes" else "insert_only"
+    tasks = plan_write_tasks(changes, ctx.config.shuffle.write_task_size)
+    groups = group_tasks(tasks, ctx.config.spark.parallel_jobs)
+    plan = SnapshotPlan(
+        source=ctx.table.source,
+        sink=ctx.table.sink,
+        source_uuid=base["source_uuid"],
+        snapshot_id=pending.snapshot_id,
+        parent_id=changes.parent_id,
+        ordinal=pending.ordinal,
+        operation=changes.operation,
+        kind=kind,
+        schema_json=schema.model_dump_json(),
+        sink_schema_json=sink.schema().model_dump_json(),
+        identifier_columns=identifiers,
+        partitions=ctx.config.shuffle.partitions,
+        duplicate_keys=ctx.table.duplicate_keys,
+        sink_location=sink.location(),
+        write_tasks=tasks,
+        groups=groups,
+        initial_load=pending.is_initial_load,
+        replace_existing=snapshot_id is not None,
+        run_id=run_id,
+        epoch=held.epoch,
+        lease_ttl_seconds=base["lease_ttl"],
+        name_mapping_json=table_name_mapping_json(source),
+        delete_files={path: ref.to_dict() for path, ref in sorted(changes.delete_refs.items())},
+    )
+    plan.save(store, paths.plan)
+    phase = plan.phase
+    args = [
+        ["--phase", phase, "--plan", paths.plan, "--group", str(g.index), "--label", label]
+        for g, label in zip(groups, plan.group_labels(), strict=True)
+    ]
+    record_phase(
+        store, paths, "detect", started, files_deleted=len(changes.deleted), files_added=len(changes.added)
+    )
+    log.info(
+        "snapshot %s of %s (%s, ordinal %s%s): %d deleted + %d added data files%s (%d rows) -> %d %s tasks in "
+        "%d Spark job(s); %d more pending; lease epoch %d",
+        pending.snapshot_id,
+        ctx.table.source,
+        changes.operation,
+        pending.ordinal,
+        ", initial load" if pending.is_initial_load else "",
+        len(changes.deleted),
+        len(changes.added),
+        f", {len(changes.delete_refs)} delete files applied" if changes.delete_refs else "",
+        plan.input_records,
+        len(tasks),
+        phase,
+        len(groups),
+        pending.remaining,
+        held.epoch,
+    )
+    shuffled = kind == "with_deletes"
+    jobs = tuple(tuple(job) for job in args)
+    return Detected(
+        action="shuffle" if shuffled else "insert",
+        identifier_columns=tuple(identifiers),
+        write_args=jobs if shuffled else (),
+        insert_args=() if shuffled else jobs,
+        write_task_ids=tuple(t.task_id for t in tasks) if shuffled else (),
+        **base,
+    )

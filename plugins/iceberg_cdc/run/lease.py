@@ -1,0 +1,118 @@
+"""A DAG run's hold on its table: taken in detect, proven at every step, given back in cleanup.
+
+The lease (:mod:`iceberg_cdc.coordination.lease`) carries an epoch, the run's
+fencing token; detect hands it on in its XCom. Every later step that acts on
+shared state -- coalesce, commit, cleanup, the barrier, the Spark drivers --
+first renews the lease *with that epoch*, a conditional write that fails with
+:class:`~iceberg_cdc.errors.LeaseLostError` when another run has taken the
+table over. Renewing at every step also keeps the lease alive with a short TTL,
+so a dead run blocks its table for one TTL (plus one more when Airflow still
+shows its run as running), not hours.
+
+The TTL is ``CDC_LEASE_TTL_SECONDS`` (default 300 s): long enough to ride out
+an S3 outage of a minute or two between renewals, short enough that a crashed
+run is overtaken within minutes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from iceberg_cdc.coordination.lease import HolderState, LeaseInfo, probe_conditional_writes
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.state import Detected
+
+log = logging.getLogger("iceberg_cdc")
+
+LEASE_TTL_ENV = "CDC_LEASE_TTL_SECONDS"
+DEFAULT_LEASE_TTL_SECONDS = 300.0
+_PROBED: set[str] = set()  # stores whose conditional writes were checked in this process
+
+
+def lease_ttl_seconds() -> float:
+    """The lease TTL in seconds (``CDC_LEASE_TTL_SECONDS``, default 300)."""
+    raw = os.environ.get(LEASE_TTL_ENV)
+    if not raw:
+        return DEFAULT_LEASE_TTL_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(f"{LEASE_TTL_ENV}={raw!r} must be a positive number of seconds")
+    return value
+
+
+def take(
+    ctx: Context,
+    run_id: str,
+    *,
+    dag_id: str = "",
+    try_number: int | None = None,
+    holder_state: Callable[[LeaseInfo], HolderState] | None = None,
+) -> LeaseInfo:
+    """Take the table's lease for this run with a new epoch (detect).
+
+    The first time in a process, the store is probed: an S3-compatible store
+    that ignores conditional requests would let two runs hold one table.
+    """
+    lease = ctx.lease()
+    if lease.store.uri not in _PROBED:
+        probe_conditional_writes(lease.store)
+        _PROBED.add(lease.store.uri)
+    return lease.acquire(
+        run_id, lease_ttl_seconds(), dag_id=dag_id, try_number=try_number, holder_state=holder_state
+    )
+
+
+def confirm(ctx: Context, detected: Detected | Mapping[str, Any]) -> LeaseInfo:
+    """Prove this run still holds its epoch of the lease, and extend it (every later step)."""
+    detected = Detected.of(detected)
+    return ctx.lease().renew(detected.run_id, int(detected.epoch), float(detected.lease_ttl))
+
+
+def give_back(ctx: Context, run_id: str, epoch: int | None) -> bool:
+    """Release the run's lease of ``epoch`` (never another run's or epoch's)."""
+    return ctx.lease().release(run_id, epoch)
+
+
+RESCHEDULE_SECONDS = 10.0  # a detect waiting under a scheduler looks again this often, holding no slot
+
+
+def lease_wait_step(
+    *,
+    now: float,
+    waiting_since: float,
+    holder_since: float | None,
+    window: float,
+    try_started: float,
+    reschedule: bool,
+    in_process_seconds: float,
+) -> tuple[str, float]:
+    """What a detect that found its table held does next: ``("fail" | "sleep" | "reschedule", seconds)``.
+
+    The wait is bounded per holder: ``window`` seconds from when this run
+    started waiting, or from when the current holder took the table if that is
+    later -- a queue of runs taking the table in turn is progress (a backfill's
+    runs, a chained run behind its predecessor's cleanup), one holder blocking
+    the table that long is not, and the run fails naming it.
+
+    Under a scheduler (``reschedule``) the task gives its worker slot back
+    while it waits: it polls in process for ``in_process_seconds`` at most
+    (the common case, a predecessor finishing its cleanup), then asks to be
+    rescheduled. Waiting runs that hold slots could otherwise starve the
+    holder itself on a small executor: a backfill starts many runs at once.
+    ``airflow dags test`` (no scheduler) sleeps in process.
+    """
+    start = waiting_since if holder_since is None else max(waiting_since, holder_since)
+    left = start + window - now
+    if left <= 0:
+        return "fail", 0.0
+    if not reschedule:
+        return "sleep", min(15.0, max(1.0, left))
+    if now - try_started < in_process_seconds:
+        return "sleep", min(1.0, left)
+    return "reschedule", min(RESCHEDULE_SECONDS, max(1.0, left))
