@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "plugins"))
 sys.path.insert(0, str(ROOT / "bench"))
 
