@@ -50,6 +50,7 @@ from iceberg_cdc.mirror.iceberg.table import (
     watermark_properties,
 )
 from iceberg_cdc.pyiceberg_internals.format_v3 import writing_v3_metadata
+from iceberg_cdc.pyiceberg_internals.manifest_reader import v3_field
 from iceberg_cdc.pyiceberg_internals.row_delta import AssertedProperties, FileKey, RowDelta, StaleDeltaError
 
 DEFAULT_ATTEMPTS = 5
@@ -200,8 +201,6 @@ def build_delta(plan: MirrorPlan, records: Sequence[Mapping[str, Any]], table: T
 
 
 def _referenced(data_file: DataFile) -> str:
-    from iceberg_cdc.source.manifests import v3_field
-
     return str(v3_field(data_file, "referenced_data_file"))
 
 

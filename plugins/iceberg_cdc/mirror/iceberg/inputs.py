@@ -138,11 +138,6 @@ class StagedNetChanges:
         )
 
 
-def read_part(store: ObjectStore, part: StagedPart) -> pa.Table:
-    """One staged Parquet part, whole (parts are sized by the stager)."""
-    return pq.read_table(io.BytesIO(store.get(part.key)))
-
-
 def default_lease_name(mirror_table: str) -> str:
     """The lease an apply to ``mirror_table`` runs under when ``staged`` names none."""
     return f"mirror.{mirror_table}"

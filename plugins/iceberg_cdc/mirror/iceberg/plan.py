@@ -204,6 +204,31 @@ class MirrorPlan:
             ) from None
 
 
+def bin_pack(files: list[Any], target: int) -> list[list[Any]]:
+    """Files in order of path, packed into units of about ``target`` bytes (a big file alone)."""
+    units: list[list[Any]] = []
+    size = 0
+    for file in sorted(files, key=lambda f: f.path):
+        if not units or size + file.size > target:
+            units.append([])
+            size = 0
+        units[-1].append(file)
+        size += file.size
+    return units
+
+
+def spread_groups(units: list[Unit], parallel: int) -> list[list[str]]:
+    """Units spread over at most ``parallel`` groups, largest first onto the lightest (deterministic)."""
+    count = max(1, min(parallel, len(units)))
+    loads, members = [0] * count, [[] for _ in range(count)]
+    weight = {u.unit_id: max(u.bytes, int(u.part["rows"]) * 100 if u.part else 0) for u in units}
+    for unit in sorted(units, key=lambda u: (-weight[u.unit_id], u.unit_id)):
+        lightest = min(range(count), key=lambda i: (loads[i], i))
+        members[lightest].append(unit.unit_id)
+        loads[lightest] += weight[unit.unit_id]
+    return [sorted(m) for m in members if m]
+
+
 def label(plan: MirrorPlan, group: int) -> str:
     units = plan.group_units(group)
     joins = [u for u in units if u.kind == "join"]

@@ -40,7 +40,15 @@ from iceberg_cdc.errors import CdcError, ConfigError, LeaseLostError
 from iceberg_cdc.mirror.iceberg import join
 from iceberg_cdc.mirror.iceberg.commit import build_delta, check_files_exist, commit_delta
 from iceberg_cdc.mirror.iceberg.inputs import RunLease, StagedNetChanges
-from iceberg_cdc.mirror.iceberg.plan import MODES, MirrorPaths, MirrorPlan, Unit, label
+from iceberg_cdc.mirror.iceberg.plan import (
+    MODES,
+    MirrorPaths,
+    MirrorPlan,
+    Unit,
+    bin_pack,
+    label,
+    spread_groups,
+)
 from iceberg_cdc.mirror.iceberg.pruning import prune
 from iceberg_cdc.mirror.iceberg.table import (
     create_or_load,
@@ -94,31 +102,6 @@ def _changed_keys(store: Any, net: StagedNetChanges, key_types: pa.Schema) -> pa
         return key_types.empty_table()
     keys = pa.concat_tables(parts)
     return keys.group_by(names, use_threads=False).aggregate([]).select(names).cast(key_types)
-
-
-def _bin_pack(files: list[Any], target: int) -> list[list[Any]]:
-    """Files in order of path, packed into units of about ``target`` bytes (a big file alone)."""
-    units: list[list[Any]] = []
-    size = 0
-    for file in sorted(files, key=lambda f: f.path):
-        if not units or size + file.size > target:
-            units.append([])
-            size = 0
-        units[-1].append(file)
-        size += file.size
-    return units
-
-
-def _groups(units: list[Unit], parallel: int) -> list[list[str]]:
-    """Units spread over at most ``parallel`` groups, largest first onto the lightest (deterministic)."""
-    count = max(1, min(parallel, len(units)))
-    loads, members = [0] * count, [[] for _ in range(count)]
-    weight = {u.unit_id: max(u.bytes, int(u.part["rows"]) * 100 if u.part else 0) for u in units}
-    for unit in sorted(units, key=lambda u: (-weight[u.unit_id], u.unit_id)):
-        lightest = min(range(count), key=lambda i: (loads[i], i))
-        members[lightest].append(unit.unit_id)
-        loads[lightest] += weight[unit.unit_id]
-    return [sorted(m) for m in members if m]
 
 
 def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
@@ -177,7 +160,7 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
     unit_bytes = int(getattr(getattr(ctx.config, "shuffle", None), "write_task_size", DEFAULT_UNIT_BYTES))
     units = [
         Unit(f"join-{i:05d}", "join", files=files)
-        for i, files in enumerate(_bin_pack(pruned.candidates, unit_bytes))
+        for i, files in enumerate(bin_pack(pruned.candidates, unit_bytes))
     ]
     units += [
         Unit(f"rows-{i:05d}", "rows", part={"key": part.key, "rows": part.rows})
@@ -206,7 +189,7 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
         upsert_rows=net.upsert_rows,
         delete_rows=net.delete_rows,
         units=units,
-        groups=_groups(units, parallel),
+        groups=spread_groups(units, parallel),
         delete_files=pruned.delete_files,
         figures={**pruned.figures, "created": int(created), "evolved": int(evolved)},
         root=net.root,

@@ -23,7 +23,6 @@ the marker an apply whose answer was lost is recognised by).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
@@ -172,7 +171,3 @@ def evolve(table: Table, source_schema: Schema) -> bool:
         ) from exc
     table.refresh()
     return table.schema() != before
-
-
-def describe_columns(table: Table) -> dict[str, Any]:
-    return {f.name: str(f.field_type) for f in table.schema().fields}
