@@ -24,10 +24,14 @@ Runs, in this one invocation, all on Spark ``local[2]``:
   trigger to success, and a backlog of 30 one-row snapshots caught up by
   chained runs (also with ``--quick``; ``--no-scheduler`` leaves it out);
 * the engine-only figures of ``engine_bench.py``;
-* an Iceberg mirror (``mirror_bench.py``): a 1% update + 0.1% delete of the
-  N-row table applied by the mirror target against pyiceberg's own
-  ``Table.upsert`` (seconds, bytes written), and a 30-snapshot catch-up in one
-  apply against one apply per snapshot (``--skip-mirror`` leaves it out).
+* mirrors (``mirror_bench.py``): 1 M changed rows applied to PostgreSQL against
+  ``executemany``, and a mirror 30 changelog snapshots behind caught up in one
+  run against one run per snapshot (``--skip-mirror`` leaves it out);
+* an Iceberg mirror (``iceberg_mirror_bench.py``): a 1% update + 0.1% delete
+  of the N-row table applied by the Iceberg mirror target against pyiceberg's
+  own ``Table.upsert`` (seconds, bytes written), and a 30-snapshot catch-up in
+  one apply against one apply per snapshot (``--skip-iceberg-mirror`` leaves
+  it out).
 
 Writes ``bench/results/pipeline.{json,txt,png,md}`` and ends with the lines
 ``bench (warm Spark Connect): pipeline X s, spark-native Y s, ratio=R`` and
@@ -60,6 +64,8 @@ import report  # noqa: E402
 import workload as wl  # noqa: E402
 import yaml  # noqa: E402
 from connect_run import connect_line, run_connect  # noqa: E402
+from iceberg_mirror_bench import iceberg_mirror_lines  # noqa: E402
+from iceberg_mirror_bench import run as run_iceberg_mirror_bench  # noqa: E402
 from latency import (  # noqa: E402
     compare_modes,
     latency_line,
@@ -67,8 +73,6 @@ from latency import (  # noqa: E402
     scheduler_figures,
     scheduler_lines,
 )
-from mirror_bench import mirror_lines  # noqa: E402
-from mirror_bench import run as run_mirror_bench  # noqa: E402
 from mor_bench import mor_line, run_mor_vs_cow  # noqa: E402
 from pipeline_run import PipelineSetup, breakdown, expected_reads, run_pipeline, sink_changes  # noqa: E402
 from point_update import point_update_line, run_point_update  # noqa: E402
@@ -380,7 +384,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=None, help="N (default 5 M; 100 k with --quick)")
     parser.add_argument("--skip-engine", action="store_true", help="leave engine_bench.py out (--quick does)")
     parser.add_argument("--skip-airflow", action="store_true", help="leave the one-row Airflow run out")
-    parser.add_argument("--skip-mirror", action="store_true", help="leave the Iceberg mirror figures out")
+    parser.add_argument("--skip-mirror", action="store_true", help="leave the mirror figures out")
+    parser.add_argument(
+        "--skip-iceberg-mirror", action="store_true", help="leave the Iceberg mirror figures out"
+    )
     parser.add_argument(
         "--skip-connect", action="store_true", help="leave the warm Spark Connect comparison out"
     )
@@ -448,14 +455,24 @@ def main() -> None:
     # A quick run must not overwrite the committed figures of a full one.
     out_dir = work / "results" if args.quick else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
-    if not args.skip_mirror:
+    if not args.skip_iceberg_mirror:
         log("Iceberg mirror: net changes applied by the mirror target and by pyiceberg's upsert")
-        results["mirror"] = run_mirror_bench(rows, work / "mirror", 30)
-        results["checks"]["mirror"] = {"equal": results["mirror"]["equal"]}
-        (out_dir / "mirror.json").write_text(json.dumps(results["mirror"], indent=2) + "\n")
-        (out_dir / "mirror.txt").write_text("\n".join(mirror_lines(results["mirror"])) + "\n")
+        iceberg = run_iceberg_mirror_bench(rows, work / "iceberg-mirror", 30)
+        results["iceberg_mirror"] = iceberg
+        results["checks"]["iceberg_mirror"] = {"equal": iceberg["equal"]}
+        (out_dir / "iceberg_mirror.json").write_text(json.dumps(iceberg, indent=2) + "\n")
+        (out_dir / "iceberg_mirror.txt").write_text("\n".join(iceberg_mirror_lines(iceberg)) + "\n")
     if not args.skip_engine and not args.quick:
         results["engine"] = run_engine_bench(args.quick, out_dir)
+    if not args.skip_mirror:
+        log(
+            "mirrors: changes applied to PostgreSQL, and a mirror 30 changelog snapshots behind (mirror_bench.py)"
+        )
+        command = [sys.executable, str(ROOT / "bench" / "mirror_bench.py"), "--out", str(out_dir)]
+        subprocess.run(
+            [*command, *(["--quick"] if args.quick else [])], check=True, stdout=subprocess.DEVNULL
+        )
+        results["mirror"] = json.loads((out_dir / "mirror.json").read_text())
     results["bench_wall_seconds"] = round(time.perf_counter() - started, 1)
     results["headline"] = report.headline(results)
     (out_dir / "pipeline.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
@@ -467,8 +484,8 @@ def main() -> None:
     if not ok:
         print("bench: CHECK FAILED: the pipeline and a comparison run disagree; see pipeline.json 'checks'")
     print(mor_line(results["merge_on_read"]))
-    if "mirror" in results:
-        print("\n".join(mirror_lines(results["mirror"])))
+    if "iceberg_mirror" in results:
+        print("\n".join(iceberg_mirror_lines(results["iceberg_mirror"])))
     print(point_update_line(results["point_update"]))
     if "latency_connect" in results:
         print(latency_line(results["latency"]["wall_seconds"], results["latency_connect"]))
@@ -476,6 +493,8 @@ def main() -> None:
         print(f"latency: one-row snapshot {results['latency']['wall_seconds']:.1f} s (submit)")
     if "scheduler" in results:
         print("\n".join(scheduler_lines(results["scheduler"])))
+    if "mirror" in results:
+        print((out_dir / "mirror.txt").read_text().rstrip())
     if "connect" in results:
         print(connect_line(results))
     print(

@@ -19,7 +19,6 @@ the Postgres provider's hook (registered here, so the core stays Airflow-free).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,31 +27,19 @@ from airflow.sdk import DAG, TriggerRule, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
 from iceberg_cdc.airflow.dag_factory import sink_asset
-from iceberg_cdc.airflow.operators.detect import SENSOR_MODE_ENV, lease_wait_seconds
+from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (conn_id -> DSN)
+from iceberg_cdc.airflow.hooks.cdc import CdcHook
+from iceberg_cdc.airflow.operators.detect import lease_wait_seconds, sensor_mode
 from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
-from iceberg_cdc.airflow.policy import (
-    airflow_holder_state,
-    final_errors,
-    record_error,
-    task_retries,
-)
+from iceberg_cdc.airflow.policy import airflow_holder_state, final_errors, record_error, task_retries
 from iceberg_cdc.config import CdcConfig, MirrorConfig, TableConfig, load_config
 from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.mirror import steps
-from iceberg_cdc.mirror.postgres.connection import set_conn_resolver
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.lease import lease_wait_step
 
 log = logging.getLogger("iceberg_cdc")
 
-
-def _postgres_uri(conn_id: str) -> str:
-    from airflow.providers.postgres.hooks.postgres import PostgresHook
-
-    return PostgresHook(postgres_conn_id=conn_id).get_uri()
-
-
-set_conn_resolver(_postgres_uri)
 
 DOC = """
 ### Mirror of `{source}` in {kind} `{target}`
@@ -78,10 +65,9 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
     source = table.source
     name = mirror.mirror_name
     operator, spark = phase_operator(config)
-    sensor_mode = os.environ.get(SENSOR_MODE_ENV, "reschedule")
 
     def context() -> tuple[Context, MirrorConfig]:
-        ctx = Context.of(load_config(), source)
+        ctx = CdcHook(load_config()).context(source)
         return ctx, ctx.table.mirror(name)
 
     with DAG(
@@ -129,7 +115,7 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
                         holder_since=None,
                         window=lease_wait_seconds(),
                         try_started=try_started,
-                        reschedule=sensor_mode != "poke",
+                        reschedule=sensor_mode() != "poke",
                         in_process_seconds=5.0,
                     )
                     if action == "fail":

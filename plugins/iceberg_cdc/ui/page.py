@@ -325,10 +325,37 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
                 "skewed keys; a read task takes each skewed partition alone and is the run's long pole",
             )
         )
+    for mirror in status.mirrors:
+        items.append((f"Mirror {_e(mirror.name)}", _mirror_fact(mirror, now)))
     if runs is not None and runs.paused:
         items.append(("DAG", '<span class="warn">paused</span>'))
     items.append(("Start", _e(status.start)))
     return '<dl class="facts">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+
+
+def _mirror_fact(mirror: Any, now: datetime) -> str:
+    """A mirror's line: its target, watermark and lag (or why they cannot be read)."""
+    where = f'{_e(mirror.type)} <span class="mono">{_e(mirror.table)}</span>'
+    if mirror.error:
+        return f'{where}: <span class="warn" data-field="mirror-error">{_e(mirror.error)}</span>'
+    if mirror.snapshot_id is None:
+        at = '<span class="muted">nothing applied yet</span>'
+    else:
+        made = f", made {_time_tag(mirror.snapshot_at, now)}" if mirror.snapshot_at else ""
+        at = (
+            f'at snapshot <span class="mono" data-field="mirror-snapshot">{_e(mirror.snapshot_id)}</span>'
+            f" · ordinal {_e(mirror.ordinal)}{made}"
+        )
+    if mirror.behind_changelog is None:
+        lag = ""
+    elif mirror.behind_changelog or mirror.behind_source:
+        lag = (
+            f' · <span class="warn" data-field="mirror-lag">{_e(mirror.behind_changelog)} changelog snapshot(s) '
+            f"behind</span> ({_e(mirror.behind_source)} behind the source)"
+        )
+    else:
+        lag = ' · <span data-field="mirror-lag">caught up</span>'
+    return f'{where} {at}{lag} · DAG <span class="mono">{_e(mirror.dag_id)}</span>'
 
 
 def _section(status: TableStatus, runs: Any, now: datetime) -> str:

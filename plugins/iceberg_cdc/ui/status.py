@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from iceberg_cdc.config import CdcConfig, TableConfig, is_secret_key
+from iceberg_cdc.ui.mirrors import MirrorReader, MirrorStatus, default_reader, mirror_statuses
 
 DEFAULT_RECENT = 10
 DEFAULT_TIMEOUT_SECONDS = 20.0
@@ -150,6 +151,7 @@ class TableStatus:
     recent: list[ProcessedSnapshot] = field(default_factory=list)
     lease: LeaseStatus | None = None
     lease_checked: bool = False
+    mirrors: list[MirrorStatus] = field(default_factory=list)  # each mirror's watermark and lag
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -203,6 +205,7 @@ class TableStatus:
             },
             "recent": [s.to_dict() for s in self.recent],
             "lease": self.lease.to_dict() if self.lease else None,
+            "mirrors": [m.to_dict() for m in self.mirrors],
             "errors": list(self.errors),
             "notes": list(self.notes),
         }
@@ -380,6 +383,7 @@ def table_status(
     now: datetime | None = None,
     lease_reader: Callable[[str], Any] | None = None,
     redact: Callable[[str], str] = str,
+    mirror_reader: MirrorReader | None = None,
 ) -> TableStatus:
     """The status of one table, read through ``catalog`` (a pyiceberg Catalog). Never raises for the table's state."""
     from pyiceberg.exceptions import NoSuchTableError
@@ -466,6 +470,16 @@ def table_status(
                 status.lease = LeaseStatus(held.owner, held.epoch, held.expires_at, held.host)
         except Exception as exc:
             status.notes.append(redact(f"lease not readable: {describe_error(exc)}"))
+    if mirror_reader is not None and table.mirrors:
+        status.mirrors = mirror_statuses(
+            table,
+            reader=mirror_reader,
+            changelog_ordinal=watermark.ordinal if watermark is not None else None,
+            source_pending=status.pending,
+            source_table=source_table,
+            redact=redact,
+            describe=describe_error,
+        )
     return status
 
 
@@ -533,8 +547,18 @@ def collect_status(
         except Exception as exc:
             lease_error = redact(f"lease not readable: {describe_error(exc)}")
 
+    mirror_reader = default_reader(config, connections) if any(t.mirrors for t in selected) else None
+
     def one(table: TableConfig) -> TableStatus:
-        return table_status(catalog, table, recent=recent, now=now, lease_reader=lease_reader, redact=redact)
+        return table_status(
+            catalog,
+            table,
+            recent=recent,
+            now=now,
+            lease_reader=lease_reader,
+            redact=redact,
+            mirror_reader=mirror_reader,
+        )
 
     pool = ThreadPoolExecutor(max_workers=min(4, len(selected)), thread_name_prefix="cdc-ui-status")
     try:

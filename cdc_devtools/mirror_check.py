@@ -41,8 +41,6 @@ def _value(value: Any) -> Any:
     if isinstance(value, dict):
         return json.dumps({k: _value(v) for k, v in value.items()}, sort_keys=True)
     if isinstance(value, list):
-        if value and all(isinstance(v, tuple) and len(v) == 2 for v in value):  # an Arrow map
-            return json.dumps({str(k): _value(v) for k, v in value}, sort_keys=True)
         return json.dumps([_value(v) for v in value])
     if isinstance(value, bytes):
         return value.hex()
@@ -77,6 +75,13 @@ def _rows(table: pa.Table, names: list[str], pg: bool) -> Counter:
         values = column.to_pylist()
         if pg:
             columns.append([_pg_value(v, column.type) for v in values])
+        elif pa.types.is_map(column.type):  # a map is a JSON object in the mirror, also when empty
+            columns.append(
+                [
+                    None if v is None else json.dumps({str(k): _value(x) for k, x in v}, sort_keys=True)
+                    for v in values
+                ]
+            )
         else:
             columns.append([_value(v) for v in values])
     return Counter(zip(*columns, strict=True)) if columns else Counter()
@@ -95,17 +100,22 @@ class MirrorVerdict:
 
 
 def verdict(source_table, target: PostgresTarget) -> MirrorVerdict:
-    """Compare the mirror with the source's rows at the mirror's watermark."""
-    mark = target.read_mark()
-    mirror = target.read_rows()
+    """Compare a PostgreSQL mirror with the source's rows at the mirror's watermark."""
+    return compare(source_table, target.read_mark(), target.read_rows(), pg=True, name=target.table)
+
+
+def compare(
+    source_table, mark: ChangelogMark | None, mirror: pa.Table | None, *, pg: bool, name: str = ""
+) -> MirrorVerdict:
+    """Compare mirror rows (from PostgreSQL, ``pg``, or an Iceberg scan) with the source at ``mark``."""
     if mark is None:  # never applied: the mirror must be empty (or not exist yet)
         rows = mirror.num_rows if mirror is not None else 0
         return MirrorVerdict(None, 0, rows, rows)
-    assert mirror is not None, f"the mirror table {target.table} has a watermark but does not exist"
+    assert mirror is not None, f"the mirror table {name} has a watermark but does not exist"
     state = table_state(source_table, mark.source_snapshot_id)
     names = [n for n in state.column_names if n in mirror.column_names]
     expected = _rows(state, names, pg=False)
-    found = _rows(mirror, names, pg=True)
+    found = _rows(mirror, names, pg=pg)
     return MirrorVerdict(
         mark,
         lost=sum((expected - found).values()),
