@@ -22,12 +22,12 @@ import os
 from hypothesis import HealthCheck, settings
 
 from cdc_devtools.cow import table_state
+from cdc_devtools.mirror_check import _rows
 from iceberg_cdc.mirror.iceberg import steps as iceberg_steps
 from iceberg_cdc.mirror.inline import MirrorRun, run_mirror
 from iceberg_cdc.run.context import Context
 from tests.property.test_mirror_histories import MirroredCowHistory, MirroredMorHistory
 from tests.support.inline_pipeline import SOURCE, InlinePipeline
-from tests.support.mirror_check import _rows
 
 MIRROR = "mirror.orders"
 TARGETS = {1: ("merge-on-read", None), 3: ("copy-on-write", 2), 8: ("merge-on-read", 3)}
