@@ -23,6 +23,9 @@ Runs, in this one invocation, all on Spark ``local[2]``:
   LocalExecutor with 2 slots; connect mode): one-row latency from the REST
   trigger to success, and a backlog of 30 one-row snapshots caught up by
   chained runs (also with ``--quick``; ``--no-scheduler`` leaves it out);
+* under the scheduler with the event trigger (``freshness.py``): 10 one-row
+  commits at random intervals, nobody triggering: ``freshness: p50 X s, p95 Y s``
+  (source commit to sink commit) and the catalog poll's calls per minute per table;
 * the engine-only figures of ``engine_bench.py``;
 * mirrors (``mirror_bench.py``): 1 M changed rows applied to PostgreSQL against
   ``executemany``, and a mirror 30 changelog snapshots behind caught up in one
@@ -64,6 +67,7 @@ import report  # noqa: E402
 import workload as wl  # noqa: E402
 import yaml  # noqa: E402
 from connect_run import connect_line, run_connect  # noqa: E402
+from freshness import freshness_figures, freshness_lines  # noqa: E402
 from iceberg_mirror_bench import iceberg_mirror_lines  # noqa: E402
 from iceberg_mirror_bench import run as run_iceberg_mirror_bench  # noqa: E402
 from latency import (  # noqa: E402
@@ -450,6 +454,10 @@ def main() -> None:
         if args.scheduler:
             log("under the scheduler: one-row latency, then 30 one-row snapshots caught up by chained runs")
             results["scheduler"] = scheduler_figures(work, bench.s3, bench.logs)
+            log(
+                "under the scheduler with the event trigger: freshness of 10 one-row commits, no manual trigger"
+            )
+            results["freshness"] = freshness_figures(work / "freshness", bench.s3, bench.logs)
     finally:
         bench.s3.stop()
     # A quick run must not overwrite the committed figures of a full one.
@@ -493,6 +501,11 @@ def main() -> None:
         print(f"latency: one-row snapshot {results['latency']['wall_seconds']:.1f} s (submit)")
     if "scheduler" in results:
         print("\n".join(scheduler_lines(results["scheduler"])))
+    if "freshness" in results:
+        freshness = freshness_lines(results["freshness"])
+        (out_dir / "freshness.json").write_text(json.dumps(results["freshness"], indent=2) + "\n")
+        (out_dir / "freshness.txt").write_text("\n".join(["# make bench", *freshness]) + "\n")
+        print("\n".join(freshness))
     if "mirror" in results:
         print((out_dir / "mirror.txt").read_text().rstrip())
     if "connect" in results:

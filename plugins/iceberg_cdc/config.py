@@ -8,8 +8,9 @@ The file follows the public contract (``../shared/design/README.md``)::
                  mirrors: [{type: postgres, dsn: postgresql://..., table: public.orders}, ...]}, ...]
 
 plus optional knobs with defaults (``shuffle.write_task_size``, ``spark.*``,
-per-table ``start``, ``duplicate_keys``, ``schedule``). ``CDC_CONFIG`` names
-the file for the DAG files.
+``events.*``, per-table ``start``, ``duplicate_keys``, ``schedule``,
+``protect_pending``, ``retention_warning``). ``CDC_CONFIG`` names the file for
+the DAG files (and for the event trigger, in the triggerer).
 
 Secrets need not be in the file: any string value may be ``${ENV_VAR}``
 (expanded at load; a missing variable is an error naming it), S3 and catalog
@@ -61,6 +62,26 @@ def parse_size(value: Any) -> int:
     if size <= 0:
         raise ValueError(f"size must be positive, got {value!r}")
     return size
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``24h`` / ``90min`` / ``3d`` / ``500ms`` / a number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 24h")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(f"{value!r} is not a duration; write e.g. 30s, 15min, 24h or 3d")
+        seconds = float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "").lower()]
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive, got {value!r}")
+    return seconds
 
 
 def format_size(size: int) -> str:
@@ -320,6 +341,17 @@ class TableConfig(_Strict):
     start: Literal["earliest", "latest"] = "earliest"
     duplicate_keys: Literal["fail", "emit_unpaired"] = "fail"
     schedule: str | None = "@hourly"
+    # Keep Iceberg tags on the source that make the watermark's and every pending snapshot
+    # survive snapshot expiry (source/protection.py): needs write access to the source.
+    protect_pending: bool = False
+    # The run's note warns when a snapshot the sink needs may be expired within this time.
+    retention_warning: float = 24 * 3600.0
+
+    @field_validator("retention_warning", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return parse_duration(value)
+
     mirrors: list[MirrorConfig] = Field(default_factory=list)
 
     @field_validator("source", "sink")
@@ -391,11 +423,38 @@ class TableConfig(_Strict):
         return mirror_dag_id_for(self.source, mirror.mirror_name)
 
 
+class EventsConfig(_Strict):
+    """Event-driven runs: a trigger polls the catalog and starts a table's run on a new source snapshot.
+
+    ``trigger: catalog`` (default) is the pipeline's own trigger: one poll per
+    catalog shared by all its tables, one catalog call per poll for SQL and
+    Glue catalogs (:mod:`iceberg_cdc.airflow.triggers.catalog_snapshots`).
+    ``trigger: provider`` uses the Apache Iceberg provider's
+    ``IcebergTableSnapshotTrigger`` through the Airflow connection
+    ``iceberg_conn_id`` (one table load per table per poll). The table's
+    ``schedule`` stays as the fallback clock.
+    """
+
+    enabled: bool = True
+    trigger: Literal["catalog", "provider"] = "catalog"
+    poll_interval: float = 10.0
+    iceberg_conn_id: str = "iceberg_default"
+
+    @field_validator("poll_interval", mode="before")
+    @classmethod
+    def _interval(cls, value: Any) -> float:
+        seconds = parse_duration(value)
+        if seconds < 1:
+            raise ValueError(f"poll_interval {value!r} is below one second: a catalog is not a busy loop")
+        return seconds
+
+
 class CdcConfig(_Strict):
     catalog: CatalogConfig
     shuffle: ShuffleConfig
     tables: list[TableConfig] = Field(min_length=1)
     spark: SparkConfig = Field(default_factory=SparkConfig)
+    events: EventsConfig = Field(default_factory=EventsConfig)
 
     @model_validator(mode="after")
     def _distinct(self) -> CdcConfig:

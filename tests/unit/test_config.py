@@ -220,6 +220,38 @@ def test_a_connect_token_is_never_shown(monkeypatch):
     assert "tok3n-value" not in str(raised.value) and "token=***" in str(raised.value)
 
 
+def test_durations_and_the_event_and_retention_knobs():
+    from iceberg_cdc.config import parse_duration
+
+    assert parse_duration("24h") == 86400 and parse_duration("90min") == 5400 and parse_duration(5) == 5
+    assert parse_duration("500ms") == 0.5 and parse_duration("3d") == 3 * 86400
+    for bad in ("soon", "-1h", 0, True):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    raw = {
+        "catalog": {"name": "c", "type": "sql", "uri": "sqlite:////tmp/c.db"},
+        "shuffle": {"uri": "file:///tmp/s"},
+        "tables": [{"source": "a.b", "sink": "a.c", "protect_pending": True, "retention_warning": "2h"}],
+        "events": {"poll_interval": "5s", "trigger": "provider", "iceberg_conn_id": "lake"},
+    }
+    config = parse_config(raw)
+    assert config.tables[0].protect_pending and config.tables[0].retention_warning == 7200
+    assert (config.events.poll_interval, config.events.trigger, config.events.iceberg_conn_id) == (
+        5,
+        "provider",
+        "lake",
+    )
+    default = parse_config({**raw, "events": {}, "tables": [{"source": "a.b", "sink": "a.c"}]})
+    assert (
+        default.events.enabled and default.events.trigger == "catalog" and default.events.poll_interval == 10
+    )
+    assert not default.tables[0].protect_pending and default.tables[0].retention_warning == 86400
+    with pytest.raises(ConfigError, match="poll_interval"):
+        parse_config({**raw, "events": {"poll_interval": "200ms"}})
+    with pytest.raises(ConfigError, match="retention_warning"):
+        parse_config({**raw, "tables": [{"source": "a.b", "sink": "a.c", "retention_warning": "soon"}]})
+
+
 # ---------------------------------------------------------------------------------------- mirrors
 
 PG = {"type": "postgres", "dsn": "postgresql://cdc:hunter2@127.0.0.1:5432/app", "table": "public.orders"}

@@ -252,6 +252,28 @@ def _recent_runs(runs: Any, now: datetime) -> str:
     )
 
 
+def _retention(status: TableStatus) -> str:
+    """The retention guard's line: time left before a needed snapshot may be expired, or why there is none."""
+    retention = status.retention
+    if not retention:
+        return ""
+    first = retention.get("first") or {}
+    left = retention.get("seconds_left")
+    if retention.get("protected"):
+        text = "every snapshot the sink needs is protected by its tags (protect_pending)"
+    elif left is None:
+        text = "no snapshot the sink needs can be expired now" + (
+            f" ({_e(first['kept_by'])})" if first.get("kept_by") else ""
+        )
+    else:
+        role = "the watermark's snapshot" if first.get("role") == "watermark" else "a pending snapshot"
+        when = "now" if left <= 0 else f"in {_e(fmt_age(left))}"
+        text = f'{role} <span class="mono">{_e(first.get("snapshot_id"))}</span> may be expired {when} ({_e(first.get("kept_by"))})'
+    if status.retention_warning:
+        return f'<span class="warn" data-field="retention" title="{_e(status.retention_warning)}">⚠ {text}</span>'
+    return f'<span data-field="retention">{text}</span>'
+
+
 def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
     items = []
     if status.watermark_snapshot_id is not None:
@@ -279,6 +301,9 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
         else:
             lag = '<span data-field="pending">0</span> pending: caught up'
         items.append(("Lag", lag))
+    retention = _retention(status)
+    if retention:
+        items.append(("Expiry", retention))
     if status.source_snapshot_id is not None:
         items.append(
             (

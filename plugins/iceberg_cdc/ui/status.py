@@ -151,6 +151,9 @@ class TableStatus:
     recent: list[ProcessedSnapshot] = field(default_factory=list)
     lease: LeaseStatus | None = None
     lease_checked: bool = False
+    # The retention guard (source/retention.py): when a snapshot the sink needs may be expired.
+    retention: dict[str, Any] | None = None
+    retention_warning: str | None = None
     mirrors: list[MirrorStatus] = field(default_factory=list)  # each mirror's watermark and lag
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -205,6 +208,8 @@ class TableStatus:
             },
             "recent": [s.to_dict() for s in self.recent],
             "lease": self.lease.to_dict() if self.lease else None,
+            "retention": self.retention,
+            "retention_warning": self.retention_warning,
             "mirrors": [m.to_dict() for m in self.mirrors],
             "errors": list(self.errors),
             "notes": list(self.notes),
@@ -453,6 +458,7 @@ def table_status(
         if watermark_ok:
             try:
                 status.pending = pending_count(source_table, watermark, table.start)
+                _retention(status, source_table, watermark, table)
                 following = next_snapshot(source_table, watermark, table.start)
                 if following is not None:
                     status.oldest_pending_snapshot_id = following.snapshot_id
@@ -481,6 +487,22 @@ def table_status(
             describe=describe_error,
         )
     return status
+
+
+def _retention(status: TableStatus, source_table: Any, watermark: Any, table: TableConfig) -> None:
+    """How long until a snapshot the sink needs may be expired; the warning below the table's threshold."""
+    from iceberg_cdc.source.protection import tag_prefix
+    from iceberg_cdc.source.retention import table_outlook
+
+    view = table_outlook(
+        source_table,
+        watermark,
+        table.start,
+        protection_prefix=tag_prefix(table.sink) if table.protect_pending else None,
+    )
+    now_ms = int(status.checked_at.timestamp() * 1000)
+    status.retention = view.to_dict(now_ms)
+    status.retention_warning = view.warning(now_ms, table.retention_warning)
 
 
 def _lease_reader(config: CdcConfig, connections: Any = None) -> Callable[[str], Any]:
