@@ -7,6 +7,7 @@ units with the same functions and leave the same figures for commit.
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from collections.abc import Callable
@@ -20,15 +21,55 @@ from iceberg_cdc.storage import ObjectStore, get_json_many
 
 UnitFunction = Callable[[SnapshotPlan, Runtime, Any], dict[str, Any]]
 
+
+# Phases of a higher layer (the Iceberg mirror's join), named by ``module:attribute``: the Spark drivers
+# here run them without this layer importing theirs; each is imported only by a process that runs it.
+LAYERED_PHASES: dict[str, tuple[str, str]] = {
+    # phase: (its unit function, its plan class with ``load(store, key)``)
+    "mirror_join": (
+        "iceberg_cdc.mirror.iceberg.join:run_mirror_join_task",
+        "iceberg_cdc.mirror.iceberg.plan:MirrorPlan",
+    ),
+}
+
+
+def _resolve(path: str) -> Any:
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _layered(index: int) -> Callable[[str], Any]:
+    return lambda phase: _resolve(LAYERED_PHASES[phase][index])
+
+
+def _run_layered(phase: str) -> UnitFunction:
+    def run(plan: Any, runtime: Runtime, unit: Any) -> dict[str, Any]:
+        return _layered(0)(phase)(plan, runtime, unit)
+
+    run.__name__ = run.__qualname__ = f"run_{phase}_unit"
+    return run
+
+
 PHASE_FUNCTIONS: dict[str, UnitFunction] = {
     "write": executor_tasks.run_write_task,
     "read": executor_tasks.run_read_task,
     "insert": executor_tasks.run_insert_task,
+    **{phase: _run_layered(phase) for phase in LAYERED_PHASES},
 }
 
 
-def units_of(phase: str, plan: SnapshotPlan, group: int, store: ObjectStore) -> list[Any]:
-    """Write/insert groups list task ids (from the plan); read groups list range documents (from coalesce)."""
+def load_phase_plan(phase: str, store: ObjectStore, key: str) -> Any:
+    """The plan a phase's group runs from: a snapshot plan, or a layered phase's own (a mirror's apply plan)."""
+    if phase in LAYERED_PHASES:
+        return _layered(1)(phase).load(store, key)
+    return SnapshotPlan.load(store, key)
+
+
+def units_of(phase: str, plan: Any, group: int, store: ObjectStore) -> list[Any]:
+    """Write/insert groups list task ids (from the plan); read groups list range documents (from coalesce);
+    mirror_join groups list the apply plan's unit ids."""
+    if phase in LAYERED_PHASES:
+        return list(plan.groups[group])
     if phase in ("write", "insert"):
         return list(plan.groups[group].task_ids)
     paths = plan.paths

@@ -35,7 +35,7 @@ log = logging.getLogger("iceberg_cdc.spark")
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--phase", choices=["write", "read", "insert"], required=True)
+    parser.add_argument("--phase", choices=["write", "read", "insert", "mirror_join"], required=True)
     parser.add_argument("--plan", required=True, help="key of the snapshot plan in the shuffle store")
     parser.add_argument("--group", type=int, required=True)
     parser.add_argument("--label", default="", help="human label, shown in the Airflow UI")
