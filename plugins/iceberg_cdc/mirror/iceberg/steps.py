@@ -40,6 +40,7 @@ from iceberg_cdc.errors import CdcError, ConfigError, LeaseLostError
 from iceberg_cdc.mirror.iceberg import join
 from iceberg_cdc.mirror.iceberg.commit import build_delta, check_files_exist, commit_delta
 from iceberg_cdc.mirror.iceberg.inputs import RunLease, StagedNetChanges
+from iceberg_cdc.mirror.iceberg.phase import PHASE
 from iceberg_cdc.mirror.iceberg.plan import (
     MODES,
     MirrorPaths,
@@ -65,7 +66,6 @@ from iceberg_cdc.storage import get_json_many, open_store
 
 log = logging.getLogger("iceberg_cdc.mirror")
 
-PHASE = "mirror_join"
 DEFAULT_UNIT_BYTES = 256 << 20
 STAGING_DIR = "data/_mirror"
 
