@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import pickle
@@ -24,12 +25,12 @@ from iceberg_cdc.local_s3 import LocalS3Server
 from iceberg_cdc.pipeline import runtime as runtime_module
 from iceberg_cdc.pipeline.runtime import Runtime, with_retrying_io
 from iceberg_cdc.sink.staging import write_staged_file
+from iceberg_cdc.storage import RETRYING_IO_IMPL
 from iceberg_cdc.storage.retrying_io import (
     PATIENT_S3_RETRY_STRATEGY_IMPL,
     RETRY_ATTEMPTS,
     RETRY_BASE_DELAY_MS,
     RETRY_MAX_DELAY_MS,
-    RETRYING_IO_IMPL,
     ResumableInputStream,
     RetryingPyArrowFileIO,
     RetryingUploadStream,
@@ -330,7 +331,9 @@ def test_policy_properties_and_pickling(proxy, s3_properties, files):
 
 
 def test_runtime_and_catalog_use_the_retrying_fileio(tmp_path):
-    assert runtime_module.RETRYING_IO_IMPL == RETRYING_IO_IMPL
+    module, _, name = RETRYING_IO_IMPL.rpartition(".")
+    assert getattr(importlib.import_module(module), name) is RetryingPyArrowFileIO
+    assert runtime_module.RETRYING_IO_IMPL is RETRYING_IO_IMPL
     assert with_retrying_io({"a": "b"}) == {"a": "b", "py-io-impl": RETRYING_IO_IMPL}
     assert with_retrying_io({"py-io-impl": "my.FileIO"}) == {"py-io-impl": "my.FileIO"}
     runtime = Runtime("file:///tmp/shuffle", {}, {"s3.secret-access-key": SECRET})

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iceberg_cdc.config import CdcConfig, is_secret_key
-from iceberg_cdc.storage import ObjectStore, open_store
+from iceberg_cdc.storage import RETRYING_IO_IMPL, ObjectStore, open_store
 
 PY_IO_IMPL = "py-io-impl"  # pyiceberg.io.PY_IO_IMPL, without importing pyiceberg here
-RETRYING_IO_IMPL = "iceberg_cdc.storage.retrying_io.RetryingPyArrowFileIO"
 
 _AWS_CONNECTION_KEYS = {
     "login": "s3.access-key-id",

@@ -20,8 +20,10 @@ never duplicates. pyiceberg 0.12 has its own retry inside
 ``Transaction.commit_transaction`` (``commit.retry.num-retries``, default 4)
 which rebuilds the append on the new head *without* that check; it is switched
 off for these commits by committing through a copy of the table object whose
-properties say ``commit.retry.num-retries=0`` (the property is read from the
-table object, not sent to the catalog, so the stored table is untouched).
+properties say ``commit.retry.num-retries=0``
+(:func:`~iceberg_cdc.pyiceberg_internals.commit.table_without_commit_retry`;
+the property is read from the table object, not sent to the catalog, so the
+stored table is untouched).
 
 **Watermark-only commits** (a snapshot whose changes all cancelled out, a
 skipped ``replace`` snapshot) change only properties: no empty data snapshot
@@ -45,15 +47,10 @@ from dataclasses import dataclass
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import EqualTo
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table, TableProperties, Transaction
-from pyiceberg.table.update import (
-    AssertRefSnapshotId,
-    SetPropertiesUpdate,
-    UpdatesAndRequirements,
-    UpdateTableMetadata,
-)
+from pyiceberg.table import Table
 
 from iceberg_cdc.errors import CdcError, SourceHistoryError
+from iceberg_cdc.pyiceberg_internals.commit import adopt, set_properties_at_head, table_without_commit_retry
 from iceberg_cdc.sink.datafiles import data_files_from_parquet
 from iceberg_cdc.sink.schema import COMMIT_SNAPSHOT_ID
 from iceberg_cdc.sink.table import (
@@ -70,7 +67,6 @@ from iceberg_cdc.sink.table import (
 from iceberg_cdc.watermark import Watermark
 
 DEFAULT_ATTEMPTS = 6
-_MAIN = "main"
 
 
 @dataclass(frozen=True)
@@ -90,47 +86,6 @@ class CommitResult:
     data_files: int = 0
     records: int = 0
     attempts: int = 1
-
-
-class _SetWatermark(UpdateTableMetadata["_SetWatermark"]):
-    """Set watermark properties, asserting the branch head the decision was made on.
-
-    ``Transaction.set_properties`` carries no requirement, so the catalog would
-    apply it on top of whatever is current; with the assertion a concurrent
-    commit makes this one fail (and be retried after a fresh look) instead.
-    """
-
-    def __init__(self, transaction: Transaction, properties: dict[str, str], head: int | None) -> None:
-        super().__init__(transaction)
-        self._properties = properties
-        self._head = head
-
-    def _commit(self) -> UpdatesAndRequirements:
-        return (
-            (SetPropertiesUpdate(updates=self._properties),),
-            (AssertRefSnapshotId(snapshot_id=self._head, ref=_MAIN),),
-        )
-
-
-def _without_internal_retry(table: Table) -> Table:
-    """A copy of ``table`` whose commits are not retried inside pyiceberg (see module doc)."""
-    metadata = table.metadata.model_copy(
-        update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
-    )
-    return Table(
-        identifier=table.name(),
-        metadata=metadata,
-        metadata_location=table.metadata_location,
-        io=table.io,
-        catalog=table.catalog,
-        config=table.config,
-    )
-
-
-def _adopt(table: Table, committed: Table) -> None:
-    """Give the caller's table object the metadata the catalog answered with."""
-    table.metadata = committed.metadata
-    table.metadata_location = committed.metadata_location
 
 
 def _backoff(attempt: int) -> None:
@@ -333,10 +288,10 @@ def _commit_once(
     """One attempt: build and commit the transaction; returns the new sink snapshot id, if any."""
     if not data_files and watermark is None and replace_of is None:
         return None
-    table = _without_internal_retry(sink_table)
+    table = table_without_commit_retry(sink_table)
     tx = table.transaction()
     if watermark is not None:
-        _SetWatermark(tx, watermark, _head(table)).commit()
+        set_properties_at_head(tx, watermark, _head(table))
     if replace_of is not None:
         tx.delete(
             EqualTo(COMMIT_SNAPSHOT_ID, replace_of),
@@ -355,7 +310,7 @@ def _commit_once(
                 append.append_data_file(data_file)
             snapshot_id = append.snapshot_id
     tx.commit_transaction()
-    _adopt(sink_table, table)
+    adopt(sink_table, table)
     return snapshot_id
 
 

@@ -66,16 +66,16 @@ from typing import IO, Any, TypeVar
 import pyarrow as pa
 from pyarrow.fs import AwsDefaultS3RetryStrategy, FileSystem, LocalFileSystem
 from pyiceberg.io import S3_RETRY_STRATEGY_IMPL, InputFile, OutputFile
-from pyiceberg.io.pyarrow import BUFFER_SIZE, ONE_MEGABYTE, PyArrowFile, PyArrowFileIO
+from pyiceberg.io.pyarrow import ONE_MEGABYTE, PyArrowFile, PyArrowFileIO
 from pyiceberg.typedef import EMPTY_DICT, Properties
 
 from iceberg_cdc.errors import TransientStorageError
+from iceberg_cdc.pyiceberg_internals.file_io import pyarrow_file_arguments
 
 log = logging.getLogger("iceberg_cdc.storage")
 
 T = TypeVar("T")
 
-RETRYING_IO_IMPL = "iceberg_cdc.storage.retrying_io.RetryingPyArrowFileIO"
 PATIENT_S3_RETRY_STRATEGY_IMPL = "iceberg_cdc.storage.retrying_io.PatientS3RetryStrategy"
 RETRY_ATTEMPTS = "cdc.io.retry-attempts"
 RETRY_BASE_DELAY_MS = "cdc.io.retry-base-delay-ms"
@@ -476,10 +476,10 @@ class RetryingPyArrowFile(PyArrowFile):
         super().__init__(location=location, path=path, fs=fs, buffer_size=buffer_size)
         self._policy = policy
         self._spool_bytes = spool_bytes
-        self._local = isinstance(fs, LocalFileSystem)
+        self.local = isinstance(fs, LocalFileSystem)  # nothing to retry on local files
 
     def _retry(self, operation: str, action: Callable[[], T]) -> T:
-        if self._local:
+        if self.local:
             return action()
         return self._policy.call(action, operation=operation, location=self.location)
 
@@ -491,7 +491,7 @@ class RetryingPyArrowFile(PyArrowFile):
 
     def open(self, seekable: bool = True) -> Any:
         """A stream that resumes where it was after a transient failure (seekable either way)."""
-        if self._local:
+        if self.local:
             return super().open(seekable)
         return ResumableInputStream(
             lambda: PyArrowFile.open(self, seekable=True), self.location, self._policy
@@ -499,7 +499,7 @@ class RetryingPyArrowFile(PyArrowFile):
 
     def create(self, overwrite: bool = False) -> Any:
         """A stream that uploads on close, retried whole (see the module's notes)."""
-        if self._local:
+        if self.local:
             return super().create(overwrite)
         if not overwrite and self.exists():
             raise FileExistsError(f"Cannot create file, already exists: {self.location}")
@@ -531,14 +531,8 @@ class RetryingPyArrowFileIO(PyArrowFileIO):
         self.spool_bytes = int(merged.get(SPOOL_BYTES, DEFAULT_SPOOL_BYTES))
 
     def _file(self, location: str) -> RetryingPyArrowFile:
-        scheme, netloc, path = self.parse_location(location, self.properties)
         return RetryingPyArrowFile(
-            location=location,
-            path=path,
-            fs=self.fs_by_scheme(scheme, netloc),
-            buffer_size=int(self.properties.get(BUFFER_SIZE, ONE_MEGABYTE)),
-            policy=self.policy,
-            spool_bytes=self.spool_bytes,
+            **pyarrow_file_arguments(self, location), policy=self.policy, spool_bytes=self.spool_bytes
         )
 
     def new_input(self, location: str) -> RetryingPyArrowFile:
@@ -550,7 +544,7 @@ class RetryingPyArrowFileIO(PyArrowFileIO):
     def delete(self, location: str | InputFile | OutputFile) -> None:
         """Delete, retrying transient errors; gone after a failed attempt counts as deleted."""
         where = location.location if isinstance(location, (InputFile, OutputFile)) else location
-        if isinstance(self._file(where)._filesystem, LocalFileSystem):
+        if self._file(where).local:
             super().delete(where)
             return
         failed = False
