@@ -17,17 +17,10 @@ from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_k
 from iceberg_cdc.source.deletes import DeleteFileRef
 from iceberg_cdc.source.planning import WriteTask
 from iceberg_cdc.storage.base import ObjectStore
+from iceberg_cdc.units import format_bytes
 
 PLAN_VERSION = 2
 Kind = Literal["with_deletes", "insert_only"]
-
-
-def _human_bytes(size: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1024 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -40,7 +33,7 @@ class JobGroup:
     bytes: int
 
     def label(self, phase: str, count: int) -> str:
-        return f"{phase} {self.index + 1}/{count}: {len(self.task_ids)} tasks, {self.files} files, {_human_bytes(self.bytes)}"
+        return f"{phase} {self.index + 1}/{count}: {len(self.task_ids)} tasks, {self.files} files, {format_bytes(self.bytes)}"
 
 
 def group_tasks(tasks: list[WriteTask], parallel_jobs: int) -> list[JobGroup]:

@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from iceberg_cdc.config import CdcConfig, TableConfig, is_secret_key
+from iceberg_cdc.units import format_bytes
 
 DEFAULT_RECENT = 10
 DEFAULT_TIMEOUT_SECONDS = 20.0
@@ -264,16 +265,8 @@ def skew_warnings(summary: Mapping[str, str]) -> list[str]:
     size = _int(summary.get("cdc.skew.max-bytes"))
     if ratio is not None and size is not None:
         which = "" if count == 1 else "largest "
-        text += f": {which}{_size(size)}, {ratio:.0f}x the median"
+        text += f": {which}{format_bytes(size)}, {ratio:.0f}x the median"
     return [text]
-
-
-def _size(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def processed_snapshot(snapshot: Any, summary: Mapping[str, str]) -> ProcessedSnapshot | None:
