@@ -20,7 +20,7 @@ from pyiceberg.io import S3_RETRY_STRATEGY_IMPL, load_file_io
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from iceberg_cdc.devtools.fault_proxy import FaultProxy
-from iceberg_cdc.errors import StorageError, TransientStorageError
+from iceberg_cdc.errors import ConfigError, StorageError, TransientStorageError
 from iceberg_cdc.local_s3 import LocalS3Server
 from iceberg_cdc.pipeline import runtime as runtime_module
 from iceberg_cdc.pipeline.runtime import Runtime, with_retrying_io
@@ -34,8 +34,8 @@ from iceberg_cdc.storage.retrying_io import (
     ResumableInputStream,
     RetryingPyArrowFileIO,
     RetryingUploadStream,
-    RetryPolicy,
     is_transient,
+    policy_from_properties,
 )
 from tests.support.auth_s3 import auth_s3_server
 
@@ -326,8 +326,9 @@ def test_policy_properties_and_pickling(proxy, s3_properties, files):
     path, (_, raw) = next(iter(files.items()))
     with copy.new_input(path).open() as stream:
         assert isinstance(stream, ResumableInputStream) and stream.read() == raw
-    with pytest.raises(ValueError, match=RETRY_ATTEMPTS):
-        RetryPolicy.from_properties({RETRY_ATTEMPTS: "0"})
+    for bad in ({RETRY_ATTEMPTS: "0"}, {RETRY_ATTEMPTS: "many"}, {RETRY_MAX_DELAY_MS: "-1"}):
+        with pytest.raises(ConfigError, match=RETRY_ATTEMPTS):
+            policy_from_properties(bad)
 
 
 def test_runtime_and_catalog_use_the_retrying_fileio(tmp_path):

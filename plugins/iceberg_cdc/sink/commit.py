@@ -39,8 +39,6 @@ backwards. Staged files of a reprocess need names no earlier run used.
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -51,6 +49,7 @@ from pyiceberg.table import Table
 
 from iceberg_cdc.errors import CdcError, SourceHistoryError
 from iceberg_cdc.pyiceberg_internals.commit import adopt, set_properties_at_head, table_without_commit_retry
+from iceberg_cdc.retry import SINK_COMMIT
 from iceberg_cdc.sink.datafiles import data_files_from_parquet
 from iceberg_cdc.sink.schema import COMMIT_SNAPSHOT_ID
 from iceberg_cdc.sink.table import (
@@ -66,7 +65,7 @@ from iceberg_cdc.sink.table import (
 )
 from iceberg_cdc.watermark import Watermark
 
-DEFAULT_ATTEMPTS = 6
+DEFAULT_ATTEMPTS = SINK_COMMIT.attempts
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,8 @@ class CommitResult:
 
 
 def _backoff(attempt: int) -> None:
-    time.sleep(min(0.05 * 2**attempt, 2.0) * (1 + random.random()))
+    """Wait before attempt number ``attempt`` (1 for the first retry)."""
+    SINK_COMMIT.sleep(attempt - 1)
 
 
 def _marker(source_identifier: str, source_uuid: str, snapshot_id: int, ordinal: int) -> dict[str, str]:

@@ -52,13 +52,11 @@ unless the config names its own); tuning properties: ``cdc.io.retry-attempts``,
 from __future__ import annotations
 
 import logging
-import random
 import re
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from io import SEEK_CUR, SEEK_END, SEEK_SET
 from types import TracebackType
 from typing import IO, Any, TypeVar
@@ -69,8 +67,9 @@ from pyiceberg.io import S3_RETRY_STRATEGY_IMPL, InputFile, OutputFile
 from pyiceberg.io.pyarrow import ONE_MEGABYTE, PyArrowFile, PyArrowFileIO
 from pyiceberg.typedef import EMPTY_DICT, Properties
 
-from iceberg_cdc.errors import TransientStorageError
+from iceberg_cdc.errors import ConfigError, TransientStorageError
 from iceberg_cdc.pyiceberg_internals.file_io import pyarrow_file_arguments
+from iceberg_cdc.retry import FILE_IO, RetryPolicy
 
 log = logging.getLogger("iceberg_cdc.storage")
 
@@ -114,7 +113,7 @@ class PatientS3RetryStrategy(AwsDefaultS3RetryStrategy):
     seconds by the 4th attempt (about 1.5 s, then 6.5 s) and it spends a
     retry quota that a burst of errors empties; the default one waits
     25 ms x 2^n (1.6 s for all 6 retries), leaving longer waits to
-    :class:`RetryPolicy`, which also covers cut bodies. pyiceberg instantiates
+    :func:`call_with_retries` (:data:`iceberg_cdc.retry.FILE_IO`), which also covers cut bodies. pyiceberg instantiates
     ``s3.retry-strategy-impl`` without arguments, hence the class.
     """
 
@@ -147,62 +146,50 @@ def _short(error: BaseException, limit: int = 300) -> str:
     return f"{type(error).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Bounded retries with exponential backoff and full jitter (sleep ~ U(0, min(cap, base * 2^n)))."""
-
-    attempts: int = 8
-    base_delay: float = 0.1
-    max_delay: float = 3.0
-
-    @classmethod
-    def from_properties(cls, properties: Mapping[str, str]) -> RetryPolicy:
-        policy = cls(
-            attempts=int(properties.get(RETRY_ATTEMPTS, cls.attempts)),
-            base_delay=float(properties.get(RETRY_BASE_DELAY_MS, cls.base_delay * 1000)) / 1000,
-            max_delay=float(properties.get(RETRY_MAX_DELAY_MS, cls.max_delay * 1000)) / 1000,
+def policy_from_properties(properties: Mapping[str, str]) -> RetryPolicy:
+    """The retry policy the catalog properties ``cdc.io.retry-*`` ask for (:data:`~iceberg_cdc.retry.FILE_IO` otherwise)."""
+    try:
+        return RetryPolicy(
+            attempts=int(properties.get(RETRY_ATTEMPTS, FILE_IO.attempts)),
+            base_delay=float(properties.get(RETRY_BASE_DELAY_MS, FILE_IO.base_delay * 1000)) / 1000,
+            max_delay=float(properties.get(RETRY_MAX_DELAY_MS, FILE_IO.max_delay * 1000)) / 1000,
         )
-        if policy.attempts < 1 or policy.base_delay < 0 or policy.max_delay < 0:
-            raise ValueError(
-                f"{RETRY_ATTEMPTS} must be >= 1 and the delays >= 0, got {policy}; fix the catalog properties"
-            )
-        return policy
+    except ValueError as error:
+        raise ConfigError(
+            f"{RETRY_ATTEMPTS} must be a whole number >= 1 and {RETRY_BASE_DELAY_MS} / {RETRY_MAX_DELAY_MS} "
+            f"numbers >= 0 ({error}); fix the catalog properties"
+        ) from None
 
-    def delay(self, retry: int) -> float:
-        """Seconds to wait before retry number ``retry`` (0 for the first retry)."""
-        return random.uniform(0.0, min(self.max_delay, self.base_delay * (2**retry)))
 
-    def call(
-        self,
-        action: Callable[[], T],
-        *,
-        operation: str,
-        location: str,
-        retry_safe: bool = True,
-        after_failure: Callable[[BaseException], None] | None = None,
-    ) -> T:
-        """``action()``, repeated on transient errors; permanent errors are raised as they come.
+def call_with_retries(
+    policy: RetryPolicy,
+    action: Callable[[], T],
+    *,
+    operation: str,
+    location: str,
+    retry_safe: bool = True,
+    after_failure: Callable[[BaseException], None] | None = None,
+) -> T:
+    """``action()``, repeated on transient errors as ``policy`` says; permanent errors are raised as they come.
 
-        ``after_failure(error)`` runs after every failed attempt (e.g. to drop
-        a broken stream). Access denied is raised as a ``PermissionError``
-        naming ``location``; exhausted retries as :class:`TransientStorageError`.
-        """
-        started = time.monotonic()
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return action()
-            except Exception as error:
-                if after_failure is not None:
-                    after_failure(error)
-                if not is_transient(error):
-                    raise _permanent(error, operation, location) from error
-                if attempt == self.attempts:
-                    raise _exhausted(error, operation, location, attempt, started, retry_safe) from error
-                log.info(
-                    "%s %s: attempt %d failed (%s); retrying", operation, location, attempt, _short(error)
-                )
-                time.sleep(self.delay(attempt - 1))
-        raise AssertionError("unreachable")
+    ``after_failure(error)`` runs after every failed attempt (e.g. to drop
+    a broken stream). Access denied is raised as a ``PermissionError``
+    naming ``location``; exhausted retries as :class:`TransientStorageError`.
+    """
+    started = time.monotonic()
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return action()
+        except Exception as error:
+            if after_failure is not None:
+                after_failure(error)
+            if not is_transient(error):
+                raise _permanent(error, operation, location) from error
+            if attempt == policy.attempts:
+                raise _exhausted(error, operation, location, attempt, started, retry_safe) from error
+            log.info("%s %s: attempt %d failed (%s); retrying", operation, location, attempt, _short(error))
+            policy.sleep(attempt - 1)
+    raise AssertionError("unreachable")
 
 
 def _permanent(error: Exception, operation: str, location: str) -> Exception:
@@ -259,7 +246,7 @@ class ResumableInputStream:
         self._position = 0
         self._closed = False
         self.reopens = 0
-        self._size = policy.call(self._size_of_open, operation="open", location=location)
+        self._size = call_with_retries(policy, self._size_of_open, operation="open", location=location)
 
     def _open(self) -> pa.NativeFile:
         if self._inner is None:
@@ -297,7 +284,9 @@ class ResumableInputStream:
                 )
             return data
 
-        return self._policy.call(attempt, operation="read", location=self.location, after_failure=self._drop)
+        return call_with_retries(
+            self._policy, attempt, operation="read", location=self.location, after_failure=self._drop
+        )
 
     # -- file-like interface ------------------------------------------------------------------
 
@@ -430,8 +419,11 @@ class RetryingUploadStream:
         spool, self._spool = self._spool, None
         assert spool is not None
         try:
-            self._policy.call(
-                lambda: self._send(spool), operation=f"upload ({self._size} bytes) to", location=self.location
+            call_with_retries(
+                self._policy,
+                lambda: self._send(spool),
+                operation=f"upload ({self._size} bytes) to",
+                location=self.location,
             )
         finally:
             spool.close()
@@ -481,7 +473,7 @@ class RetryingPyArrowFile(PyArrowFile):
     def _retry(self, operation: str, action: Callable[[], T]) -> T:
         if self.local:
             return action()
-        return self._policy.call(action, operation=operation, location=self.location)
+        return call_with_retries(self._policy, action, operation=operation, location=self.location)
 
     def __len__(self) -> int:
         return self._retry("size of", super().__len__)
@@ -527,7 +519,7 @@ class RetryingPyArrowFileIO(PyArrowFileIO):
         merged = dict(properties)
         merged.setdefault(S3_RETRY_STRATEGY_IMPL, PATIENT_S3_RETRY_STRATEGY_IMPL)
         super().__init__(properties=merged)
-        self.policy = RetryPolicy.from_properties(merged)
+        self.policy = policy_from_properties(merged)
         self.spool_bytes = int(merged.get(SPOOL_BYTES, DEFAULT_SPOOL_BYTES))
 
     def _file(self, location: str) -> RetryingPyArrowFile:
@@ -561,4 +553,4 @@ class RetryingPyArrowFileIO(PyArrowFileIO):
                 failed = True
                 raise
 
-        self.policy.call(attempt, operation="delete", location=where)
+        call_with_retries(self.policy, attempt, operation="delete", location=where)
