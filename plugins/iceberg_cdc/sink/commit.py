@@ -39,8 +39,8 @@ backwards. Staged files of a reprocess need names no earlier run used.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import EqualTo
@@ -52,17 +52,8 @@ from iceberg_cdc.pyiceberg_internals.commit import adopt, set_properties_at_head
 from iceberg_cdc.retry import SINK_COMMIT
 from iceberg_cdc.sink.datafiles import data_files_from_parquet
 from iceberg_cdc.sink.schema import COMMIT_SNAPSHOT_ID
-from iceberg_cdc.sink.table import (
-    CHANGE_ORDINAL_KEY,
-    REPLACE_KEY,
-    REPLACED_SNAPSHOT_ID_KEY,
-    SOURCE_SNAPSHOT_ID_KEY,
-    SOURCE_TABLE_KEY,
-    SOURCE_UUID_KEY,
-    find_commit,
-    read_watermark,
-    watermark_properties,
-)
+from iceberg_cdc.sink.summary import CommitSummary
+from iceberg_cdc.sink.table import find_commit, read_watermark, watermark_properties
 from iceberg_cdc.watermark import Watermark
 
 DEFAULT_ATTEMPTS = SINK_COMMIT.attempts
@@ -92,15 +83,6 @@ def _backoff(attempt: int) -> None:
     SINK_COMMIT.sleep(attempt - 1)
 
 
-def _marker(source_identifier: str, source_uuid: str, snapshot_id: int, ordinal: int) -> dict[str, str]:
-    return {
-        SOURCE_TABLE_KEY: source_identifier,
-        SOURCE_SNAPSHOT_ID_KEY: str(snapshot_id),
-        SOURCE_UUID_KEY: source_uuid,
-        CHANGE_ORDINAL_KEY: str(ordinal),
-    }
-
-
 def _current_watermark(sink_table: Table, source_identifier: str, source_uuid: str) -> Watermark | None:
     current = read_watermark(sink_table, source_identifier)
     if current is not None and current.source_uuid != source_uuid:
@@ -128,14 +110,15 @@ def commit_changes(
     snapshot_id: int,
     ordinal: int,
     replace_existing: bool = False,
-    summary: Mapping[str, str] | None = None,
+    summary: CommitSummary | None = None,
     max_attempts: int = DEFAULT_ATTEMPTS,
     data_files: Sequence[DataFile] | None = None,
 ) -> CommitResult:
     """Commit one source snapshot's staged files and watermark in one atomic Iceberg commit.
 
     ``summary`` adds figures of the run (counts, seconds per phase) to the
-    sink snapshot's summary, so they stay with the data they describe.
+    sink snapshot's summary, so they stay with the data they describe; the
+    marker (source table, snapshot id, uuid, ordinal) is set here.
     ``data_files``: the staged files' metadata when the caller already read
     their footers (:func:`~iceberg_cdc.sink.datafiles.data_files_from_parquet`
     of ``staged_paths``), so they are read once.
@@ -154,6 +137,14 @@ def commit_changes(
     if len(set(staged_paths)) != len(staged_paths):
         raise ValueError("staged_paths contains duplicates")
     target = Watermark(source_uuid, snapshot_id, ordinal)
+    record = replace(
+        summary or CommitSummary(),
+        source_table=source_identifier,
+        source_snapshot_id=snapshot_id,
+        source_uuid=source_uuid,
+        change_ordinal=ordinal,
+        replace=replace_existing,
+    )
     if data_files is not None:
         data_files = [f for f in data_files if f.record_count > 0]
     for attempt in range(max_attempts):
@@ -181,7 +172,7 @@ def commit_changes(
             sink_snapshot_id = _commit_once(
                 sink_table,
                 data_files,
-                marker={**(summary or {}), **_marker(source_identifier, source_uuid, snapshot_id, ordinal)},
+                summary=record,
                 watermark=watermark_properties(source_identifier, new_watermark)
                 if new_watermark != current
                 else None,
@@ -281,11 +272,15 @@ def _commit_once(
     sink_table: Table,
     data_files: list[DataFile],
     *,
-    marker: dict[str, str],
+    summary: CommitSummary | None,
     watermark: dict[str, str] | None,
     replace_of: int | None,
 ) -> int | None:
-    """One attempt: build and commit the transaction; returns the new sink snapshot id, if any."""
+    """One attempt: build and commit the transaction; returns the new sink snapshot id, if any.
+
+    ``summary`` (with its marker) goes on the appended snapshot; it is needed
+    whenever ``data_files`` or ``replace_of`` are given.
+    """
     if not data_files and watermark is None and replace_of is None:
         return None
     table = table_without_commit_retry(sink_table)
@@ -293,19 +288,13 @@ def _commit_once(
     if watermark is not None:
         set_properties_at_head(tx, watermark, _head(table))
     if replace_of is not None:
-        tx.delete(
-            EqualTo(COMMIT_SNAPSHOT_ID, replace_of),
-            snapshot_properties={
-                SOURCE_TABLE_KEY: marker[SOURCE_TABLE_KEY],
-                REPLACED_SNAPSHOT_ID_KEY: str(replace_of),
-            },
-        )
+        assert summary is not None
+        removed = CommitSummary(source_table=summary.source_table, replaced_snapshot_id=replace_of)
+        tx.delete(EqualTo(COMMIT_SNAPSHOT_ID, replace_of), snapshot_properties=removed.to_summary())
     snapshot_id: int | None = None
     if data_files:
-        properties = dict(marker)
-        if replace_of is not None:
-            properties[REPLACE_KEY] = "true"
-        with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+        assert summary is not None
+        with tx.update_snapshot(snapshot_properties=summary.to_summary()).fast_append() as append:
             for data_file in data_files:
                 append.append_data_file(data_file)
             snapshot_id = append.snapshot_id
@@ -340,7 +329,7 @@ def advance_watermark(
             _commit_once(
                 sink_table,
                 [],
-                marker={},
+                summary=None,
                 watermark=watermark_properties(source_identifier, target),
                 replace_of=None,
             )
