@@ -535,3 +535,10 @@ def test_evolution_reaches_into_lists_and_maps(catalog):
     assert isinstance(m, MapType) and m.value_type == LongType() and not m.value_required
     assert schema.find_field("ls.element.b").optional
     assert not evolve_sink_schema(table, evolved).changed
+
+
+def test_the_sink_checks_the_change_types_the_merge_writes():
+    from iceberg_cdc.changelog import merge
+
+    assert CHANGE_TYPE is merge.CHANGE_TYPE_COLUMN == "_change_type"
+    assert sorted(CHANGE_TYPES) == sorted(t.name for t in merge.ChangeType)

@@ -58,13 +58,13 @@ from pyiceberg.types import (
     StructType,
 )
 
+from iceberg_cdc.changelog.change_types import CHANGE_TYPE_COLUMN, CHANGE_TYPES
 from iceberg_cdc.errors import SinkSchemaError
 
-CHANGE_TYPE = "_change_type"
+CHANGE_TYPE = CHANGE_TYPE_COLUMN
 CHANGE_ORDINAL = "_change_ordinal"
 COMMIT_SNAPSHOT_ID = "_commit_snapshot_id"
 CHANGE_COLUMNS = (CHANGE_TYPE, CHANGE_ORDINAL, COMMIT_SNAPSHOT_ID)
-CHANGE_TYPES = ("INSERT", "DELETE", "UPDATE_BEFORE", "UPDATE_AFTER")
 
 _CHANGE_COLUMN_TYPES: dict[str, IcebergType] = {
     CHANGE_TYPE: StringType(),
