@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo, probe_conditional_writes
+from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.orchestration.context import Context
 
 log = logging.getLogger("iceberg_cdc")
@@ -41,7 +42,10 @@ def lease_ttl_seconds() -> float:
     except ValueError:
         value = -1.0
     if value <= 0:
-        raise ValueError(f"{LEASE_TTL_ENV}={raw!r} must be a positive number of seconds")
+        raise ConfigError(
+            f"{LEASE_TTL_ENV}={raw!r} must be a positive number of seconds: fix the environment variable "
+            f"or unset it (default {DEFAULT_LEASE_TTL_SECONDS:.0f})"
+        )
     return value
 
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from iceberg_cdc.coordination.lease import TableLease
-from iceberg_cdc.errors import CdcError, LeaseLostError, ObjectNotFoundError
+from iceberg_cdc.errors import CdcError, CorruptShuffleError, LeaseLostError, ObjectNotFoundError
 from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_key
 from iceberg_cdc.source.deletes import DeleteFileRef
 from iceberg_cdc.source.planning import WriteTask
@@ -126,7 +126,12 @@ class SnapshotPlan:
     def from_json(cls, text: str) -> SnapshotPlan:
         data = json.loads(text)
         if data.get("version") != PLAN_VERSION:
-            raise ValueError(f"plan version {data.get('version')} is not {PLAN_VERSION}: rerun detect")
+            raise CorruptShuffleError(
+                f"the snapshot plan has version {data.get('version')}, but this release of the pipeline reads "
+                f"version {PLAN_VERSION}: it was written by another release (the pipeline was upgraded while "
+                "the run was in flight). Clear the DAG run from detect, or let the next run start: detect "
+                "plans the snapshot again."
+            )
         data["write_tasks"] = [WriteTask.from_dict(t) for t in data["write_tasks"]]
         data["groups"] = [
             JobGroup(g["index"], tuple(g["task_ids"]), g["files"], g["bytes"]) for g in data["groups"]

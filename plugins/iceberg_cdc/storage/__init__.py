@@ -7,6 +7,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.storage.base import ObjectInfo, ObjectStore, ObjectWriter, get_json_many
 from iceberg_cdc.storage.local import LocalObjectStore
 
@@ -68,4 +69,6 @@ def open_store(uri: str, properties: Mapping[str, str] | None = None) -> ObjectS
         )
     if uri.startswith("file://"):
         return LocalObjectStore(uri[len("file://") :])
-    raise ValueError(f"unsupported shuffle URI {uri!r}: use s3://bucket/prefix or file:///absolute/dir")
+    raise ConfigError(
+        f"unsupported shuffle URI {uri!r}: set shuffle.uri to s3://bucket/prefix or file:///absolute/dir"
+    )
