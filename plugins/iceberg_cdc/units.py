@@ -11,6 +11,7 @@ them -- and writes back the unambiguous ``64MiB``.
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Any
 
 KiB = 1 << 10
@@ -57,7 +58,8 @@ def parse_size(value: Any) -> int:
         match = _SIZE.match(str(value))
         if not match:
             raise ValueError(f"{value!r} is not a size; write e.g. 64MiB, 512KiB or 1GiB")
-        size = int(float(match.group(1)) * _BY_LETTER.get(match.group(2)[:1].lower(), 1))
+        # Decimal, not float: a size of 2^53 bytes or more must read back exactly.
+        size = int(Decimal(match.group(1)) * _BY_LETTER.get(match.group(2)[:1].lower(), 1))
     if size <= 0:
         raise ValueError(f"size must be positive, got {value!r}")
     return size

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from iceberg_cdc.orchestration.run_story import (
+from iceberg_cdc.run.story import (
     NOTE_LIMIT,
     FailedTask,
     chained_run_id,
@@ -165,7 +165,7 @@ def test_error_lines_name_the_pipelines_error_first():
 
 
 def test_the_failure_callback_records_a_scrubbed_error_line(monkeypatch):
-    from iceberg_cdc.orchestration import task_policy
+    from iceberg_cdc.airflow import policy as task_policy
 
     class Ti:
         def __init__(self):

@@ -20,14 +20,20 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from cdc_devtools.orders import SCHEMA, rows
+from iceberg_cdc.airflow.views.airflow_side import (
+    DagRuns,
+    FailedTask,
+    RunInfo,
+    authenticated_user,
+    first_error_line,
+)
+from iceberg_cdc.airflow.views.app import create_app
 from iceberg_cdc.config import parse_config
 from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.sink.table import watermark_property_names
-from iceberg_cdc.ui.airflow_api import DagRuns, FailedTask, RunInfo, authenticated_user, first_error_line
-from iceberg_cdc.ui.app import create_app
 from iceberg_cdc.ui.status import collect_status, processed_snapshot, skew_warnings
 from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
-from tests.support.orders import SCHEMA, rows
 from tests.support.ui_history import processed_history
 
 REPO = Path(__file__).resolve().parents[2]
@@ -219,10 +225,10 @@ def test_commits_without_figures_and_skew_warnings():
 
 def test_skew_found_by_coalesce_reaches_the_commit_summary_and_the_page(tmp_path, monkeypatch):
     """A real MERGE through the pipeline's steps, with coalesce told to call any above-median partition skewed."""
-    from iceberg_cdc.devtools.cow import cow_merge
-    from iceberg_cdc.orchestration import shuffle_steps
+    from cdc_devtools.cow import cow_merge
+    from iceberg_cdc.airflow.views.app import create_app
+    from iceberg_cdc.run import shuffle_steps
     from iceberg_cdc.shuffle.coalesce import coalesce
-    from iceberg_cdc.ui.app import create_app
 
     monkeypatch.setattr(
         shuffle_steps,

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 
 from iceberg_cdc.errors import CdcError, ConfigError, CorruptShuffleError, SinkSchemaError
-from iceberg_cdc.orchestration.run_lease import LEASE_TTL_ENV, lease_ttl_seconds
 from iceberg_cdc.pipeline.plan import PLAN_VERSION, SnapshotPlan
+from iceberg_cdc.run.lease import LEASE_TTL_ENV, lease_ttl_seconds
 from iceberg_cdc.shuffle.rows import OP_COLUMN, shuffle_schema
 from iceberg_cdc.storage import open_store
 

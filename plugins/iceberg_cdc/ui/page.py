@@ -21,7 +21,7 @@ REFRESH_SECONDS = 30
 
 @dataclass
 class PageModel:
-    """Everything the page shows; built by :mod:`iceberg_cdc.ui.app`."""
+    """Everything the page shows; built by :mod:`iceberg_cdc.airflow.views.app`."""
 
     generated_at: datetime
     statuses: Sequence[TableStatus] = ()

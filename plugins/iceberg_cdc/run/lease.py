@@ -23,7 +23,7 @@ from typing import Any
 
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo, probe_conditional_writes
 from iceberg_cdc.errors import ConfigError
-from iceberg_cdc.orchestration.context import Context
+from iceberg_cdc.run.context import Context
 
 log = logging.getLogger("iceberg_cdc")
 

@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
 from iceberg_cdc.errors import FINAL_ERRORS
-from iceberg_cdc.orchestration.run_story import error_line, scrub
+from iceberg_cdc.run.story import error_line, scrub
 
 log = logging.getLogger("iceberg_cdc")
 

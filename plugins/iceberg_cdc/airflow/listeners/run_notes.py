@@ -15,7 +15,7 @@ state. This listener reads the run's XComs in that session and sets
   snapshots are still pending;
 * failed: the snapshot (when detect found one), the first failed task and its
   error line (XCom ``cdc_error``, recorded by the tasks' failure callback,
-  :func:`~iceberg_cdc.orchestration.task_policy.record_error`).
+  :func:`~iceberg_cdc.airflow.policy.record_error`).
 
 A note a person wrote (it has a user id) is left alone. Only DAGs with the
 pipeline's tasks (``detect``, ``commit``, ``cleanup``) and a ``cdc__`` id are
@@ -32,8 +32,8 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
-from iceberg_cdc.orchestration.run_story import FailedTask, run_note
-from iceberg_cdc.orchestration.task_policy import ERROR_XCOM_KEY
+from iceberg_cdc.airflow.policy import ERROR_XCOM_KEY
+from iceberg_cdc.run.story import FailedTask, run_note
 
 log = logging.getLogger("iceberg_cdc")
 
