@@ -75,8 +75,11 @@ _NAMED_KEYS = frozenset(
 _FIGURE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-def _int(value: str | None) -> int | None:
-    """An integer value; ``"12.0"`` counts as 12 (summaries edited by hand or by other tools)."""
+def int_value(value: str | None) -> int | None:
+    """A summary value as an integer; None when missing or not one (``"12.0"`` counts as 12).
+
+    Summaries may be edited by hand or written by other tools: a reader never fails on them.
+    """
     if value is None:
         return None
     try:
@@ -99,6 +102,15 @@ def figure_key(name: str) -> str:
     if not _FIGURE_NAME.match(name) or key in _NAMED_KEYS:
         raise ValueError(f"{name!r} cannot be a commit figure: it would be written as {key!r}")
     return key
+
+
+def _figure(name: str) -> property:
+    """A read-only attribute for ``figures[name]`` (None when the commit did not record it)."""
+
+    def get(self: CommitSummary) -> int | None:
+        return self.figures.get(name)
+
+    return property(get, doc=f"``figures['{name}']``, None when not recorded.")
 
 
 @dataclass(frozen=True)
@@ -131,16 +143,16 @@ class Skew:
     @classmethod
     def from_summary(cls, summary: Mapping[str, str]) -> Skew | None:
         """The skew a commit recorded; None when it recorded none (no shuffle, or from before skew was kept)."""
-        count = _int(summary.get(SKEWED_KEY))
+        count = int_value(summary.get(SKEWED_KEY))
         if count is None:
             return None
         tokens = re.split(r"[\s,\[\]]+", summary.get(SKEW_PARTITIONS_KEY, ""))
         return cls(
             count=count,
-            partitions=tuple(p for p in map(_int, tokens) if p is not None),
+            partitions=tuple(p for p in map(int_value, tokens) if p is not None),
             max_ratio=_float(summary.get(SKEW_MAX_RATIO_KEY)),
-            max_bytes=_int(summary.get(SKEW_MAX_BYTES_KEY)),
-            median_bytes=_int(summary.get(SKEW_MEDIAN_BYTES_KEY)),
+            max_bytes=int_value(summary.get(SKEW_MAX_BYTES_KEY)),
+            median_bytes=int_value(summary.get(SKEW_MEDIAN_BYTES_KEY)),
         )
 
 
@@ -166,28 +178,13 @@ class CommitSummary:
     rows: Mapping[str, int] = field(default_factory=dict)
     skew: Skew | None = None
 
-    # -- the figures the CDC view shows ------------------------------------------------------
+    # -- the figures the CDC view shows (updates: UPDATE_BEFORE/UPDATE_AFTER pairs)
 
-    @property
-    def inserts(self) -> int | None:
-        return self.figures.get("inserts")
-
-    @property
-    def deletes(self) -> int | None:
-        return self.figures.get("deletes")
-
-    @property
-    def updates(self) -> int | None:
-        """UPDATE pairs: one UPDATE_BEFORE and one UPDATE_AFTER row each."""
-        return self.figures.get("updates")
-
-    @property
-    def carryover_rows(self) -> int | None:
-        return self.figures.get("carryover_rows")
-
-    @property
-    def shuffle_bytes(self) -> int | None:
-        return self.figures.get("shuffle_bytes")
+    inserts = _figure("inserts")
+    deletes = _figure("deletes")
+    updates = _figure("updates")
+    carryover_rows = _figure("carryover_rows")
+    shuffle_bytes = _figure("shuffle_bytes")
 
     # -- writing and reading -----------------------------------------------------------------
 
@@ -227,23 +224,23 @@ class CommitSummary:
                 if number is not None:
                     seconds[key.removeprefix(SECONDS_PREFIX)] = number
             elif key.startswith(ROWS_PREFIX):
-                number = _int(value)
+                number = int_value(value)
                 if number is not None:
                     rows[key.removeprefix(ROWS_PREFIX)] = number
             elif key.startswith(PREFIX) and key not in _NAMED_KEYS and "." not in key[len(PREFIX) :]:
-                number = _int(value)
+                number = int_value(value)
                 if number is not None:
                     figures[key.removeprefix(PREFIX).replace("-", "_")] = number
         initial_load = summary.get(INITIAL_LOAD_KEY)
         return cls(
             source_table=summary.get(SOURCE_TABLE_KEY),
-            source_snapshot_id=_int(summary.get(SOURCE_SNAPSHOT_ID_KEY)),
+            source_snapshot_id=int_value(summary.get(SOURCE_SNAPSHOT_ID_KEY)),
             source_uuid=summary.get(SOURCE_UUID_KEY),
-            change_ordinal=_int(summary.get(CHANGE_ORDINAL_KEY)),
+            change_ordinal=int_value(summary.get(CHANGE_ORDINAL_KEY)),
             operation=summary.get(OPERATION_KEY),
             initial_load=None if initial_load is None else initial_load == "true",
             replace=summary.get(REPLACE_KEY) == "true",
-            replaced_snapshot_id=_int(summary.get(REPLACED_SNAPSHOT_ID_KEY)),
+            replaced_snapshot_id=int_value(summary.get(REPLACED_SNAPSHOT_ID_KEY)),
             figures=figures,
             seconds=seconds,
             rows=rows,

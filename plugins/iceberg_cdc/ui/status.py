@@ -211,18 +211,6 @@ def _from_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
-def _int(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        try:
-            return int(float(value))
-        except ValueError:
-            return None
-
-
 def _phase_key(phase: str) -> tuple[int, str]:
     return (PHASE_ORDER.index(phase) if phase in PHASE_ORDER else len(PHASE_ORDER), phase)
 
@@ -253,7 +241,7 @@ def skew_warnings(summary: Mapping[str, str]) -> list[str]:
 
 def processed_snapshot(snapshot: Any, summary: Mapping[str, str]) -> ProcessedSnapshot | None:
     """The figures of one sink commit (a pyiceberg Snapshot and its summary), or None if it is no CDC commit."""
-    from iceberg_cdc.sink.summary import CommitSummary
+    from iceberg_cdc.sink.summary import CommitSummary, int_value
 
     record = CommitSummary.from_summary(summary)
     if record.source_snapshot_id is None:
@@ -261,7 +249,7 @@ def processed_snapshot(snapshot: Any, summary: Mapping[str, str]) -> ProcessedSn
     rows = {stage: record.rows[stage] for stage in ROW_STAGES if stage in record.rows}
     change_rows = rows.get("changes")
     if change_rows is None:
-        change_rows = _int(summary.get("added-records"))
+        change_rows = int_value(summary.get("added-records"))
     return ProcessedSnapshot(
         source_snapshot_id=record.source_snapshot_id,
         ordinal=record.change_ordinal,
