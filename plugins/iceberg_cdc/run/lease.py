@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo, probe_conditional_writes
 from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.state import Detected
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -71,9 +72,10 @@ def take(
     )
 
 
-def confirm(ctx: Context, detected: dict[str, Any]) -> LeaseInfo:
+def confirm(ctx: Context, detected: Detected | Mapping[str, Any]) -> LeaseInfo:
     """Prove this run still holds its epoch of the lease, and extend it (every later step)."""
-    return ctx.lease().renew(detected["run_id"], int(detected["epoch"]), float(detected["lease_ttl"]))
+    detected = Detected.of(detected)
+    return ctx.lease().renew(detected.run_id, int(detected.epoch), float(detected.lease_ttl))
 
 
 def give_back(ctx: Context, run_id: str, epoch: int | None) -> bool:

@@ -14,10 +14,11 @@ failure callback). Notes are scrubbed of anything that looks like a secret
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from iceberg_cdc.run.state import Detected
 from iceberg_cdc.units import format_bytes
 
 NOTE_LIMIT = 1000  # Airflow's dag_run_note.content is a String(1000)
@@ -28,13 +29,14 @@ def _count(value: int) -> str:
     return f"{value:,}"
 
 
-def snapshot_label(detected: dict[str, Any]) -> str:
+def snapshot_label(detected: Detected | Mapping[str, Any]) -> str:
     """``snapshot 123 (overwrite, #7)``, or what the run found instead of a snapshot."""
-    if detected.get("snapshot_id") is None:
+    detected = Detected.of(detected)
+    if detected.snapshot_id is None:
         return "caught up"
-    kind = "initial load" if detected.get("initial_load") else detected.get("operation", "?")
-    manual = ", reprocess" if detected.get("manual") else ""
-    return f"snapshot {detected['snapshot_id']} ({kind}, #{detected.get('ordinal')}{manual})"
+    kind = "initial load" if detected.initial_load else (detected.operation or "?")
+    manual = ", reprocess" if detected.manual else ""
+    return f"snapshot {detected.snapshot_id} ({kind}, #{detected.ordinal}{manual})"
 
 
 def outcome(committed: dict[str, Any]) -> str:
@@ -65,13 +67,14 @@ def outcome(committed: dict[str, Any]) -> str:
     return line
 
 
-def story(detected: dict[str, Any], committed: dict[str, Any] | None = None) -> str:
+def story(detected: Detected | Mapping[str, Any], committed: dict[str, Any] | None = None) -> str:
     """The run in one line: which snapshot, and what changed."""
+    detected = Detected.of(detected)
     label = snapshot_label(detected)
-    if detected.get("action") == "caught_up":
+    if detected.action == "caught_up":
         return label
-    if detected.get("action") == "skip":
-        return f"{label}: skipped ({detected.get('reason')}: no logical change)"
+    if detected.action == "skip":
+        return f"{label}: skipped ({detected.reason}: no logical change)"
     return f"{label}: {outcome(committed or {})}"
 
 
@@ -123,6 +126,18 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
     return _AWS_KEY_ID.sub("***", text)
 
 
+def _readable(value: Any) -> Detected | None:
+    """Detect's XCom as a record, or None when there is none or it cannot be read (a note never fails)."""
+    if isinstance(value, Detected):
+        return value
+    if not isinstance(value, Mapping):
+        return None
+    try:
+        return Detected.of(value)
+    except (TypeError, ValueError):
+        return None
+
+
 @dataclass(frozen=True)
 class FailedTask:
     """A failed task instance of the run, with the error line its failure callback recorded (if any)."""
@@ -139,7 +154,7 @@ class FailedTask:
 def run_note(
     state: str,
     *,
-    detected: dict[str, Any] | None = None,
+    detected: Detected | Mapping[str, Any] | None = None,
     committed: dict[str, Any] | None = None,
     mark: dict[str, Any] | None = None,
     failed: list[FailedTask] | None = None,
@@ -152,7 +167,7 @@ def run_note(
     tasks, first to fail first; ``reason``: why Airflow ended the run when no
     task failed (a state set by hand).
     """
-    detected = detected if isinstance(detected, dict) else None
+    detected = _readable(detected)
     committed = committed if isinstance(committed, dict) else None
     if state == "success":
         if committed and committed.get("story"):
@@ -162,11 +177,11 @@ def run_note(
         else:
             note = "succeeded" + (f" ({reason})" if reason else "")
         remaining = (mark or {}).get("remaining") if isinstance(mark, dict) else None
-        if isinstance(remaining, int) and remaining and detected and detected.get("action") != "caught_up":
+        if isinstance(remaining, int) and remaining and detected and detected.action != "caught_up":
             note += f"; {remaining:,} more pending"
         return clip(scrub(note), NOTE_LIMIT)
     where = ""
-    if detected and detected.get("snapshot_id") is not None:
+    if detected and detected.snapshot_id is not None:
         where = snapshot_label(detected) + ": "
     failed = failed or []
     if failed:
