@@ -31,12 +31,10 @@ from iceberg_cdc.storage.retrying_io import (
     RETRY_ATTEMPTS,
     RETRY_BASE_DELAY_MS,
     RETRY_MAX_DELAY_MS,
-    ResumableInputStream,
     RetryingPyArrowFileIO,
-    RetryingUploadStream,
-    is_transient,
     policy_from_properties,
 )
+from iceberg_cdc.storage.retrying_streams import ResumableInputStream, RetryingUploadStream, is_transient
 from tests.support.auth_s3 import auth_s3_server
 
 pytestmark = pytest.mark.s3
