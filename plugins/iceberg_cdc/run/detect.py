@@ -275,7 +275,7 @@ def _detect(
     jobs = tuple(tuple(job) for job in args)
     return Detected(
         action="shuffle" if shuffled else "insert",
-        identifier_columns=tuple(identifiers),
+        identifier_columns=tuple(identifiers or ()),  # None: whole-row mode
         write_args=jobs if shuffled else (),
         insert_args=() if shuffled else jobs,
         write_task_ids=tuple(t.task_id for t in tasks) if shuffled else (),
