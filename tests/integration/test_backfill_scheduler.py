@@ -101,7 +101,11 @@ def new_runs(airflow: LocalAirflow, state: SimpleNamespace) -> list[dict]:
 
 
 def detected(airflow: LocalAirflow, run: dict) -> dict:
-    return airflow.xcom(DAG_ID, run["dag_run_id"], "detect")
+    """Detect's XCom, with its snapshot id back as an int (the XCom carries it as a string of digits)."""
+    found = airflow.xcom(DAG_ID, run["dag_run_id"], "detect")
+    if found.get("snapshot_id") is not None:
+        found["snapshot_id"] = int(found["snapshot_id"])
+    return found
 
 
 def stamp(value: str) -> float:

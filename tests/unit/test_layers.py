@@ -25,7 +25,7 @@ RANKS: list[set[str]] = [
         "error_lines",
         "pyiceberg_internals",
     },
-    {"config", "storage"},
+    {"config", "storage", "lineage"},
     {"coordination", "shuffle"},
     {"changelog"},
     {"source", "sink"},

@@ -21,6 +21,7 @@ from tests.support.sink_tables import (
     SINK,
     SOURCE,
     SOURCE_UUID,
+    TS,
     change_rows,
     make_catalog,
     sink_rows,
@@ -41,7 +42,7 @@ def sink(catalog):
 
 
 def _sink_rows_arrow(ids, snapshot_id=1001):
-    return to_sink_arrow(change_rows(ids), sink_schema_for(source_schema()), 1, snapshot_id)
+    return to_sink_arrow(change_rows(ids), sink_schema_for(source_schema()), 1, snapshot_id, TS)
 
 
 def test_staged_file_path_is_deterministic_under_the_data_location():
@@ -175,7 +176,7 @@ def test_staging_commit_and_cleanup_on_s3(tmp_path, s3_bucket, s3_properties):
     # an executor only has FileIO properties, no catalog
     executor_io = PyArrowFileIO(properties=s3_properties)
     extra = staged_file_path(sink.location(), 1001, "executor")
-    write_staged_file(executor_io, extra, to_sink_arrow(change_rows([11]), sink.schema(), 1, 1001))
+    write_staged_file(executor_io, extra, to_sink_arrow(change_rows([11]), sink.schema(), 1, 1001, TS))
 
     assert sorted(delete_uncommitted_staged(sink, 1001)) == sorted([*leftover, extra])
     assert [f.path for f in list_staged(sink.location(), 1001, properties=s3_properties)] == committed
@@ -194,7 +195,7 @@ def test_cleanup_never_deletes_a_committed_file_whose_name_extends_a_deleted_one
         ordinal=1,
     )
     path = staged_file_path(sink.location(), 1001, "a")  # .../a.parquet: a prefix of the kept key
-    write_staged_file(sink.io, path, to_sink_arrow(change_rows([2]), sink.schema(), 1, 1001))
+    write_staged_file(sink.io, path, to_sink_arrow(change_rows([2]), sink.schema(), 1, 1001, TS))
     assert delete_uncommitted_staged(sink, 1001) == [path]
     assert [f.path for f in list_staged(sink.location(), 1001)] == keep
     assert [r["id"] for r in sink_rows(sink)] == [1]

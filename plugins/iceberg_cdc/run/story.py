@@ -72,10 +72,20 @@ def story(detected: Detected | Mapping[str, Any], committed: dict[str, Any] | No
     detected = Detected.of(detected)
     label = snapshot_label(detected)
     if detected.action == "caught_up":
-        return label
-    if detected.action == "skip":
-        return f"{label}: skipped ({detected.reason}: no logical change)"
-    return f"{label}: {outcome(committed or {})}"
+        line = label
+    elif detected.action == "skip":
+        line = f"{label}: skipped ({detected.reason}: no logical change)"
+    else:
+        line = f"{label}: {outcome(committed or {})}"
+    return line + retention_suffix(detected)
+
+
+def retention_suffix(detected: Detected | Mapping[str, Any] | None) -> str:
+    """``; WARNING: <retention guard's warning>`` when detect raised one (run/retention_guard.py)."""
+    if detected is None:
+        return ""
+    warning = Detected.of(detected).retention_warning
+    return f"; WARNING: {warning}" if warning else ""
 
 
 def chained_run_id(snapshot_id: int | None, stamp: str, kind: str = "chained") -> str:
@@ -194,4 +204,4 @@ def run_note(
             what += f" (also failed: {', '.join(others[:3])}{', …' if len(others) > 3 else ''})"
     else:
         what = "failed" + (f": {reason}" if reason else "")
-    return clip(scrub(where + what), NOTE_LIMIT)
+    return clip(scrub(where + what + retention_suffix(detected)), NOTE_LIMIT)

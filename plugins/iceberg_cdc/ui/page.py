@@ -246,6 +246,28 @@ def _recent_runs(runs: Any, now: datetime) -> str:
     )
 
 
+def _retention(status: TableStatus) -> str:
+    """The retention guard's line: time left before a needed snapshot may be expired, or why there is none."""
+    retention = status.retention
+    if not retention:
+        return ""
+    first = retention.get("first") or {}
+    left = retention.get("seconds_left")
+    if retention.get("protected"):
+        text = "every snapshot the sink needs is protected by its tags (protect_pending)"
+    elif left is None:
+        text = "no snapshot the sink needs can be expired now" + (
+            f" ({_e(first['kept_by'])})" if first.get("kept_by") else ""
+        )
+    else:
+        role = "the watermark's snapshot" if first.get("role") == "watermark" else "a pending snapshot"
+        when = "now" if left <= 0 else f"in {_e(fmt_age(left))}"
+        text = f'{role} <span class="mono">{_e(first.get("snapshot_id"))}</span> may be expired {when} ({_e(first.get("kept_by"))})'
+    if status.retention_warning:
+        return f'<span class="warn" data-field="retention" title="{_e(status.retention_warning)}">⚠ {text}</span>'
+    return f'<span data-field="retention">{text}</span>'
+
+
 def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
     items = []
     if status.watermark_snapshot_id is not None:
@@ -273,6 +295,9 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
         else:
             lag = '<span data-field="pending">0</span> pending: caught up'
         items.append(("Lag", lag))
+    retention = _retention(status)
+    if retention:
+        items.append(("Expiry", retention))
     if status.source_snapshot_id is not None:
         items.append(
             (
@@ -319,10 +344,37 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
                 "skewed keys; a read task takes each skewed partition alone and is the run's long pole",
             )
         )
+    for mirror in status.mirrors:
+        items.append((f"Mirror {_e(mirror.name)}", _mirror_fact(mirror, now)))
     if runs is not None and runs.paused:
         items.append(("DAG", '<span class="warn">paused</span>'))
     items.append(("Start", _e(status.start)))
     return '<dl class="facts">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+
+
+def _mirror_fact(mirror: Any, now: datetime) -> str:
+    """A mirror's line: its target, watermark and lag (or why they cannot be read)."""
+    where = f'{_e(mirror.type)} <span class="mono">{_e(mirror.table)}</span>'
+    if mirror.error:
+        return f'{where}: <span class="warn" data-field="mirror-error">{_e(mirror.error)}</span>'
+    if mirror.snapshot_id is None:
+        at = '<span class="muted">nothing applied yet</span>'
+    else:
+        made = f", made {_time_tag(mirror.snapshot_at, now)}" if mirror.snapshot_at else ""
+        at = (
+            f'at snapshot <span class="mono" data-field="mirror-snapshot">{_e(mirror.snapshot_id)}</span>'
+            f" · ordinal {_e(mirror.ordinal)}{made}"
+        )
+    if mirror.behind_changelog is None:
+        lag = ""
+    elif mirror.behind_changelog or mirror.behind_source:
+        lag = (
+            f' · <span class="warn" data-field="mirror-lag">{_e(mirror.behind_changelog)} changelog snapshot(s) '
+            f"behind</span> ({_e(mirror.behind_source)} behind the source)"
+        )
+    else:
+        lag = ' · <span data-field="mirror-lag">caught up</span>'
+    return f'{where} {at}{lag} · DAG <span class="mono">{_e(mirror.dag_id)}</span>'
 
 
 def _section(status: TableStatus, runs: Any, now: datetime) -> str:

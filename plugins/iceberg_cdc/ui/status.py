@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from iceberg_cdc.config import CdcConfig, TableConfig, is_secret_key
+from iceberg_cdc.ui.mirrors import MirrorReader, MirrorStatus, default_reader, mirror_statuses
 from iceberg_cdc.units import format_bytes
 
 DEFAULT_RECENT = 10
@@ -141,6 +142,10 @@ class TableStatus:
     recent: list[ProcessedSnapshot] = field(default_factory=list)
     lease: LeaseStatus | None = None
     lease_checked: bool = False
+    # The retention guard (source/retention.py): when a snapshot the sink needs may be expired.
+    retention: dict[str, Any] | None = None
+    retention_warning: str | None = None
+    mirrors: list[MirrorStatus] = field(default_factory=list)  # each mirror's watermark and lag
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -194,6 +199,9 @@ class TableStatus:
             },
             "recent": [s.to_dict() for s in self.recent],
             "lease": self.lease.to_dict() if self.lease else None,
+            "retention": self.retention,
+            "retention_warning": self.retention_warning,
+            "mirrors": [m.to_dict() for m in self.mirrors],
             "errors": list(self.errors),
             "notes": list(self.notes),
         }
@@ -334,6 +342,7 @@ def table_status(
     now: datetime | None = None,
     lease_reader: Callable[[str], Any] | None = None,
     redact: Callable[[str], str] = str,
+    mirror_reader: MirrorReader | None = None,
 ) -> TableStatus:
     """The status of one table, read through ``catalog`` (a pyiceberg Catalog). Never raises for the table's state."""
     from pyiceberg.exceptions import NoSuchTableError
@@ -403,6 +412,7 @@ def table_status(
         if watermark_ok:
             try:
                 status.pending = pending_count(source_table, watermark, table.start)
+                _retention(status, source_table, watermark, table)
                 following = next_snapshot(source_table, watermark, table.start)
                 if following is not None:
                     status.oldest_pending_snapshot_id = following.snapshot_id
@@ -420,7 +430,33 @@ def table_status(
                 status.lease = LeaseStatus(held.owner, held.epoch, held.expires_at, held.host)
         except Exception as exc:
             status.notes.append(redact(f"lease not readable: {describe_error(exc)}"))
+    if mirror_reader is not None and table.mirrors:
+        status.mirrors = mirror_statuses(
+            table,
+            reader=mirror_reader,
+            changelog_ordinal=watermark.ordinal if watermark is not None else None,
+            source_pending=status.pending,
+            source_table=source_table,
+            redact=redact,
+            describe=describe_error,
+        )
     return status
+
+
+def _retention(status: TableStatus, source_table: Any, watermark: Any, table: TableConfig) -> None:
+    """How long until a snapshot the sink needs may be expired; the warning below the table's threshold."""
+    from iceberg_cdc.source.protection import tag_prefix
+    from iceberg_cdc.source.retention import table_outlook
+
+    view = table_outlook(
+        source_table,
+        watermark,
+        table.start,
+        protection_prefix=tag_prefix(table.sink) if table.protect_pending else None,
+    )
+    now_ms = int(status.checked_at.timestamp() * 1000)
+    status.retention = view.to_dict(now_ms)
+    status.retention_warning = view.warning(now_ms, table.retention_warning)
 
 
 def _lease_reader(config: CdcConfig, connections: Any = None) -> Callable[[str], Any]:
@@ -487,8 +523,18 @@ def collect_status(
         except Exception as exc:
             lease_error = redact(f"lease not readable: {describe_error(exc)}")
 
+    mirror_reader = default_reader(config, connections) if any(t.mirrors for t in selected) else None
+
     def one(table: TableConfig) -> TableStatus:
-        return table_status(catalog, table, recent=recent, now=now, lease_reader=lease_reader, redact=redact)
+        return table_status(
+            catalog,
+            table,
+            recent=recent,
+            now=now,
+            lease_reader=lease_reader,
+            redact=redact,
+            mirror_reader=mirror_reader,
+        )
 
     pool = ThreadPoolExecutor(max_workers=min(4, len(selected)), thread_name_prefix="cdc-ui-status")
     try:
