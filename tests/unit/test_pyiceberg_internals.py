@@ -557,6 +557,9 @@ def test_a_data_file_from_its_footer_equals_the_one_pyiceberg_writes(catalog):
         table.metadata,
         len(table.io.new_input(theirs.file_path)),
     )
+    assert ours.spec_id == theirs.spec_id == table.metadata.default_spec_id
+    # the door sets spec_id as an attribute because from_args ignores it as an argument
+    assert getattr(DataFile.from_args(file_path="x", spec_id=7), "spec_id", None) != 7
     for name in (
         "content",
         "file_path",

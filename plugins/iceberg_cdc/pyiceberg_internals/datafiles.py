@@ -13,7 +13,9 @@ functions of ``pyiceberg.io.pyarrow`` that are importable but not documented
 * ``data_file_statistics_from_parquet_metadata(parquet_metadata=,
   stats_columns=, parquet_column_mapping=)`` -- the statistics, whose
   ``partition(spec, schema)`` and ``to_serialized_dict()`` give the
-  ``DataFile`` fields (``record_count``, sizes, counts, bounds, ``split_offsets``).
+  ``DataFile`` fields (``record_count``, sizes, counts, bounds, ``split_offsets``);
+* ``DataFile.from_args`` ignores a ``spec_id`` argument (not a field of the
+  record): the spec id is the ``spec_id`` attribute, set after.
 """
 
 from __future__ import annotations
@@ -48,15 +50,17 @@ def data_file_from_footer(
         stats_columns=compute_statistics_plan(table_schema, table_metadata.properties),
         parquet_column_mapping=parquet_path_to_id_mapping(file_schema),
     )
-    return DataFile.from_args(
+    data_file = DataFile.from_args(
         content=DataFileContent.DATA,
         file_path=path,
         file_format=FileFormat.PARQUET,
         partition=statistics.partition(table_metadata.spec(), table_schema),
         file_size_in_bytes=file_size,
         sort_order_id=None,
-        spec_id=table_metadata.default_spec_id,
         equality_ids=None,
         key_metadata=None,
         **statistics.to_serialized_dict(),
     )
+    # Not a field of the record (from_args drops a spec_id argument): pyiceberg keeps it as an attribute.
+    data_file.spec_id = table_metadata.default_spec_id
+    return data_file

@@ -122,7 +122,7 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
         try:
             super().execute(context)
         except AirflowException as exc:
-            line = _group_error(self._application_args or [])
+            line = _group_error(self.application_args or [])
             if line is None:
                 raise
             self.log.error("%s", line)
