@@ -61,7 +61,7 @@ from iceberg_cdc.errors import UnsupportedDependencyError
 from iceberg_cdc.pyiceberg_internals import commit as commit_door
 from iceberg_cdc.pyiceberg_internals.datafiles import data_file_from_footer
 from iceberg_cdc.pyiceberg_internals.file_io import pyarrow_file_arguments
-from iceberg_cdc.pyiceberg_internals.manifests import V3_FIELDS, read_manifest_entries, v3_field
+from iceberg_cdc.pyiceberg_internals.manifest_reader import manifest_entries, v3_field
 from iceberg_cdc.pyiceberg_internals.projection import project_batch
 from iceberg_cdc.sink import commit as commit_module
 from iceberg_cdc.sink.commit import commit_changes
@@ -80,6 +80,7 @@ from tests.support.sink_tables import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
+V3_FIELDS = ("first_row_id", "referenced_data_file", "content_offset", "content_size_in_bytes")
 
 
 def _parameters(function) -> list[str]:
@@ -465,7 +466,7 @@ def _write_v3_manifest(tmp_path: Path) -> tuple[ManifestFile, DataFile]:
 def test_v3_manifests_are_read_with_their_deletion_vector_fields(tmp_path):
     manifest, dv = _write_v3_manifest(tmp_path)
     io = load_file_io({}, str(tmp_path))
-    (entry,) = read_manifest_entries(io, manifest.manifest_path, 3)
+    (entry,) = manifest_entries(io, manifest, 3)
     assert entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == 7
     data_file = entry.data_file
     assert (
@@ -478,7 +479,7 @@ def test_v3_manifests_are_read_with_their_deletion_vector_fields(tmp_path):
     (theirs,) = manifest.fetch_manifest_entry(io)
     assert v3_field(theirs.data_file, "content_offset") is None
     # a v2 table's manifest read the v2 way has no v3 fields at all
-    (v2_entry,) = read_manifest_entries(io, manifest.manifest_path, 2)
+    (v2_entry,) = manifest_entries(io, manifest, 2)
     assert all(v3_field(v2_entry.data_file, name) is None for name in V3_FIELDS)
 
 

@@ -1,11 +1,14 @@
 """Every use of pyiceberg's internals, behind one door.
 
-pyiceberg's public API does not reach everything the pipeline needs, so a few
-places lean on what pyiceberg does not promise to keep: a subclass of one of
-its visitors, a re-implementation of a private method, private attributes,
-record fields read by position, functions of ``pyiceberg.io.pyarrow`` that are
-importable but undocumented. All of them live in this package, one module per
-area, and nowhere else in :mod:`iceberg_cdc`:
+pyiceberg's public API does not reach everything the product needs: it
+cannot write delete files, format-v3 metadata or manifests whose
+``equality_ids`` are typed as the spec says (the mirrors need all three), its
+manifest reader drops the v3 fields, and a few reading and committing steps
+need more than it promises. So a few places lean on what pyiceberg does not
+promise to keep: subclassed visitors and writers, re-implemented private
+methods, private attributes, record fields read by position, functions of
+``pyiceberg.io.pyarrow`` that are importable but undocumented. All of them
+live in this package, one module per area, and nowhere else in :mod:`iceberg_cdc`:
 
 * :mod:`.projection` -- projecting a file's Arrow batch onto a snapshot's
   schema with pyiceberg's ``ArrowProjectionVisitor`` (subclassed so null
@@ -14,18 +17,23 @@ area, and nowhere else in :mod:`iceberg_cdc`:
   copy of the table whose ``commit.retry.num-retries`` is 0) and a property
   update that asserts the branch head (an ``UpdateTableMetadata`` whose
   private ``_commit`` is implemented here);
-* :mod:`.manifests` -- reading a manifest with the format-v3 entry schema
-  (pyiceberg's ``fetch_manifest_entry`` reads v2, which drops the fields a
-  deletion vector lives in) and the v3 ``data_file`` fields by position;
+* :mod:`.manifest_reader` -- reading a manifest with the format-v3 entry
+  schema (pyiceberg's ``fetch_manifest_entry`` reads v2, which drops the
+  fields a deletion vector lives in) and the v3 ``data_file`` fields by position;
+* :mod:`.manifests`, :mod:`.row_delta`, :mod:`.format_v3`, :mod:`.data_writer`
+  -- writing what the mirrors commit: spec-typed v2/v3 manifests and manifest
+  lists, a row delta (data and delete files in one snapshot), v3 metadata,
+  data files;
 * :mod:`.file_io` -- the file objects a ``PyArrowFileIO`` makes, for the
   retrying FileIO;
 * :mod:`.datafiles` -- a ``DataFile`` with statistics from a Parquet footer,
   as pyiceberg's ``add_files`` computes them.
 
 Each assumption these modules make is pinned by a test in
-``tests/unit/test_pyiceberg_internals.py``: a pyiceberg that changes a
-signature, a field or the behaviour relied on fails those tests by name
-instead of changing what the pipeline commits.
+``tests/unit/test_pyiceberg_internals.py`` or
+``tests/unit/test_pyiceberg_internals_<area>.py``: a pyiceberg that changes
+a signature, a field or the behaviour relied on fails those tests by name
+instead of changing what the pipeline reads or commits.
 
 **Supported pyiceberg: 0.12.x** (:data:`SUPPORTED`, ``>=0.12.0,<0.13``), the
 series ``requirements.txt`` and ``constraints.txt`` pin (0.12.0). Why no

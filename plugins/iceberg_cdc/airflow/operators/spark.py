@@ -23,8 +23,12 @@ from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.policy import final_errors
 from iceberg_cdc.config import CdcConfig, load_config
 from iceberg_cdc.errors import FINAL_ERRORS, CdcError
+from iceberg_cdc.mirror.iceberg import phase as mirror_phase
 from iceberg_cdc.pipeline.pyfiles import package_zip
 from iceberg_cdc.pipeline.submit_conf import submit_conf
+
+# Every phase a mapped Spark task may run is known in this process: the Iceberg mirror's too.
+mirror_phase.register()
 
 _REPO_APPLICATION = Path(__file__).resolve().parents[4] / "spark_jobs" / "cdc_phase.py"
 _PACKAGE_APPLICATION = Path(__file__).resolve().parents[1] / "spark_entry.py"
