@@ -72,3 +72,6 @@ FILE_IO = RetryPolicy(attempts=8, base_delay=0.1, max_delay=3.0)
 # A sink commit that lost the compare-and-swap (:mod:`iceberg_cdc.sink.commit`): reload, look for the
 # marker again, then commit on the new head; waits of up to 0.2 s before the first retry, 3.2 s before the last.
 SINK_COMMIT = RetryPolicy(attempts=6, base_delay=0.2, max_delay=4.0)
+# A commit to an Iceberg mirror that lost the race (:mod:`iceberg_cdc.mirror.iceberg.commit`): the
+# same waits, one attempt fewer (a mirror that moved under its plan is refused, not retried).
+MIRROR_COMMIT = RetryPolicy(attempts=5, base_delay=0.2, max_delay=4.0)

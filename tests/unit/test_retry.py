@@ -9,7 +9,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from iceberg_cdc import retry
-from iceberg_cdc.retry import FILE_IO, S3_REQUEST_ROUNDS, S3_STREAM_RETRIES, SINK_COMMIT, RetryPolicy
+from iceberg_cdc.mirror.iceberg import commit as mirror_commit
+from iceberg_cdc.retry import (
+    FILE_IO,
+    MIRROR_COMMIT,
+    S3_REQUEST_ROUNDS,
+    S3_STREAM_RETRIES,
+    SINK_COMMIT,
+    RetryPolicy,
+)
 from iceberg_cdc.sink import commit as commit_module
 from iceberg_cdc.storage.s3 import S3ObjectStore
 
@@ -69,6 +77,11 @@ def test_the_named_policies_keep_their_figures():
     assert (FILE_IO.attempts, FILE_IO.base_delay, FILE_IO.max_delay) == (8, 0.1, 3.0)
     assert SINK_COMMIT.attempts == commit_module.DEFAULT_ATTEMPTS == 6
     assert [SINK_COMMIT.ceiling(n) for n in range(5)] == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2])
+    assert MIRROR_COMMIT.attempts == mirror_commit.DEFAULT_ATTEMPTS == 5
+    assert (MIRROR_COMMIT.base_delay, MIRROR_COMMIT.max_delay) == (
+        SINK_COMMIT.base_delay,
+        SINK_COMMIT.max_delay,
+    )
     store = S3ObjectStore("s3://bucket/prefix", client=None)
     assert (store.request_rounds, store.stream_retries) == (3, 4)
 
