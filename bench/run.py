@@ -350,11 +350,7 @@ def run_latency(bench: Bench, workloads: dict[str, wl.Workload], results: dict[s
     latency = one_row_latency(home, path, "cdc__bench__tiny", bench.logs / "airflow-one-row.log")
     row_changes = sink_changes(bench.catalog, sink, tiny.snapshot_id, wl.COLUMNS)
     latency["changes"] = _by_type(row_changes)
-    latency["commit_summary_seconds"] = {
-        k.removeprefix("cdc.seconds."): float(v)
-        for k, v in _commit_summary(bench, sink, tiny.snapshot_id).items()
-        if k.startswith("cdc.seconds.")
-    }
+    latency["commit_summary_seconds"] = dict(_commit_summary(bench, sink, tiny.snapshot_id).seconds)
     results["latency"] = latency
     log("the same in connect mode: a local Spark Connect server, then two one-row runs on it")
     results["latency_connect"] = compare_modes(
@@ -362,13 +358,18 @@ def run_latency(bench: Bench, workloads: dict[str, wl.Workload], results: dict[s
     )
 
 
-def _commit_summary(bench: Bench, sink: str, snapshot_id: int) -> dict[str, str]:
+def _commit_summary(bench: Bench, sink: str, snapshot_id: int):
+    """The pipeline's record of its commit of ``snapshot_id`` (empty when there is none)."""
+    from iceberg_cdc.sink.summary import CommitSummary
+
     table = bench.catalog.load_table(sink)
     for snapshot in table.snapshots():
-        summary = snapshot.summary.additional_properties if snapshot.summary else {}
-        if summary.get("cdc.source-snapshot-id") == str(snapshot_id):
-            return summary
-    return {}
+        record = CommitSummary.from_summary(
+            snapshot.summary.additional_properties if snapshot.summary else {}
+        )
+        if record.source_snapshot_id == snapshot_id:
+            return record
+    return CommitSummary()
 
 
 def run_engine_bench(quick: bool, out_dir: Path) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 The file follows the public contract (``../shared/design/README.md``)::
 
     catalog:   {name: ..., <pyiceberg catalog properties>}
-    shuffle:   {uri: ..., partitions: 64, target_partition_size: 64MB, retain_files: false, s3.*: ...}
+    shuffle:   {uri: ..., partitions: 64, target_partition_size: 64MiB, retain_files: false, s3.*: ...}
     tables:    [{source: ns.table, sink: ns.table_changes, identifier_columns: [id],
                  mirrors: [{type: postgres, dsn: postgresql://..., table: public.orders}, ...]}, ...]
 
@@ -39,29 +39,12 @@ from pydantic import (
 )
 
 from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.units import MiB, format_size, parse_size
 
 CONFIG_ENV = "CDC_CONFIG"
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_HINTS = ("secret", "password", "token", "credential", "session")
 _IDENT = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)+$")
-
-
-def parse_size(value: Any) -> int:
-    """Bytes from ``64MB`` / ``512 KiB`` / ``1GB`` / an int. Units are binary, as in Spark."""
-    if isinstance(value, bool):
-        raise ValueError("expected a size such as 64MB")
-    if isinstance(value, int):
-        size = value
-    else:
-        match = _SIZE.match(str(value))
-        if not match:
-            raise ValueError(f"{value!r} is not a size; write e.g. 64MB, 512KB or 1GB")
-        size = int(float(match.group(1)) * _UNITS[match.group(2)[:1].lower()])
-    if size <= 0:
-        raise ValueError(f"size must be positive, got {value!r}")
-    return size
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
@@ -82,14 +65,6 @@ def parse_duration(value: Any) -> float:
     if seconds <= 0:
         raise ValueError(f"duration must be positive, got {value!r}")
     return seconds
-
-
-def format_size(size: int) -> str:
-    """``67108864`` -> ``64MB``: the largest binary unit that divides it, as :func:`parse_size` reads it."""
-    for suffix, unit in (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if size >= unit and size % unit == 0:
-            return f"{size // unit}{suffix}"
-    return f"{size} bytes"
 
 
 def is_secret_key(key: str) -> bool:
@@ -131,9 +106,9 @@ class ShuffleConfig(_Redacting):
 
     uri: str
     partitions: int = Field(64, ge=1, le=65536)
-    target_partition_size: int = 64 << 20
+    target_partition_size: int = 64 * MiB
     min_partition_size: int | None = None
-    write_task_size: int = 256 << 20  # bytes of input files bin-packed into one write task
+    write_task_size: int = 256 * MiB  # bytes of input files bin-packed into one write task
     retain_files: bool = False
     airflow_conn_id: str | None = None
 

@@ -61,7 +61,14 @@ class SourceHistoryError(CdcError):
 
 
 class UnsupportedSnapshotError(CdcError):
-    """A snapshot uses a table feature the pipeline does not handle (e.g. delete files)."""
+    """A snapshot uses a table feature the pipeline does not handle.
+
+    Position and equality delete files in Parquet and deletion vectors are
+    handled; delete files in ORC or Avro, a data file with two live deletion
+    vectors, and an equality delete on a column the schema has dropped are
+    not. The message names the snapshot or file and the ways out (compact the
+    table, roll the snapshot back, or restart the sink from a compacted state).
+    """
 
 
 class CorruptDeleteFileError(CdcError):
@@ -71,6 +78,14 @@ class CorruptDeleteFileError(CdcError):
     is committed; the table itself is damaged (a truncated or overwritten
     object), so the fix is on the table: restore the file, or roll back the
     snapshot that added it.
+    """
+
+
+class UnsupportedDependencyError(CdcError):
+    """An installed library is outside the version range the pipeline is built and tested for.
+
+    The message names the library, the installed and the supported versions,
+    and how to install a supported one.
     """
 
 

@@ -592,7 +592,7 @@ BAD_CONFIGS: dict[str, tuple[Callable[[dict[str, Any]], Any], list[str]]] = {
     ),
     "size that is not a size": (
         lambda c: c["shuffle"].update(target_partition_size="lots"),
-        ["shuffle.target_partition_size", "'lots' is not a size", "64MB"],
+        ["shuffle.target_partition_size", "'lots' is not a size", "64MiB"],
     ),
     "bad shuffle uri": (
         lambda c: c["shuffle"].update(uri="http://bucket/x"),

@@ -142,8 +142,8 @@ def test_min_partition_size_above_half_the_target_is_refused_at_load(monkeypatch
     with pytest.raises(ConfigError) as raised:
         parse_config(config)
     message = str(raised.value)
-    assert "shuffle: min_partition_size (40MB) is above half of target_partition_size (64MB)" in message
-    assert "at most 32MB" in message
+    assert "shuffle: min_partition_size (40MiB) is above half of target_partition_size (64MiB)" in message
+    assert "at most 32MiB" in message
     config["shuffle"]["min_partition_size"] = "32MB"  # exactly half is fine
     assert parse_config(config).shuffle.min_partition_size == 32 * 2**20
 

@@ -26,6 +26,7 @@ from iceberg_cdc.pipeline.conservation import (
     expected_parts,
 )
 from iceberg_cdc.pipeline.plan import SnapshotPlan
+from iceberg_cdc.sink.summary import CommitSummary
 from iceberg_cdc.source.planning import InputFile, WriteTask, task_id_of
 
 WHERE = r"snapshot 77 of shop\.orders \(run 'run-1', epoch 3\)"
@@ -100,7 +101,15 @@ def test_a_snapshot_whose_rows_add_up_gives_its_figures():
     assert figures == Conservation(
         input_rows=30, masked_rows=2, shuffled_rows=28, read_rows=28, carryover_rows=18, change_rows=10
     )
-    assert figures.summary() == {
+    assert figures.rows() == {
+        "input": 30,
+        "masked": 2,
+        "shuffled": 28,
+        "read": 28,
+        "carryover": 18,
+        "changes": 10,
+    }
+    assert CommitSummary(rows=figures.rows()).to_summary() == {
         "cdc.rows.input": "30",
         "cdc.rows.masked": "2",
         "cdc.rows.shuffled": "28",

@@ -28,7 +28,7 @@ def test_a_shuffled_snapshot_says_what_changed_and_where_time_went():
         "seconds": {"write": 4.31, "read": 3.38, "detect": 0.5},
     }
     assert story(DETECTED, committed) == (
-        "snapshot 42 (overwrite, #7): +300 -100 ±1,000 updates, carryover 37,800, 794.0 KB shuffled, "
+        "snapshot 42 (overwrite, #7): +300 -100 ±1,000 updates, carryover 37,800, 794.0 KiB shuffled, "
         "write 4.3 s / read 3.4 s"
     )
 
@@ -42,7 +42,7 @@ def test_skew_is_named_in_the_story():
         "skew_max_ratio": 41.3,
     }
     assert story(DETECTED, committed) == (
-        "snapshot 42 (overwrite, #7): +1 -0 ±0 updates, 2.0 KB shuffled, 2 skewed partitions, largest 41x the median"
+        "snapshot 42 (overwrite, #7): +1 -0 ±0 updates, 2.0 KiB shuffled, 2 skewed partitions, largest 41x the median"
     )
 
 

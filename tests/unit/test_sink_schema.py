@@ -599,3 +599,10 @@ def test_to_sink_arrow_needs_the_commit_time_when_the_sink_has_the_column():
 def test_a_source_column_named_commit_timestamp_is_refused():
     with pytest.raises(SinkSchemaError, match="_commit_timestamp"):
         sink_schema_for(_small_source(NestedField(9, COMMIT_TIMESTAMP, LongType())))
+
+
+def test_the_sink_checks_the_change_types_the_merge_writes():
+    from iceberg_cdc.changelog import merge
+
+    assert CHANGE_TYPE is merge.CHANGE_TYPE_COLUMN == "_change_type"
+    assert sorted(CHANGE_TYPES) == sorted(t.name for t in merge.ChangeType)

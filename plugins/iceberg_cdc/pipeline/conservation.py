@@ -80,14 +80,15 @@ class Conservation:
     carryover_rows: int
     change_rows: int  # rows staged for the sink
 
-    def summary(self) -> dict[str, str]:
+    def rows(self) -> dict[str, int]:
+        """The figures by stage, as the commit summary records them (``cdc.rows.<stage>``)."""
         return {
-            "cdc.rows.input": str(self.input_rows),
-            "cdc.rows.masked": str(self.masked_rows),
-            "cdc.rows.shuffled": str(self.shuffled_rows),
-            "cdc.rows.read": str(self.read_rows),
-            "cdc.rows.carryover": str(self.carryover_rows),
-            "cdc.rows.changes": str(self.change_rows),
+            "input": self.input_rows,
+            "masked": self.masked_rows,
+            "shuffled": self.shuffled_rows,
+            "read": self.read_rows,
+            "carryover": self.carryover_rows,
+            "changes": self.change_rows,
         }
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo, probe_conditional_writes
+from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.state import Detected
 
@@ -42,7 +43,10 @@ def lease_ttl_seconds() -> float:
     except ValueError:
         value = -1.0
     if value <= 0:
-        raise ValueError(f"{LEASE_TTL_ENV}={raw!r} must be a positive number of seconds")
+        raise ConfigError(
+            f"{LEASE_TTL_ENV}={raw!r} must be a positive number of seconds: fix the environment variable "
+            f"or unset it (default {DEFAULT_LEASE_TTL_SECONDS:.0f})"
+        )
     return value
 
 

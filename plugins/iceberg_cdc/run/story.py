@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from iceberg_cdc.run.state import Detected
+from iceberg_cdc.units import format_bytes
 
 NOTE_LIMIT = 1000  # Airflow's dag_run_note.content is a String(1000)
 ERROR_LIMIT = 400
@@ -26,14 +27,6 @@ ERROR_LIMIT = 400
 
 def _count(value: int) -> str:
     return f"{value:,}"
-
-
-def _bytes(size: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def snapshot_label(detected: Detected | Mapping[str, Any]) -> str:
@@ -47,7 +40,7 @@ def snapshot_label(detected: Detected | Mapping[str, Any]) -> str:
 
 
 def outcome(committed: dict[str, Any]) -> str:
-    """``+300 -100 ±1,000 updates, carryover 37,800, 794.0 KB shuffled, write 4.3 s / read 3.4 s``."""
+    """``+300 -100 ±1,000 updates, carryover 37,800, 794.0 KiB shuffled, write 4.3 s / read 3.4 s``."""
     if not committed.get("committed") and "inserts" not in committed:
         return str(committed.get("reason", "nothing committed"))
     parts = [
@@ -58,7 +51,7 @@ def outcome(committed: dict[str, Any]) -> str:
     if committed.get("carryover_rows"):
         parts.append(f"carryover {_count(committed['carryover_rows'])}")
     if committed.get("shuffle_bytes"):
-        parts.append(f"{_bytes(committed['shuffle_bytes'])} shuffled")
+        parts.append(f"{format_bytes(committed['shuffle_bytes'])} shuffled")
     if committed.get("skewed_partitions"):
         count = committed["skewed_partitions"]
         ratio = committed.get("skew_max_ratio")

@@ -25,14 +25,15 @@ from __future__ import annotations
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, IntegerType, LongType, StringType, TimestamptzType
 
+from iceberg_cdc.changelog.change_types import CHANGE_TYPE_COLUMN
+from iceberg_cdc.changelog.change_types import CHANGE_TYPES as CHANGE_TYPES  # the sink checks these values
 from iceberg_cdc.errors import SinkSchemaError
 
-CHANGE_TYPE = "_change_type"
+CHANGE_TYPE = CHANGE_TYPE_COLUMN
 CHANGE_ORDINAL = "_change_ordinal"
 COMMIT_SNAPSHOT_ID = "_commit_snapshot_id"
 COMMIT_TIMESTAMP = "_commit_timestamp"
 CHANGE_COLUMNS = (CHANGE_TYPE, CHANGE_ORDINAL, COMMIT_SNAPSHOT_ID, COMMIT_TIMESTAMP)
-CHANGE_TYPES = ("INSERT", "DELETE", "UPDATE_BEFORE", "UPDATE_AFTER")
 # Change columns an older sink may lack: evolution adds them (optional) instead of refusing the sink.
 ADDED_LATER = (COMMIT_TIMESTAMP,)
 

@@ -35,6 +35,32 @@ def partition_values_from_dict(data: Mapping[str, Any] | None) -> dict[int, Any]
     return None if data is None else {int(field_id): value for field_id, value in data.items()}
 
 
+def read_fields_to_dict(
+    partition_values: PartitionValues | None, deletes: tuple[str, ...], require: tuple[str, ...]
+) -> dict[str, Any]:
+    """The JSON form of how to read a planned file (partition values, delete files), each only when set.
+
+    Absent when unset, so plans without them -- older ones among them -- keep their form.
+    """
+    data: dict[str, Any] = {}
+    if partition_values is not None:
+        data["partition_values"] = partition_values_to_dict(partition_values)
+    if deletes:
+        data["deletes"] = list(deletes)
+    if require:
+        data["require"] = list(require)
+    return data
+
+
+def read_fields_from_dict(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``partition_values``, ``deletes`` and ``require`` from :func:`read_fields_to_dict`'s form."""
+    return {
+        "partition_values": partition_values_from_dict(data.get("partition_values")),
+        "deletes": tuple(str(p) for p in data.get("deletes", ())),
+        "require": tuple(str(p) for p in data.get("require", ())),
+    }
+
+
 def identity_partition_values(spec: PartitionSpec, data_file: DataFile) -> dict[int, Any] | None:
     """The file's identity-partition values, by source field id, in JSON form; ``None`` when it has none.
 
@@ -73,19 +99,13 @@ class DataFileRef:
     require: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+        return {
             "path": self.path,
             "size": self.size,
             "record_count": self.record_count,
             "spec_id": self.spec_id,
+            **read_fields_to_dict(self.partition_values, self.deletes, self.require),
         }
-        if self.partition_values is not None:  # absent when none: older readers and plans stay valid
-            data["partition_values"] = partition_values_to_dict(self.partition_values)
-        if self.deletes:
-            data["deletes"] = list(self.deletes)
-        if self.require:
-            data["require"] = list(self.require)
-        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DataFileRef:
@@ -94,9 +114,7 @@ class DataFileRef:
             size=int(data["size"]),
             record_count=int(data["record_count"]),
             spec_id=int(data["spec_id"]),
-            partition_values=partition_values_from_dict(data.get("partition_values")),
-            deletes=tuple(str(p) for p in data.get("deletes", ())),
-            require=tuple(str(p) for p in data.get("require", ())),
+            **read_fields_from_dict(data),
         )
 
 

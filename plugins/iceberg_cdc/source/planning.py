@@ -24,8 +24,8 @@ from iceberg_cdc.source.change_files import (
     DataFileRef,
     PartitionValues,
     SnapshotChanges,
-    partition_values_from_dict,
-    partition_values_to_dict,
+    read_fields_from_dict,
+    read_fields_to_dict,
 )
 
 Op = Literal["DELETE", "INSERT"]
@@ -63,14 +63,13 @@ class InputFile:
             raise ValueError(f"file size must not be negative: {self.path} has {self.size}")
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"path": self.path, "size": self.size, "record_count": self.record_count, "op": self.op}
-        if self.partition_values is not None:  # absent when none: plans stay as they were
-            data["partition_values"] = partition_values_to_dict(self.partition_values)
-        if self.deletes:
-            data["deletes"] = list(self.deletes)
-        if self.require:
-            data["require"] = list(self.require)
-        return data
+        return {
+            "path": self.path,
+            "size": self.size,
+            "record_count": self.record_count,
+            "op": self.op,
+            **read_fields_to_dict(self.partition_values, self.deletes, self.require),
+        }
 
     @property
     def key(self) -> str:
@@ -87,9 +86,7 @@ class InputFile:
             size=int(data["size"]),
             record_count=int(data["record_count"]),
             op=data["op"],
-            partition_values=partition_values_from_dict(data.get("partition_values")),
-            deletes=tuple(str(p) for p in data.get("deletes", ())),
-            require=tuple(str(p) for p in data.get("require", ())),
+            **read_fields_from_dict(data),
         )
 
 

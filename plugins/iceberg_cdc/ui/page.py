@@ -14,6 +14,7 @@ from html import escape
 from typing import Any
 
 from iceberg_cdc.ui.status import ProcessedSnapshot, TableStatus
+from iceberg_cdc.units import format_bytes
 
 REFRESH_SECONDS = 30
 
@@ -40,14 +41,7 @@ def fmt_int(value: int | None) -> str:
 
 
 def fmt_bytes(value: int | None) -> str:
-    if value is None:
-        return "—"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{value} B"
+    return "—" if value is None else format_bytes(value)
 
 
 def fmt_age(seconds: float | None) -> str:

@@ -38,22 +38,13 @@ from typing import Any
 
 from iceberg_cdc.config import CdcConfig, TableConfig, is_secret_key
 from iceberg_cdc.ui.mirrors import MirrorReader, MirrorStatus, default_reader, mirror_statuses
+from iceberg_cdc.units import format_bytes
 
 DEFAULT_RECENT = 10
 DEFAULT_TIMEOUT_SECONDS = 20.0
 
-# Summary keys written by the commit step (orchestration/commit_step.py): the
-# stats figures become ``cdc.<name with - for _>``, phases ``cdc.seconds.<phase>``,
-# conservation ``cdc.rows.<stage>``.
-_FIGURE_KEYS = {
-    "inserts": "cdc.inserts",
-    "deletes": "cdc.deletes",
-    "updates": "cdc.updates",  # pairs: one UPDATE_BEFORE and one UPDATE_AFTER row each
-    "carryover_rows": "cdc.carryover-rows",
-    "shuffle_bytes": "cdc.shuffle-bytes",
-}
-_SECONDS_PREFIX = "cdc.seconds."
-_ROWS_PREFIX = "cdc.rows."
+# The commit's summary is read through iceberg_cdc.sink.summary.CommitSummary (imported where used:
+# it brings pyiceberg). The conservation stages shown:
 ROW_STAGES = ("input", "shuffled", "read", "carryover", "changes")
 # Phases in the order a run goes through them; others follow alphabetically.
 PHASE_ORDER = ("detect", "insert", "write", "coalesce", "read", "commit", "watermark", "cleanup")
@@ -228,25 +219,6 @@ def _from_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
-def _int(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        try:
-            return int(float(value))
-        except ValueError:
-            return None
-
-
-def _float(value: str) -> float | None:
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
 def _phase_key(phase: str) -> tuple[int, str]:
     return (PHASE_ORDER.index(phase) if phase in PHASE_ORDER else len(PHASE_ORDER), phase)
 
@@ -254,74 +226,55 @@ def _phase_key(phase: str) -> tuple[int, str]:
 def skew_warnings(summary: Mapping[str, str]) -> list[str]:
     """Skew a commit recorded, as readable warnings; [] when it recorded none (or found none).
 
-    The commit step writes ``cdc.skewed`` (how many partitions were skewed),
-    ``cdc.skew.max-ratio`` (the largest one over the median partition),
-    ``cdc.skew.max-bytes`` and ``cdc.skew.partitions``
-    (:func:`iceberg_cdc.pipeline.groups.skew_summary`).
+    The commit step records how many partitions were skewed, which ones, and
+    the largest one's size and ratio to the median partition
+    (:class:`iceberg_cdc.sink.summary.Skew`).
     """
-    count = _int(summary.get("cdc.skewed"))
-    if not count:
+    from iceberg_cdc.sink.summary import Skew
+
+    skew = Skew.from_summary(summary)
+    if skew is None or not skew.count:
         return []
-    listed = [p for p in re.split(r"[\s,\[\]]+", summary.get("cdc.skew.partitions", "")) if p]
-    noun = "partition" if count == 1 else "partitions"
-    text = f"{count} skewed {noun}"
+    listed = [str(p) for p in skew.partitions]
+    noun = "partition" if skew.count == 1 else "partitions"
+    text = f"{skew.count} skewed {noun}"
     if listed:
-        more = ", …" if len(listed) < count else ""
+        more = ", …" if len(listed) < skew.count else ""
         text += f" ({', '.join(listed)}{more})"
-    ratio = _float(summary.get("cdc.skew.max-ratio", ""))
-    size = _int(summary.get("cdc.skew.max-bytes"))
-    if ratio is not None and size is not None:
-        which = "" if count == 1 else "largest "
-        text += f": {which}{_size(size)}, {ratio:.0f}x the median"
+    if skew.max_ratio is not None and skew.max_bytes is not None:
+        which = "" if skew.count == 1 else "largest "
+        text += f": {which}{format_bytes(skew.max_bytes)}, {skew.max_ratio:.0f}x the median"
     return [text]
-
-
-def _size(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def processed_snapshot(snapshot: Any, summary: Mapping[str, str]) -> ProcessedSnapshot | None:
     """The figures of one sink commit (a pyiceberg Snapshot and its summary), or None if it is no CDC commit."""
-    from iceberg_cdc.sink.table import (
-        CHANGE_ORDINAL_KEY,
-        INITIAL_LOAD_KEY,
-        REPLACE_KEY,
-        SOURCE_SNAPSHOT_ID_KEY,
-    )
+    from iceberg_cdc.sink.summary import CommitSummary, int_value
 
-    source_snapshot = _int(summary.get(SOURCE_SNAPSHOT_ID_KEY))
-    if source_snapshot is None:
+    record = CommitSummary.from_summary(summary)
+    if record.source_snapshot_id is None:
         return None
-    figures = {name: _int(summary.get(key)) for name, key in _FIGURE_KEYS.items()}
-    seconds = {}
-    for key, value in summary.items():
-        if key.startswith(_SECONDS_PREFIX) and (number := _float(value)) is not None:
-            seconds[key.removeprefix(_SECONDS_PREFIX)] = number
-    rows = {}
-    for stage in ROW_STAGES:
-        number = _int(summary.get(_ROWS_PREFIX + stage))
-        if number is not None:
-            rows[stage] = number
+    rows = {stage: record.rows[stage] for stage in ROW_STAGES if stage in record.rows}
     change_rows = rows.get("changes")
     if change_rows is None:
-        change_rows = _int(summary.get("added-records"))
+        change_rows = int_value(summary.get("added-records"))
     return ProcessedSnapshot(
-        source_snapshot_id=source_snapshot,
-        ordinal=_int(summary.get(CHANGE_ORDINAL_KEY)),
+        source_snapshot_id=record.source_snapshot_id,
+        ordinal=record.change_ordinal,
         sink_snapshot_id=snapshot.snapshot_id,
         committed_at=_from_ms(snapshot.timestamp_ms),
-        operation=summary.get("cdc.operation"),
-        initial_load=summary.get(INITIAL_LOAD_KEY) == "true",
-        reprocess=summary.get(REPLACE_KEY) == "true",
+        operation=record.operation,
+        initial_load=record.initial_load is True,
+        reprocess=record.replace,
+        inserts=record.inserts,
+        deletes=record.deletes,
+        updates=record.updates,
+        carryover_rows=record.carryover_rows,
+        shuffle_bytes=record.shuffle_bytes,
         change_rows=change_rows,
-        seconds=dict(sorted(seconds.items(), key=lambda item: _phase_key(item[0]))),
+        seconds=dict(sorted(record.seconds.items(), key=lambda item: _phase_key(item[0]))),
         rows=rows,
         skew=skew_warnings(summary),
-        **figures,
     )
 
 
@@ -329,7 +282,8 @@ def recent_commits(sink_table: Any, source: str, limit: int = DEFAULT_RECENT) ->
     """The last ``limit`` commits of ``source`` in the sink's current history, newest first."""
     from pyiceberg.table.snapshots import ancestors_of
 
-    from iceberg_cdc.sink.table import SOURCE_TABLE_KEY, summary_properties
+    from iceberg_cdc.sink.summary import SOURCE_TABLE_KEY
+    from iceberg_cdc.sink.table import summary_properties
 
     found: list[ProcessedSnapshot] = []
     if limit <= 0:

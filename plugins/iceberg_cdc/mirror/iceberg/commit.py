@@ -27,8 +27,6 @@ stale and the apply fails with :class:`~iceberg_cdc.errors.MirrorStateError`
 from __future__ import annotations
 
 import contextlib
-import random
-import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,8 +50,9 @@ from iceberg_cdc.mirror.iceberg.table import (
 from iceberg_cdc.pyiceberg_internals.format_v3 import writing_v3_metadata
 from iceberg_cdc.pyiceberg_internals.manifest_reader import v3_field
 from iceberg_cdc.pyiceberg_internals.row_delta import AssertedProperties, FileKey, RowDelta, StaleDeltaError
+from iceberg_cdc.retry import MIRROR_COMMIT
 
-DEFAULT_ATTEMPTS = 5
+DEFAULT_ATTEMPTS = MIRROR_COMMIT.attempts
 
 
 @dataclass
@@ -262,7 +261,7 @@ def commit_delta(
     marker = {**summary, **marker_summary(through, plan.source)}
     for attempt in range(max_attempts):
         if attempt:
-            time.sleep(min(0.05 * 2**attempt, 2.0) * (1 + random.random()))
+            MIRROR_COMMIT.sleep(attempt - 1)
             table.refresh()
         done = _already(table, through)
         if done is not None:

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from iceberg_cdc.errors import ObjectNotFoundError
 from iceberg_cdc.pipeline.paths import attempt_name
 from iceberg_cdc.storage import ObjectStore
+from iceberg_cdc.units import format_bytes
 
 MIRROR_PLAN_VERSION = 1
 MIRRORS_PREFIX = "_mirrors/"
@@ -236,7 +237,7 @@ def label(plan: MirrorPlan, group: int) -> str:
     size = sum(u.bytes for u in joins)
     parts = []
     if joins:
-        parts.append(f"{sum(len(u.files) for u in joins)} files, {size / 1048576:.1f} MB")
+        parts.append(f"{sum(len(u.files) for u in joins)} files, {format_bytes(size)}")
     if rows:
         parts.append(f"{sum(int(u.part['rows']) for u in rows if u.part)} new rows")
     return f"mirror_join {group + 1}/{len(plan.groups)}: " + ", ".join(parts or ["nothing"])
