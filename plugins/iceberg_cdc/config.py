@@ -37,12 +37,14 @@ from pydantic import (
 )
 
 from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.redaction import is_secret_key, redact_value
+
+__all__ = ["CdcConfig", "ConfigError", "TableConfig", "is_secret_key", "load_config", "parse_config"]
 
 CONFIG_ENV = "CDC_CONFIG"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_SECRET_HINTS = ("secret", "password", "token", "credential", "session")
 _IDENT = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)+$")
 
 
@@ -62,16 +64,32 @@ def parse_size(value: Any) -> int:
     return size
 
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|seconds?|m|min|minutes?|h|hours?)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``300`` / ``"90s"`` / ``"5m"`` / ``"1h"``; positive."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 300 (seconds) or 5m")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(f"{value!r} is not a duration; write e.g. 300 (seconds), 90s, 5m or 1h")
+        seconds = float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s")[0].lower()]
+    if not seconds > 0:
+        raise ValueError(f"a duration must be positive, got {value!r}")
+    return seconds
+
+
 def format_size(size: int) -> str:
     """``67108864`` -> ``64MB``: the largest binary unit that divides it, as :func:`parse_size` reads it."""
     for suffix, unit in (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
         if size >= unit and size % unit == 0:
             return f"{size // unit}{suffix}"
     return f"{size} bytes"
-
-
-def is_secret_key(key: str) -> bool:
-    return any(hint in key.lower() for hint in _SECRET_HINTS)
 
 
 class _Redacting(BaseModel):
@@ -84,7 +102,11 @@ class _Redacting(BaseModel):
 
     def __repr_args__(self) -> Any:
         for name, value in super().__repr_args__():
-            yield name, _redact(value, name or "")
+            # A nested config model prints itself through this same method; anything else is redacted.
+            nested = isinstance(value, _Redacting) or (
+                isinstance(value, list) and value and all(isinstance(v, _Redacting) for v in value)
+            )
+            yield name, value if nested else redact_value(value, name or "")
 
 
 class _Strict(_Redacting):
@@ -192,7 +214,7 @@ class SparkConfig(_Strict):
             return None
         problem = connect_url_problem(value)
         if problem:
-            raise ValueError(f"{_redact(value)!r} {problem}")
+            raise ValueError(f"{redact_value(value)!r} {problem}")
         return value
 
     @model_validator(mode="after")
@@ -239,6 +261,14 @@ class TableConfig(_Strict):
     start: Literal["earliest", "latest"] = "earliest"
     duplicate_keys: Literal["fail", "emit_unpaired"] = "fail"
     schedule: str | None = "@hourly"
+    # How long a run's hold on the table lasts without renewal (seconds, or "5m"); the environment
+    # variable CDC_LEASE_TTL_SECONDS overrides it. None: 300 s. See iceberg_cdc.orchestration.run_lease.
+    lease_ttl: float | None = None
+
+    @field_validator("lease_ttl", mode="before")
+    @classmethod
+    def _lease_ttl(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
 
     @field_validator("source", "sink")
     @classmethod
@@ -305,44 +335,7 @@ class CdcConfig(_Strict):
 
     def redacted(self) -> dict[str, Any]:
         """The config as a dict with every secret value replaced, safe to log."""
-        return _redact(self.model_dump(mode="json"))
-
-
-_URL_PASSWORD = re.compile(r"(://[^/:@\s]*:)[^/@\s]+@")
-_URL_TOKEN = re.compile(r"(;\s*token\s*=)[^;\s]+", re.IGNORECASE)  # Spark Connect: sc://host/;token=...
-
-
-def _redact(value: Any, key: str = "") -> Any:
-    """``value`` with secrets replaced: values of secret keys, and passwords inside URLs (``user:pw@host``)."""
-    if isinstance(value, dict):
-        return {k: _redact(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_redact(v, key) for v in value]
-    if value is not None and is_secret_key(key):
-        return "***"
-    if isinstance(value, str):
-        return _URL_TOKEN.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", value))
-    return value
-
-
-def secret_values(config: CdcConfig) -> set[str]:
-    """The config's secret values (of secret keys, and passwords inside URLs), to scrub from messages."""
-    found: set[str] = set()
-
-    def walk(value: Any, key: str) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(v, str(k))
-        elif isinstance(value, list | tuple):
-            for v in value:
-                walk(v, key)
-        elif isinstance(value, str):
-            if is_secret_key(key):
-                found.add(value)
-            found.update(m.group(0)[1:-1] for m in re.finditer(r":[^/:@\s]+@", value) if "://" in value)
-
-    walk(config.model_dump(mode="json"), "")
-    return {value for value in found if value}
+        return redact_value(self.model_dump(mode="json"))
 
 
 def dag_id_for(source: str) -> str:

@@ -52,11 +52,13 @@ from typing import Any
 from urllib.parse import urlparse
 
 from iceberg_cdc import errors
+from iceberg_cdc.error_lines import line_in_text, line_of
 from iceberg_cdc.pipeline import worker_heap
 from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS
 from iceberg_cdc.pipeline.phase_driver import GroupRun, run_phase_group
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import Runtime
+from iceberg_cdc.redaction import secret_values
 
 log = logging.getLogger("iceberg_cdc.spark")
 
@@ -64,7 +66,12 @@ MARKER = "CDC-UNIT-FAILED "
 TRACE_MARKER = "CDC-UNIT-TRACEBACK "
 _MARKED = re.compile(re.escape(MARKER) + r"(\{.*\})\s*$", re.MULTILINE)
 _TRACED = re.compile(re.escape(TRACE_MARKER) + r'(".*")\s*$', re.MULTILINE)
-_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.+)$", re.MULTILINE)
+
+
+def _url_secrets(url: str) -> set[str]:
+    """The values of a Spark Connect URL's secret parameters (``;token=...``), to hide wherever quoted."""
+    params = dict(part.partition("=")[::2] for part in url.split(";")[1:] if "=" in part)
+    return secret_values(params)
 
 
 class UnitFailed(Exception):
@@ -142,23 +149,13 @@ def unit_error(info: dict[str, Any]) -> Exception:
     return ConnectJobError(f"{info['type']}: {info['message']}")
 
 
-_URL_PARAMETER = re.compile(r"(token|user_id)\s*=\s*[^;\s'\"]+", re.IGNORECASE)
-
-
-def _without_url_secrets(text: str) -> str:
-    """``text`` with Spark Connect URL parameter values (a token) blanked: pyspark quotes them in errors."""
-    return _URL_PARAMETER.sub(lambda m: f"{m.group(1)}=***", text)
-
-
 def job_error(exc: BaseException, phase: str, group: int, url: str) -> Exception:
     """What a failed Connect job means, message first: the unit's error, else the job's in one line."""
     info = unit_failure(exc)
     if info is not None:
         return unit_error(info)
-    text = str(exc).strip()
-    lines = _ERROR_LINE.findall(text)
-    summary = f"{lines[-1][0]}: {lines[-1][1]}" if lines else (text.splitlines() or [type(exc).__name__])[0]
-    summary = _without_url_secrets(summary)
+    # pyspark quotes the server's URL in its errors: its token goes (iceberg_cdc.redaction).
+    summary = line_in_text(exc, secrets=_url_secrets(url))
     return ConnectJobError(
         f"{phase} group {group + 1} failed on the Spark Connect server {describe(url)}: {summary}"
     )
@@ -359,7 +356,7 @@ def run_group(
         try:
             spark = session(url, package_zip(), package_digest())
         except Exception as exc:
-            first = _without_url_secrets((str(exc).strip().splitlines() or [type(exc).__name__])[0])
+            first = line_of(exc, secrets=_url_secrets(url))
             raise ConnectJobError(
                 f"cannot open a Spark Connect session on {describe(url)}: {first}"
             ) from None
