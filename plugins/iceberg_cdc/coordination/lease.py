@@ -37,10 +37,15 @@ stale version can never match a later write (no A-B-A), and a write whose
 answer was lost (retried after a dropped connection) is recognised as ours.
 
 **Dead holders.** A holder that stops renewing is presumed dead once its
-lease expires (default TTL: minutes, see the config's ``lease_ttl``). Where
-the caller can ask Airflow (``holder_state``), a holder whose run is known to
-be finished is taken over at once, and one whose run Airflow still shows as
-running gets one more TTL of grace before it is taken over.
+lease expires (default TTL: minutes, the config's ``tables[].lease_ttl``). Every
+task of a run that holds the lease renews it from a heartbeat thread while it
+works, so the lease mirrors Airflow's own view of the task: where the caller
+can ask Airflow (``holder_state``), a holder whose run is finished is taken over
+at once; one with a task Airflow shows *running* while the lease expired
+(``"working"``: the task stopped renewing, it is dead or hung) is taken over at
+expiry; one whose run is running between tasks (queued for a slot) gets one
+more TTL of grace. A dead task therefore blocks its table for at most two
+TTLs, whatever Airflow's own task heartbeat timeout (300 s by default) says.
 
 Limits: expiry is judged by the reader's clock, so hosts' clocks must agree
 to well within the TTL (NTP). ``file://`` stores coordinate one machine only.
@@ -109,7 +114,9 @@ def _duration(delta: timedelta) -> str:
     return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
 
 
-HolderState = str  # "running", "finished" or "unknown": what Airflow says of a holder's run
+# What Airflow says of a holder's run: "working" (one of its tasks is running), "running" (the run is,
+# between tasks), "finished", or "unknown".
+HolderState = str
 
 
 @dataclass(frozen=True)
@@ -372,8 +379,13 @@ class TableLease:
             return f"Airflow reports its run {current.owner!r} finished"
         if not current.expired(now):
             return None
+        if state == "working":
+            return (
+                f"its lease expired at {_iso(current.expires_at)} ({_duration(now - current.expires_at)} ago) "
+                "while Airflow shows a task of its run running: that task stopped renewing (dead or hung)"
+            )
         if state == "running" and now < current.expires_at + timedelta(seconds=ttl_seconds):
-            return None  # alive in Airflow's eyes: one more TTL before it is presumed stuck
+            return None  # between tasks in Airflow's eyes: one more TTL before it is presumed stuck
         return (
             f"its lease expired at {_iso(current.expires_at)} ({_duration(now - current.expires_at)} ago) "
             "without renewal"
@@ -516,8 +528,9 @@ class TableLease:
             f"run {owner!r} (epoch {epoch}) has lost the lease of table {self.table!r} ({self.uri}): {what}. "
             "Another run took over the table, so this run stops without committing or deleting anything "
             "the other run uses; nothing is lost, the holder (or the next run) processes the snapshot. "
-            "If this happens often, the run stalls longer than the lease TTL between renewals "
-            "(tables[].lease_ttl / shuffle.lease_ttl)."
+            "If this happens often, the run stalls longer than the lease TTL between renewals: raise "
+            "tables[].lease_ttl in the config (or the environment variable CDC_LEASE_TTL_SECONDS, which "
+            "overrides it)."
         )
 
 
