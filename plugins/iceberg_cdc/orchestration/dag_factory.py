@@ -30,9 +30,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Asset, Param, TriggerRule, get_current_context, task
+from airflow.sdk import DAG, Asset, AssetAlias, Param, TriggerRule, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
+from iceberg_cdc import snapshot_ids
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
 from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.orchestration import steps
@@ -44,8 +45,8 @@ from iceberg_cdc.orchestration.operators import (  # noqa: F401  (re-exported fo
     spark_application,
 )
 from iceberg_cdc.orchestration.run_kinds import backfill_refusal, is_backfill, should_chain
-from iceberg_cdc.orchestration.run_lease import lease_ttl_seconds, lease_wait_step
-from iceberg_cdc.orchestration.run_story import chained_run_id, story
+from iceberg_cdc.orchestration.run_lease import kept_alive, lease_ttl_seconds, lease_wait_step
+from iceberg_cdc.orchestration.run_story import chained_note, chained_run_id, story
 from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
 from iceberg_cdc.orchestration.task_policy import (
     airflow_holder_state,
@@ -59,12 +60,17 @@ log = logging.getLogger("iceberg_cdc")
 SENSOR_MODE_ENV = "CDC_SENSOR_MODE"  # "poke" for `airflow dags test`, else reschedule
 LEASE_WAIT_ENV = "CDC_LEASE_WAIT_SECONDS"  # how long detect waits for a busy table (default 2 TTLs)
 IN_PROCESS_WAIT_SECONDS = 5.0  # a chained run behind its predecessor's cleanup: poll, then reschedule
+# Runs of one table never overlap: the table's lease serializes them, and a run waiting for it gives its
+# worker slot back. So Airflow may start a run while another is active -- with max_active_runs=1 a run
+# whose task died would hold every later run back until Airflow's task heartbeat timeout (300 s), not
+# the lease's two TTLs.
+MAX_ACTIVE_RUNS = 16
 
 
-def lease_wait_seconds() -> float:
+def lease_wait_seconds(table: TableConfig | None = None) -> float:
     """How long detect waits for another run of the table: two TTLs, so a dead holder is overtaken."""
     raw = os.environ.get(LEASE_WAIT_ENV)
-    return float(raw) if raw else 2 * lease_ttl_seconds()
+    return float(raw) if raw else 2 * lease_ttl_seconds(table)
 
 
 def sink_asset(config: CdcConfig, table: TableConfig) -> Asset:
@@ -74,6 +80,37 @@ def sink_asset(config: CdcConfig, table: TableConfig) -> Asset:
         uri=f"iceberg://{config.catalog.name}/{table.sink.replace('.', '/')}",
         group="cdc",
     )
+
+
+def sink_alias(table: TableConfig) -> AssetAlias:
+    """Commit's outlet: an alias through which it emits the sink asset's event only when the sink changed.
+
+    A task's declared Asset outlet gets an event on every success -- an idle
+    run's too -- so commit declares this alias and adds the sink asset to it
+    when it committed rows (Airflow's way to emit conditionally).
+    """
+    return AssetAlias(name=f"cdc:{table.sink}:commits", group="cdc")
+
+
+def asset_extra(source: str, detected: dict[str, Any], committed: dict[str, Any]) -> dict[str, Any]:
+    """The sink asset event's extra: the snapshot (id as a string: browsers round 19 digits), ordinal, counts."""
+    extra: dict[str, Any] = {
+        "source": source,
+        "snapshot_id": snapshot_ids.as_text(detected.get("snapshot_id")),
+        "ordinal": detected.get("ordinal"),
+        "operation": detected.get("operation"),
+        "reprocess": bool(detected.get("manual")),
+    }
+    for key in ("inserts", "deletes", "updates", "carryover_rows", "shuffle_bytes", "files"):
+        if isinstance(committed.get(key), int):
+            extra[key] = committed[key]
+    extra["story"] = committed.get("story")
+    return extra
+
+
+def sink_changed(committed: dict[str, Any]) -> bool:
+    """Whether commit added rows to the sink (an idle, skipped or all-carryover run did not)."""
+    return bool(committed.get("committed"))
 
 
 DOC = """
@@ -136,24 +173,37 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         schedule=table.schedule,
         start_date=datetime(2024, 1, 1),
         catchup=False,
-        max_active_runs=1,
+        max_active_runs=MAX_ACTIVE_RUNS,
         tags=["cdc", source],
         doc_md=DOC.format(source=source, sink=table.sink),
         params={
+            # Ids as text: the form and its JSON editor round numbers above 2**53 (snapshot_ids).
             "snapshot_id": Param(
                 None,
-                type=["null", "integer"],
-                description="Reprocess this snapshot of the current history (replacing its rows in the sink).",
+                type=["null", "string", "integer"],
+                pattern=snapshot_ids.PATTERN,
+                title="snapshot_id",
+                description="Reprocess this snapshot of the current history (replacing its rows in the sink). "
+                "Type the id's digits as Iceberg shows them; leave empty for the next pending snapshot.",
             ),
             "trigger_next": Param(
-                None,
-                type=["null", "boolean"],
-                description="Start the next run at once when more snapshots are pending "
-                "(default: yes, except for a reprocess of one snapshot_id).",
+                "auto",
+                type=["string", "boolean", "null"],
+                enum=["auto", "yes", "no", True, False, None],
+                values_display={
+                    "auto": "auto: yes, except after a reprocess of one snapshot_id",
+                    "yes": "yes: start the next run at once",
+                    "no": "no: stop after this run",
+                },
+                title="trigger_next",
+                description="Start the next run at once when more snapshots are pending (or, in a range "
+                "reprocess, the next snapshot of the range).",
             ),
             "through_snapshot_id": Param(
                 None,
-                type=["null", "integer"],
+                type=["null", "string", "integer"],
+                pattern=snapshot_ids.PATTERN,
+                title="through_snapshot_id",
                 description="With snapshot_id: reprocess every snapshot from snapshot_id through this one, "
                 "one run per snapshot, in order.",
             ),
@@ -174,11 +224,13 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
             params: dict[str, Any] | None = None, run_id: str | None = None, ti=None, dag_run=None
         ) -> dict[str, Any]:
             params = params or {}
-            requested = params.get("snapshot_id")
             backfill = is_backfill(getattr(dag_run, "run_type", None))
             refusal = backfill_refusal(params) if backfill else None
             if refusal:
                 raise AirflowFailException(refusal)
+            with final_errors():
+                requested = snapshot_ids.parse(params.get("snapshot_id"), "snapshot_id")
+                through = snapshot_ids.parse(params.get("through_snapshot_id"), "through_snapshot_id")
             try_started = time.time()
             waiting_since = _first_reschedule(ti) or try_started
             while True:
@@ -191,16 +243,18 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
                             dag_id=table.dag_id,
                             try_number=getattr(ti, "try_number", None),
                             holder_state=airflow_holder_state(ti),
-                            through_snapshot_id=params.get("through_snapshot_id"),
+                            through_snapshot_id=through,
                         )
                     log.info("this run: %s", story(detected))
                     return detected
                 except LeaseHeldError as exc:
+                    holder_since, holder_expired = _holder(context())
                     action, seconds = lease_wait_step(
                         now=time.time(),
                         waiting_since=waiting_since,
-                        holder_since=_holder_since(context()),
-                        window=lease_wait_seconds(),
+                        holder_since=holder_since,
+                        holder_expired=holder_expired,
+                        window=lease_wait_seconds(table),
                         try_started=try_started,
                         reschedule=sensor_mode != "poke",
                         # Only a first attempt polls in process (a predecessor finishing its cleanup);
@@ -244,8 +298,9 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
 
         @task(task_id="coalesce")
         def coalesce(detected: dict[str, Any]) -> list[list[str]]:
-            with final_errors():
-                return steps.coalesce(context(), detected)
+            ctx = context()
+            with final_errors(), kept_alive(ctx, detected):
+                return steps.coalesce(ctx, detected)
 
         ranges = coalesce(detected)
 
@@ -254,37 +309,36 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         changelog_insert = spark_task("changelog_insert", "insert").expand(application_args=insert_jobs)
 
         asset = sink_asset(config, table)
+        alias = sink_alias(table)
 
-        @task(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, outlets=[asset])
+        @task(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, outlets=[alias])
         def commit(ti=None, outlet_events=None) -> dict[str, Any]:
             # Pulled, not passed: an argument would make commit a direct downstream of the
             # setup task, which Airflow allows only with trigger rule ALL_SUCCESS.
             detected = ti.xcom_pull(task_ids="detect")
-            with final_errors():
-                committed = steps.commit(context(), detected)
+            ctx = context()
+            with final_errors(), kept_alive(ctx, detected):
+                committed = steps.commit(ctx, detected)
             committed["story"] = story(detected, committed)
             log.info("this run: %s", committed["story"])
             emit_safely(emit_commit, source, committed)
-            if outlet_events is not None:
-                figures = {k: v for k, v in committed.items() if isinstance(v, int | str | float)}
-                outlet_events[asset].extra = {
-                    "source": source,
-                    "snapshot_id": detected.get("snapshot_id"),
-                    **figures,
-                }
+            if outlet_events is not None and sink_changed(committed):
+                # The sink's event only when rows were committed: an idle run must not wake its consumers.
+                outlet_events[alias].add(asset, extra=asset_extra(source, detected, committed))
+            committed["snapshot_id"] = snapshot_ids.as_text(committed.get("snapshot_id"))
             return committed
 
         @task(task_id="watermark")
-        def watermark(
-            detected: dict[str, Any], committed: dict[str, Any], ts_nodash: str | None = None
-        ) -> dict[str, Any]:
+        def watermark(detected: dict[str, Any], committed: dict[str, Any]) -> dict[str, Any]:
             mark = steps.watermark(context(), detected)
             emit_safely(emit_lag, source, int(mark.get("remaining") or 0))
-            stamp = f"{ts_nodash or datetime.now().strftime('%Y%m%dT%H%M%S')}_{time.time_ns() % 10**6}"
+            # When the chained run is started, not this run's logical date (a backfill's or a past tick's).
+            stamp = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}_{time.time_ns() % 10**6:06d}"
             if mark.get("next_conf"):
                 mark["chained_run_id"] = chained_run_id(mark["next_conf"]["snapshot_id"], stamp, "reprocess")
             else:
                 mark["chained_run_id"] = chained_run_id(mark.get("next_snapshot_id"), stamp)
+            mark["chained_note"] = chained_note(mark)
             return mark
 
         @task.short_circuit(task_id="more_pending")
@@ -305,7 +359,7 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
             trigger_run_id="{{ ti.xcom_pull(task_ids='watermark')['chained_run_id'] }}",
             # {} for an ordinary chain; the next snapshot of the range for a range reprocess.
             conf="{{ ti.xcom_pull(task_ids='watermark').get('next_conf', {}) | tojson }}",
-            note="chained: {{ ti.xcom_pull(task_ids='watermark')['remaining'] }} snapshot(s) pending",
+            note="{{ ti.xcom_pull(task_ids='watermark')['chained_note'] }}",
         )
 
         @task(task_id="cleanup")
@@ -341,13 +395,15 @@ def _first_reschedule(ti: Any) -> float | None:
     return first.timestamp() if first is not None else None
 
 
-def _holder_since(ctx: steps.Context) -> float | None:
-    """When the current holder of the table's lease took it (epoch seconds), if anyone holds it."""
+def _holder(ctx: steps.Context) -> tuple[float | None, bool]:
+    """When the current holder of the table's lease took it (epoch seconds), and whether its lease expired."""
     try:
         current = ctx.lease().current()
     except Exception:  # the wait is then counted from this run's own start
-        return None
-    return current.acquired_at.timestamp() if current is not None and not current.released else None
+        return None, False
+    if current is None or current.released:
+        return None, False
+    return current.acquired_at.timestamp(), current.expired(datetime.now(UTC))
 
 
 def build_dags(config: CdcConfig | None = None) -> dict[str, DAG]:
