@@ -5,6 +5,9 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Every target runs this checkout's own packages (plugins/iceberg_cdc, cdc_devtools), even when
+# another checkout is installed in the venv.
+export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH),)
 # pytest-xdist workers: the Airflow/Spark end-to-end modules run beside the in-process tests.
 TEST_WORKERS ?= 2
 
@@ -31,11 +34,12 @@ prereqs:
 	@java -version 2>&1 | head -n 1 | grep -q '"17' || { \
 	  echo "error: Spark here needs Java 17; found: $$(java -version 2>&1 | head -n 1)."; exit 1; }
 
-$(STAMP): requirements.txt requirements-dev.txt constraints.txt
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	@$(MAKE) --no-print-directory prereqs
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt -c constraints.txt
+	$(BIN)/pip install --quiet --no-deps -e .
 	@touch $@
 
 setup: $(STAMP)
@@ -62,7 +66,7 @@ demo-engine: setup
 
 sync: setup
 	@test -n "$(CONFIG)" || { echo "usage: make sync CONFIG=path/to/config.yaml"; exit 2; }
-	PYTHONPATH=plugins $(BIN)/python -m iceberg_cdc.devtools.sync --config "$(CONFIG)" --home "$(or $(AIRFLOW_HOME_DIR),.cdc/airflow)"
+	$(BIN)/python -m cdc_devtools.sync --config "$(CONFIG)" --home "$(or $(AIRFLOW_HOME_DIR),.cdc/airflow)"
 
 airflow: setup
 	$(BIN)/python scripts/airflow_ui.py $(if $(PORT),--port $(PORT),)

@@ -67,7 +67,7 @@ def run_connect(
     import workload as wl
     from pipeline_run import sink_changes
 
-    from iceberg_cdc.devtools.connect_server import LocalSparkConnectServer
+    from cdc_devtools.connect_server import LocalSparkConnectServer
     from iceberg_cdc.pipeline import connect_app
 
     main = workloads["main"]

@@ -24,12 +24,9 @@ import os
 import platform
 import resource
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
 
 import numpy as np
 import pyarrow as pa
@@ -354,7 +351,7 @@ def main() -> None:
             "file4x", (workdir / "shuffle4x").as_uri(), {}, big, str(workdir)
         )
         if not args.no_s3:
-            from iceberg_cdc.local_s3 import LocalS3Server
+            from cdc_devtools.local_s3 import LocalS3Server
 
             with LocalS3Server() as server:
                 server.client().create_bucket(Bucket="bench")

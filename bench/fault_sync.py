@@ -1,7 +1,7 @@
 """`make sync` through a faulty network: every run must succeed and the replay must be exact.
 
 The issue's goal, measured as a user would run it: a local S3 server behind
-:class:`~iceberg_cdc.devtools.fault_proxy.FaultProxy` answering 10% of
+:class:`~cdc_devtools.fault_proxy.FaultProxy` answering 10% of
 requests with 500/503 and dropping 5% of connections (after forwarding, so
 the outcome is unknown to the client); the catalog, the Airflow tasks and the
 Spark executors all reach S3 only through the proxy. A table history of an
@@ -25,20 +25,18 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "plugins"))
-sys.path.insert(0, str(REPO))
 
 import pyarrow as pa  # noqa: E402
 import yaml  # noqa: E402
 from pyiceberg.catalog import load_catalog  # noqa: E402
 
-from iceberg_cdc.devtools.cow import cow_merge  # noqa: E402
-from iceberg_cdc.devtools.fault_proxy import FaultProxy  # noqa: E402
-from iceberg_cdc.devtools.sync import sync  # noqa: E402
-from iceberg_cdc.local_s3 import LocalS3Server  # noqa: E402
+from cdc_devtools.cow import cow_merge  # noqa: E402
+from cdc_devtools.fault_proxy import FaultProxy  # noqa: E402
+from cdc_devtools.local_s3 import LocalS3Server  # noqa: E402
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows  # noqa: E402
+from cdc_devtools.replay import assert_replay  # noqa: E402
+from cdc_devtools.sync import sync  # noqa: E402
 from iceberg_cdc.source.history import current_ancestry  # noqa: E402
-from tests.support.orders import BY_REGION, SCHEMA, rows  # noqa: E402
-from tests.support.replay import assert_replay  # noqa: E402
 
 WORK = REPO / ".cdc" / "fault-sync"
 RESULT = REPO / "bench" / "results" / "faults.txt"

@@ -32,11 +32,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "plugins"))
 
 import yaml  # noqa: E402
 
-from iceberg_cdc.devtools.airflow_env import VENV_BIN, airflow_env, dags_test, ensure_airflow_db  # noqa: E402
+from cdc_devtools.airflow_env import VENV_BIN, airflow_env, dags_test, ensure_airflow_db  # noqa: E402
 from iceberg_cdc.sink.table import read_watermark  # noqa: E402
 
 
@@ -148,7 +147,7 @@ def compare_modes(
     """
     import workload as wl
 
-    from iceberg_cdc.devtools.connect_server import LocalSparkConnectServer
+    from cdc_devtools.connect_server import LocalSparkConnectServer
 
     catalog = wl.open_catalog(work)
     with contextlib.suppress(Exception):  # already there when called twice on one server
@@ -236,7 +235,7 @@ def _one_row_update(table, row_id: int, status: str) -> int:
     """A copy-on-write snapshot that changes one row's status."""
     import pyarrow as pa
 
-    from iceberg_cdc.devtools.cow import cow_merge
+    from cdc_devtools.cow import cow_merge
 
     row = table.scan(row_filter=f"id == {row_id}").to_arrow()
     field = row.schema.get_field_index("status")
@@ -260,7 +259,7 @@ def scheduler_figures(
     """One-row latency and a backlog's catch-up under Airflow's scheduler, in connect mode.
 
     Airflow's API server, scheduler and DAG processor run on 127.0.0.1 with a
-    LocalExecutor of ``parallelism`` slots (:class:`~iceberg_cdc.devtools.scheduler.LocalAirflow`),
+    LocalExecutor of ``parallelism`` slots (:class:`~cdc_devtools.scheduler.LocalAirflow`),
     the Spark phases on a local Spark Connect server (``local[2]``), both
     started before the clock runs. Two tables, their DAGs unscheduled (runs
     come from triggers only):
@@ -276,8 +275,8 @@ def scheduler_figures(
     """
     import workload as wl
 
-    from iceberg_cdc.devtools.connect_server import LocalSparkConnectServer
-    from iceberg_cdc.devtools.scheduler import LocalAirflow
+    from cdc_devtools.connect_server import LocalSparkConnectServer
+    from cdc_devtools.scheduler import LocalAirflow
 
     catalog = wl.open_catalog(work)
     with contextlib.suppress(Exception):  # already there when called twice on one server
@@ -381,8 +380,7 @@ def main() -> int:
     )
     parser.add_argument("--backlog", type=int, default=30, help="one-row snapshots in the backlog")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "bench"))
-    from iceberg_cdc.local_s3 import LocalS3Server
+    from cdc_devtools.local_s3 import LocalS3Server
 
     work = ROOT / ".cdc" / "latency"
     shutil.rmtree(work, ignore_errors=True)

@@ -34,7 +34,7 @@ from pyiceberg.table.snapshots import Operation
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 
-from iceberg_cdc.devtools.mor import commit_row_delta, equality_delete_file, write_data_files
+from cdc_devtools.mor import commit_row_delta, equality_delete_file, write_data_files
 
 
 def _base_table(

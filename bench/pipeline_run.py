@@ -1,6 +1,6 @@
 """One DAG run's phases, each timed, through the same Spark jobs the DAG submits.
 
-Order and calls as ``iceberg_cdc.orchestration.inline.run_snapshot`` (the
+Order and calls as ``iceberg_cdc.run.inline.run_snapshot`` (the
 DAG's order), except that the write and read groups run as ``spark-submit``
 of ``spark_jobs/cdc_phase.py --phase write|read --plan KEY --group N``, as
 the DAG's mapped SparkSubmitOperator tasks do, with ``CDC_CONFIG`` naming
@@ -34,11 +34,11 @@ from s3log import RequestLog
 from sparkrun import PHASE_APPLICATION, dag_conf, spark_env, spark_submit
 
 from iceberg_cdc.config import CdcConfig
-from iceberg_cdc.orchestration import steps
-from iceberg_cdc.orchestration.inline import _run_phase
-from iceberg_cdc.orchestration.pyfiles import package_zip
 from iceberg_cdc.pipeline.groups import read_group_count
 from iceberg_cdc.pipeline.plan import SnapshotPlan
+from iceberg_cdc.pipeline.pyfiles import package_zip
+from iceberg_cdc.run import steps
+from iceberg_cdc.run.inline import _run_phase
 
 
 @dataclass

@@ -26,16 +26,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "plugins"))
-sys.path.insert(0, str(ROOT / "bench"))
 
 import pyarrow as pa  # noqa: E402
 import workload as wl  # noqa: E402
 from pyiceberg.catalog import Catalog  # noqa: E402
 from pyiceberg.table.snapshots import Operation  # noqa: E402
 
-from iceberg_cdc.devtools.format_v3 import deletion_vector_files, upgrade_to_v3  # noqa: E402
-from iceberg_cdc.devtools.mor import commit_row_delta  # noqa: E402
+from cdc_devtools.format_v3 import deletion_vector_files, upgrade_to_v3  # noqa: E402
+from cdc_devtools.mor import commit_row_delta  # noqa: E402
 from iceberg_cdc.source.changes import snapshot_changes  # noqa: E402
 from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows  # noqa: E402
 from iceberg_cdc.source.reading import read_data_file  # noqa: E402

@@ -21,9 +21,9 @@ import uuid
 from typing import Any
 
 from iceberg_cdc.config import CdcConfig, parse_config
-from iceberg_cdc.orchestration import steps
 from iceberg_cdc.pipeline.groups import read_group_count, units_of
 from iceberg_cdc.pipeline.plan import SnapshotPlan
+from iceberg_cdc.run import steps
 
 
 def _run_units(args: dict[str, Any]) -> list[dict[str, Any]]:

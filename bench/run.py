@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "plugins"))
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
@@ -71,8 +70,8 @@ from probes import probe  # noqa: E402
 from s3log import RequestLog  # noqa: E402
 from sparkrun import dag_conf, spark_submit  # noqa: E402
 
+from cdc_devtools.local_s3 import LocalS3Server  # noqa: E402
 from iceberg_cdc.config import CdcConfig, parse_config  # noqa: E402
-from iceberg_cdc.local_s3 import LocalS3Server  # noqa: E402
 
 MiB = 1 << 20
 PARTITIONS = 64

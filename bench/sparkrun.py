@@ -2,7 +2,7 @@
 
 The pipeline's phases are submitted as the DAG submits them: the same
 application, ``--py-files`` archive and ``--conf``
-(``iceberg_cdc.orchestration.submit_conf``, shared with the DAG factory
+(``iceberg_cdc.pipeline.submit_conf``, shared with the DAG factory
 without importing Airflow). Every application of the benchmark (pipeline phases, the
 Spark-native baseline, the floor) runs on the same master, ``local[2]``.
 """
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from iceberg_cdc.orchestration.submit_conf import submit_conf
+from iceberg_cdc.pipeline.submit_conf import submit_conf
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent

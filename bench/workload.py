@@ -46,7 +46,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from iceberg_cdc.devtools.cow import cow_merge
+from cdc_devtools.cow import cow_merge
 from iceberg_cdc.sink.commit import advance_watermark
 from iceberg_cdc.sink.table import ensure_sink_table
 

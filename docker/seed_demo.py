@@ -24,8 +24,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
+from cdc_devtools.cow import cow_merge
 from iceberg_cdc.config import load_config
-from iceberg_cdc.devtools.cow import cow_merge
 from iceberg_cdc.pipeline.runtime import load_catalog_from_config
 
 REGIONS = ["us", "eu", "apac", "latam"]

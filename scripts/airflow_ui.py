@@ -37,16 +37,13 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
-
 from demo import start_demo
 
+from cdc_devtools.airflow_env import airflow_env, ensure_airflow_db
+from cdc_devtools.connect_server import connect_server_for
+from cdc_devtools.local_s3 import LocalS3Server
+from cdc_devtools.scheduler import HOST, components, healthy, machine_env, port_free, stop_processes
 from iceberg_cdc.config import load_config
-from iceberg_cdc.devtools.airflow_env import airflow_env, ensure_airflow_db
-from iceberg_cdc.devtools.connect_server import connect_server_for
-from iceberg_cdc.devtools.scheduler import HOST, components, healthy, machine_env, port_free, stop_processes
-from iceberg_cdc.local_s3 import LocalS3Server
 
 WORK = Path(__file__).resolve().parents[1] / ".cdc" / "airflow-ui"
 DEFAULT_PORT = 8080

@@ -23,8 +23,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,11 +34,11 @@ from pyiceberg.table.snapshots import Operation
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DecimalType, LongType, NestedField, StringType, TimestamptzType
 
-from iceberg_cdc.devtools.cow import cow_merge, table_state
-from iceberg_cdc.devtools.format_v3 import is_v3, upgrade_to_v3
-from iceberg_cdc.devtools.mor import commit_row_delta, mor_merge, write_data_files
-from iceberg_cdc.devtools.sync import sync
-from iceberg_cdc.local_s3 import LocalS3Server
+from cdc_devtools.cow import cow_merge, table_state
+from cdc_devtools.format_v3 import is_v3, upgrade_to_v3
+from cdc_devtools.local_s3 import LocalS3Server
+from cdc_devtools.mor import commit_row_delta, mor_merge, write_data_files
+from cdc_devtools.sync import sync
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".cdc" / "demo"

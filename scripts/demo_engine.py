@@ -14,19 +14,15 @@ invariant: state(before) - removed + added == state(after).
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_devtools.local_s3 import LocalS3Server
 from iceberg_cdc.changelog.merge import MergeStats, merge_changes
-from iceberg_cdc.local_s3 import LocalS3Server
 from iceberg_cdc.shuffle.coalesce import coalesce
 from iceberg_cdc.shuffle.fetch import fetch_range
 from iceberg_cdc.shuffle.partitioner import HashPartitioner

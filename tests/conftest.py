@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from iceberg_cdc.local_s3 import LocalS3Server
+from cdc_devtools.local_s3 import LocalS3Server
 from iceberg_cdc.storage import LocalObjectStore, ObjectStore, open_store
 
 _DUMMY_AWS_ENV = {

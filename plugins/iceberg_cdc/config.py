@@ -262,7 +262,7 @@ class TableConfig(_Strict):
     duplicate_keys: Literal["fail", "emit_unpaired"] = "fail"
     schedule: str | None = "@hourly"
     # How long a run's hold on the table lasts without renewal (seconds, or "5m"); the environment
-    # variable CDC_LEASE_TTL_SECONDS overrides it. None: 300 s. See iceberg_cdc.orchestration.run_lease.
+    # variable CDC_LEASE_TTL_SECONDS overrides it. None: 300 s. See iceberg_cdc.run.lease.
     lease_ttl: float | None = None
 
     @field_validator("lease_ttl", mode="before")

@@ -2,7 +2,7 @@
 
 ``airflow dags test`` runs one DAG run at a time, so it never shows what a
 deployment does with several: here Airflow's API server, scheduler and DAG
-processor run on 127.0.0.1 (:class:`~iceberg_cdc.devtools.scheduler.LocalAirflow`,
+processor run on 127.0.0.1 (:class:`~cdc_devtools.scheduler.LocalAirflow`,
 a LocalExecutor with 2 slots) and the DAG's Spark tasks are clients of one
 local Spark Connect server (``local[2]``); moto S3 over HTTP, a SQLite
 catalog. In order, on one table:
@@ -38,14 +38,14 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from iceberg_cdc.devtools.airflow_env import connect_connection, connection_env_var
-from iceberg_cdc.devtools.connect_server import LocalSparkConnectServer
-from iceberg_cdc.devtools.cow import cow_merge
-from iceberg_cdc.devtools.scheduler import LocalAirflow, alive
+from cdc_devtools.airflow_env import connect_connection, connection_env_var
+from cdc_devtools.connect_server import LocalSparkConnectServer
+from cdc_devtools.cow import cow_merge
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
+from cdc_devtools.replay import assert_replay, changes_of
+from cdc_devtools.scheduler import LocalAirflow, alive
 from tests.support.airflow_pipeline import DAG_ID, AirflowPipeline
 from tests.support.fault_runs import verdict
-from tests.support.orders import BY_REGION, SCHEMA, rows
-from tests.support.replay import assert_replay, changes_of
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

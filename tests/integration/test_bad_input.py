@@ -29,8 +29,11 @@ import yaml
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
+from cdc_devtools.cow import cow_merge
+from cdc_devtools.local_s3 import LocalS3Server
+from cdc_devtools.oracle import expected_changes, row_key
+from cdc_devtools.replay import assert_replay, changes_of
 from iceberg_cdc.config import load_config
-from iceberg_cdc.devtools.cow import cow_merge
 from iceberg_cdc.errors import (
     AmbiguousUpdateError,
     ConfigError,
@@ -41,10 +44,9 @@ from iceberg_cdc.errors import (
     StorageError,
     UnsupportedSnapshotError,
 )
-from iceberg_cdc.local_s3 import LocalS3Server
-from iceberg_cdc.orchestration import steps
 from iceberg_cdc.pipeline import executor_tasks
 from iceberg_cdc.pipeline.plan import SnapshotPlan
+from iceberg_cdc.run import steps
 from iceberg_cdc.shuffle.layout import data_key, index_key
 from iceberg_cdc.shuffle.reader import read_index
 from iceberg_cdc.sink.schema import sink_schema_for
@@ -65,8 +67,6 @@ from tests.support.iceberg_tables import (
     live_files,
 )
 from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
-from tests.support.oracle import expected_changes, row_key
-from tests.support.replay import assert_replay, changes_of
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from iceberg_cdc.airflow.dag_factory import build_dags
 from iceberg_cdc.config import parse_config
-from iceberg_cdc.orchestration.dag_factory import build_dags
 
 CONFIG = {
     "catalog": {"name": "t", "type": "sql", "uri": "sqlite:////tmp/never-opened.db"},
@@ -75,8 +75,8 @@ def test_connect_mode_keeps_the_dags_shape_and_labels():
 
 
 def test_connect_url_from_the_config_or_the_spark_connect_connection(monkeypatch):
+    from iceberg_cdc.airflow.dag_factory import connect_url
     from iceberg_cdc.errors import ConfigError
-    from iceberg_cdc.orchestration.dag_factory import connect_url
 
     local = parse_config({**CONFIG, "spark": {"mode": "connect", "connect_url": "sc://127.0.0.1:15002"}})
     assert connect_url(local) == "sc://127.0.0.1:15002"
@@ -132,7 +132,7 @@ def test_dag_file_without_config_reports_the_variable(tmp_path, monkeypatch):
 
 def test_every_task_records_its_error_and_the_chained_runs_note_is_rendered():
     dag = build_dags(parse_config(CONFIG))["cdc__shop__orders"]
-    from iceberg_cdc.orchestration.task_policy import record_error
+    from iceberg_cdc.airflow.policy import record_error
 
     for task in dag.tasks:
         callbacks = task.on_failure_callback

@@ -29,7 +29,9 @@ import pyarrow.compute as pc
 import pytest
 from pyiceberg.schema import Schema
 
-from iceberg_cdc.devtools.cow import cow_merge
+from cdc_devtools.cow import cow_merge
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
+from cdc_devtools.replay import ADDED, REMOVED, multiset
 from iceberg_cdc.errors import (
     ConservationError,
     CorruptShuffleError,
@@ -37,9 +39,9 @@ from iceberg_cdc.errors import (
     LeaseLostError,
     SourceHistoryError,
 )
-from iceberg_cdc.orchestration import commit_step, steps
-from iceberg_cdc.orchestration import detect as detect_module
-from iceberg_cdc.orchestration.inline import run_snapshot
+from iceberg_cdc.run import commit_step, steps
+from iceberg_cdc.run import detect as detect_module
+from iceberg_cdc.run.inline import run_snapshot
 from iceberg_cdc.shuffle.layout import data_key, index_key
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.writer import MapOutputWriter
@@ -47,8 +49,6 @@ from iceberg_cdc.sink.staging import list_staged
 from iceberg_cdc.source.reading import output_schema
 from tests.support.fault_runs import POINTS, Crash, RunState, run_steps, verdict
 from tests.support.inline_pipeline import SOURCE, InlinePipeline
-from tests.support.orders import BY_REGION, SCHEMA, rows
-from tests.support.replay import ADDED, REMOVED, multiset
 
 REPORT = Path(__file__).resolve().parents[2] / ".cdc" / "fault-report.jsonl"
 TTL = 1.0

@@ -26,15 +26,15 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import EMPTY_DICT
 
+from cdc_devtools.cow import cow_merge
+from cdc_devtools.oracle import row_key
+from cdc_devtools.replay import assert_replay, changes_of
 from iceberg_cdc import errors
-from iceberg_cdc.devtools.cow import cow_merge
-from iceberg_cdc.orchestration.inline import InlineRun
+from iceberg_cdc.run.inline import InlineRun
 from iceberg_cdc.sink.table import read_watermark
 from tests.cases import TABLE_CASES, arrow_rows, iceberg_schema, load, split_change
 from tests.support.iceberg_tables import cow_rewrite, live_files, replace_files, write_data_files
 from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
-from tests.support.oracle import row_key
-from tests.support.replay import assert_replay, changes_of
 
 SNAPSHOT_OPS = ("append", "fast_append", "overwrite", "merge", "delete", "replace", "rewrite_manifests")
 

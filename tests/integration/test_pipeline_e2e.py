@@ -26,16 +26,16 @@ import pyarrow as pa
 import pytest
 from pyiceberg.manifest import FileFormat
 
-from iceberg_cdc.devtools.airflow_env import dags_test
-from iceberg_cdc.devtools.cow import cow_merge, table_state
-from iceberg_cdc.devtools.format_v3 import upgrade_to_v3
-from iceberg_cdc.devtools.mor import mor_merge
-from iceberg_cdc.devtools.mor_state import snapshot_entries
-from iceberg_cdc.devtools.sync import sync
+from cdc_devtools.airflow_env import dags_test
+from cdc_devtools.cow import cow_merge, table_state
+from cdc_devtools.format_v3 import upgrade_to_v3
+from cdc_devtools.mor import mor_merge
+from cdc_devtools.mor_state import snapshot_entries
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
+from cdc_devtools.replay import assert_replay, changes_of
+from cdc_devtools.sync import sync
 from tests.support.airflow_pipeline import DAG_ID, AirflowPipeline
 from tests.support.iceberg_tables import live_files, replace_files
-from tests.support.orders import BY_REGION, SCHEMA, rows
-from tests.support.replay import assert_replay, changes_of
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import pytest
 
+from cdc_devtools.cow import cow_merge
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
+from cdc_devtools.replay import assert_replay
 from iceberg_cdc.config import parse_config
-from iceberg_cdc.devtools.cow import cow_merge
-from iceberg_cdc.orchestration.inline import run_snapshot
+from iceberg_cdc.run.inline import run_snapshot
 from tests.support.airflow_pipeline import DAG_ID, SOURCE, AirflowPipeline
-from tests.support.orders import BY_REGION, SCHEMA, rows
-from tests.support.replay import assert_replay
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

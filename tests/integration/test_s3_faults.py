@@ -22,13 +22,13 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from iceberg_cdc.devtools.cow import cow_merge
-from iceberg_cdc.devtools.fault_proxy import FaultProxy
-from iceberg_cdc.local_s3 import LocalS3Server
+from cdc_devtools.cow import cow_merge
+from cdc_devtools.fault_proxy import FaultProxy
+from cdc_devtools.local_s3 import LocalS3Server
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
+from cdc_devtools.replay import assert_replay
 from iceberg_cdc.sink.table import SOURCE_SNAPSHOT_ID_KEY, SOURCE_TABLE_KEY, summary_properties
 from tests.support.inline_pipeline import SOURCE, InlinePipeline
-from tests.support.orders import BY_REGION, SCHEMA, rows
-from tests.support.replay import assert_replay
 
 pytestmark = pytest.mark.s3
 

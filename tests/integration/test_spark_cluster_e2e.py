@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from iceberg_cdc.devtools.spark_cluster import LocalSparkCluster
+from cdc_devtools.replay import assert_replay
+from cdc_devtools.spark_cluster import LocalSparkCluster
 from tests.support.airflow_pipeline import AirflowPipeline
 from tests.support.history import HistoryShape, HistoryTable
-from tests.support.replay import assert_replay
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

@@ -26,14 +26,14 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from iceberg_cdc.devtools.airflow_env import connect_connection, connection_env_var
-from iceberg_cdc.devtools.connect_server import LocalSparkConnectServer
-from iceberg_cdc.devtools.cow import cow_merge
-from iceberg_cdc.local_s3 import free_port
+from cdc_devtools.airflow_env import connect_connection, connection_env_var
+from cdc_devtools.connect_server import LocalSparkConnectServer
+from cdc_devtools.cow import cow_merge
+from cdc_devtools.local_s3 import free_port
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
+from cdc_devtools.replay import assert_replay
 from tests.support.airflow_pipeline import AirflowPipeline
 from tests.support.iceberg_tables import cow_rewrite, live_files
-from tests.support.orders import BY_REGION, SCHEMA, rows
-from tests.support.replay import assert_replay
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

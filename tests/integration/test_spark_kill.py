@@ -22,16 +22,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from iceberg_cdc.devtools.spark_cluster import SPARK_HOME
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
+from cdc_devtools.spark_cluster import SPARK_HOME
+from iceberg_cdc.airflow.dag_factory import spark_application
 from iceberg_cdc.errors import LeaseHeldError
-from iceberg_cdc.orchestration import steps
-from iceberg_cdc.orchestration.dag_factory import spark_application
-from iceberg_cdc.orchestration.pyfiles import package_zip
-from iceberg_cdc.orchestration.submit_conf import submit_conf
+from iceberg_cdc.pipeline.pyfiles import package_zip
+from iceberg_cdc.pipeline.submit_conf import submit_conf
+from iceberg_cdc.run import steps
 from tests.integration.test_exactly_once import leftovers, merge
 from tests.support.fault_runs import verdict
 from tests.support.inline_pipeline import SOURCE, InlinePipeline
-from tests.support.orders import BY_REGION, SCHEMA, rows
 
 pytestmark = [pytest.mark.e2e]
 

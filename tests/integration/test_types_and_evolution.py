@@ -4,7 +4,7 @@ Each test builds a real source table (SQLite catalog, file:// warehouse),
 commits real snapshots and runs them through :class:`InlinePipeline` -- the
 DAG's steps and the Spark tasks' functions -- then checks:
 
-* the replay invariant (:func:`tests.support.replay.assert_replay`, or its
+* the replay invariant (:func:`cdc_devtools.replay.assert_replay`, or its
   schema-aware form across schema changes);
 * the exact values in the sink's Parquet files against the rows the source
   files hold (:mod:`tests.support.typed_rows`: float bits, decimal scale,
@@ -64,10 +64,10 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from iceberg_cdc.devtools.cow import cow_merge
-from iceberg_cdc.orchestration.inline import InlineRun
+from cdc_devtools.cow import cow_merge
+from cdc_devtools.replay import assert_replay
+from iceberg_cdc.run.inline import InlineRun
 from tests.support.inline_pipeline import InlinePipeline
-from tests.support.replay import assert_replay
 from tests.support.typed_rows import (
     ALL_TYPES,
     RawSource,

@@ -41,7 +41,7 @@ from typing import Any
 import pytest
 import yaml
 
-from iceberg_cdc.devtools.airflow_env import VENV_BIN, airflow_env, dags_test, ensure_airflow_db
+from cdc_devtools.airflow_env import VENV_BIN, airflow_env, dags_test, ensure_airflow_db
 from tests.support.inline_pipeline import SINK, SOURCE
 from tests.support.ui_history import processed_history
 

@@ -9,7 +9,7 @@ deletes, compactions that drop every delete file, re-inserts of deleted
 keys, and an upgrade to format v3 part-way, after which position deletes are
 deletion vectors (merging the file's earlier deletes, replacing its earlier
 DV, dangling or removed when a rewrite drops their file). The states the replay checks against come from the tests' own
-merge-on-read reader (:mod:`iceberg_cdc.devtools.mor_state`), not the pipeline's.
+merge-on-read reader (:mod:`cdc_devtools.mor_state`), not the pipeline's.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from cdc_devtools.replay import ADDED, REMOVED, assert_replay, changes_of, multiset
 from iceberg_cdc.source.history import current_ancestry
 from tests.support.history import COLUMN_KINDS, HistoryShape
 from tests.support.inline_pipeline import InlinePipeline
 from tests.support.mor_history import MorHistory
-from tests.support.replay import ADDED, REMOVED, assert_replay, changes_of, multiset
 
 shapes = st.builds(
     HistoryShape,

@@ -31,10 +31,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from cdc_devtools.replay import ADDED, REMOVED, assert_replay, changes_of, multiset
 from iceberg_cdc.source.history import current_ancestry
 from tests.support.history import COLUMN_KINDS, HistoryShape, HistoryTable
 from tests.support.inline_pipeline import InlinePipeline
-from tests.support.replay import ADDED, REMOVED, assert_replay, changes_of, multiset
 
 shapes = st.builds(
     HistoryShape,

@@ -18,7 +18,7 @@ from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from iceberg_cdc.devtools.airflow_env import airflow_env, dags_test, ensure_airflow_db
+from cdc_devtools.airflow_env import airflow_env, dags_test, ensure_airflow_db
 from iceberg_cdc.sink.table import read_watermark
 from iceberg_cdc.watermark import Watermark
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import boto3
 
-from iceberg_cdc.local_s3 import LocalS3Server
+from cdc_devtools.local_s3 import LocalS3Server
 
 
 @contextmanager

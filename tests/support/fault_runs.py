@@ -22,12 +22,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from iceberg_cdc.orchestration import steps
+from cdc_devtools.replay import ADDED, REMOVED, assert_replay, multiset
 from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS, read_group_count, record_group, units_of
 from iceberg_cdc.pipeline.plan import SnapshotPlan
+from iceberg_cdc.run import steps
 from iceberg_cdc.sink.table import SOURCE_SNAPSHOT_ID_KEY, summary_properties
 from iceberg_cdc.source.history import current_ancestry
-from tests.support.replay import ADDED, REMOVED, assert_replay, multiset
 
 POINTS = (
     "after_detect",

@@ -53,7 +53,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from iceberg_cdc.devtools.cow import cow_apply, read_task_rows, rewrite_files
+from cdc_devtools.cow import cow_apply, read_task_rows, rewrite_files
 from tests.support.iceberg_tables import live_files, replace_files
 
 REGIONS = ("us", "eu", "ap")

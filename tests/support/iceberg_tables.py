@@ -10,9 +10,9 @@ manifests are exactly what pyiceberg writes:
 * :func:`replace_files` — a compaction (operation ``replace``);
 * :func:`add_position_deletes` / :func:`add_equality_deletes` — merge-on-read
   delete files (what Spark commits with ``write.delete.mode=merge-on-read``,
-  and Flink upserts), through :mod:`iceberg_cdc.devtools.mor`;
+  and Flink upserts), through :mod:`cdc_devtools.mor`;
 * :func:`add_deletion_vector` — a format-v3 deletion vector (the table is
-  upgraded to v3 first), through :mod:`iceberg_cdc.devtools.format_v3`;
+  upgraded to v3 first), through :mod:`cdc_devtools.format_v3`;
 * :func:`add_orc_position_deletes` — an ORC delete file entry (refused).
 """
 
@@ -34,8 +34,8 @@ from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT
 
-from iceberg_cdc.devtools import format_v3, mor
-from iceberg_cdc.devtools.cow import rewrite_files
+from cdc_devtools import format_v3, mor
+from cdc_devtools.cow import rewrite_files
 
 NAMESPACE = "db"
 

@@ -1,7 +1,7 @@
 """A whole pipeline in one process for tests: SQLite catalog, file:// (or S3) warehouse and shuffle.
 
 :class:`InlinePipeline` writes a real config, creates the source table and
-runs snapshots through :mod:`iceberg_cdc.orchestration.inline` — the DAG's
+runs snapshots through :mod:`iceberg_cdc.run.inline` — the DAG's
 steps and the Spark tasks' functions, without Airflow or Spark.
 """
 
@@ -14,7 +14,7 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.table import Table
 
 from iceberg_cdc.config import CdcConfig, parse_config
-from iceberg_cdc.orchestration.inline import InlineRun, run_snapshot, run_until_caught_up
+from iceberg_cdc.run.inline import InlineRun, run_snapshot, run_until_caught_up
 from iceberg_cdc.sink.table import read_watermark
 from iceberg_cdc.watermark import Watermark
 

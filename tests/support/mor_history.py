@@ -21,7 +21,7 @@ A :class:`MorHistory` owns a source table keyed by ``id`` and applies:
   and replaces its earlier DV (as Spark writes them), old position delete
   files stay live, and every commit is a v3 row delta.
 
-Which rows are live comes from :mod:`iceberg_cdc.devtools.mor_state`, the tests' own
+Which rows are live comes from :mod:`cdc_devtools.mor_state`, the tests' own
 reader, never from the pipeline.
 """
 
@@ -34,8 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.table.snapshots import Operation
 
-from iceberg_cdc.devtools import format_v3, mor
-from iceberg_cdc.devtools.mor_state import live_files, position_deletes, snapshot_entries
+from cdc_devtools import format_v3, mor
+from cdc_devtools.mor_state import live_files, position_deletes, snapshot_entries
 from tests.support.history import REGIONS, HistoryTable
 
 

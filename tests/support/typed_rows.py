@@ -18,7 +18,7 @@ faithfully. So:
 * :func:`exact` compares values strictly: float bits (NaN, -0.0), decimal
   scale (``1.10`` is not ``1.1``), timestamps with their UTC offset, uuid bytes.
 
-The replay check of :mod:`tests.support.replay` reads both the source states
+The replay check of :mod:`cdc_devtools.replay` reads both the source states
 and the sink through pyiceberg scans; the lossy read hits both sides the same
 way, so it stays valid but cannot see the null-vs-empty distinction -- the
 exact checks here do.
@@ -65,9 +65,9 @@ from pyiceberg.types import (
     UUIDType,
 )
 
+from cdc_devtools.oracle import row_key
+from cdc_devtools.replay import ADDED, REMOVED, multiset
 from iceberg_cdc.sink.schema import CHANGE_COLUMNS, COMMIT_SNAPSHOT_ID
-from tests.support.oracle import row_key
-from tests.support.replay import ADDED, REMOVED, multiset
 
 UTC = dt.UTC
 
@@ -509,7 +509,7 @@ def assert_replay_in_snapshot_schema(
 ) -> Counter:
     """The replay invariant with both states read in the snapshot's own schema.
 
-    :func:`tests.support.replay.assert_replay` reads each state in its own
+    :func:`cdc_devtools.replay.assert_replay` reads each state in its own
     snapshot's schema, which cannot be compared once columns were added,
     renamed or dropped in between; the pipeline reads a snapshot's removed
     files in that snapshot's schema, and so does this check. Sink rows are

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from iceberg_cdc.devtools.cow import cow_merge
+from cdc_devtools.cow import cow_merge
+from cdc_devtools.orders import SCHEMA, rows
 from tests.support.inline_pipeline import InlinePipeline
-from tests.support.orders import SCHEMA, rows
 
 
 def processed_history(tmp: Path) -> SimpleNamespace:

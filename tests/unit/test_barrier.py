@@ -8,11 +8,11 @@ import pytest
 import yaml
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from iceberg_cdc.airflow.sensors.barrier import MapOutputBarrierSensor
 from iceberg_cdc.config import parse_config
-from iceberg_cdc.orchestration.run_lease import take
-from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
-from iceberg_cdc.orchestration.steps import Context, missing_map_outputs
 from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name
+from iceberg_cdc.run.lease import take
+from iceberg_cdc.run.steps import Context, missing_map_outputs
 
 SNAPSHOT = 42
 TASKS = ["aaa", "bbb", "ccc"]

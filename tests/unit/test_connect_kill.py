@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from iceberg_cdc.orchestration import operators, pyfiles
-from iceberg_cdc.orchestration.operators import SparkConnectPhaseOperator
-from iceberg_cdc.pipeline import connect_app
+from iceberg_cdc.airflow.operators import spark as operators
+from iceberg_cdc.airflow.operators.spark import SparkConnectPhaseOperator
+from iceberg_cdc.pipeline import connect_app, pyfiles
 
 ARGS = ["--phase", "read", "--plan", "t/plan.json", "--group", "0", "--label", "read 1/1"]
 

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from iceberg_cdc.config import parse_config
-from iceberg_cdc.devtools import connect_server
-from iceberg_cdc.devtools.connect_server import (
+from cdc_devtools import connect_server
+from cdc_devtools.connect_server import (
     LocalSparkConnectServer,
     configured_url,
     connect_server_for,
     connection_url,
     ensure_connect_server,
 )
+from iceberg_cdc.config import parse_config
 
 RAW = {
     "catalog": {"name": "t", "type": "sql", "uri": "sqlite:////tmp/never-opened.db"},

@@ -12,8 +12,8 @@ from pyiceberg.io.pyarrow import PyArrowFileIO, schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
-from iceberg_cdc.devtools.format_v3 import encode_deletion_vector
-from iceberg_cdc.devtools.mor import _POSITION_SCHEMA
+from cdc_devtools.format_v3 import encode_deletion_vector
+from cdc_devtools.mor import _POSITION_SCHEMA
 from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
 from iceberg_cdc.source.deletes import DeleteFileRef
 from iceberg_cdc.source.reading import read_data_file

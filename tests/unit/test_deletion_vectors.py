@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pyiceberg.table.deletion_vector import DeletionVector, _extract_vector_payload
 from pyroaring import BitMap
 
-from iceberg_cdc.devtools.format_v3 import encode_deletion_vector
+from cdc_devtools.format_v3 import encode_deletion_vector
 from iceberg_cdc.errors import CorruptDeleteFileError
 from iceberg_cdc.source.deletion_vectors import DV_MAGIC, decode_deletion_vector
 

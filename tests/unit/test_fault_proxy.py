@@ -14,8 +14,8 @@ import botocore.config
 import botocore.exceptions
 import pytest
 
-from iceberg_cdc.devtools.fault_proxy import FaultProxy
-from iceberg_cdc.local_s3 import DUMMY_CREDENTIALS, LocalS3Server
+from cdc_devtools.fault_proxy import FaultProxy
+from cdc_devtools.local_s3 import DUMMY_CREDENTIALS, LocalS3Server
 
 pytestmark = pytest.mark.s3
 

@@ -3,7 +3,7 @@
 The cases live in ``tests/cases/iceberg_changelog_cases.yaml`` (its header says where each comes
 from, what was skipped and why). Every case runs three ways:
 
-* the data itself is checked against the plain-Python oracle (:mod:`tests.support.oracle`), so a
+* the data itself is checked against the plain-Python oracle (:mod:`cdc_devtools.oracle`), so a
   typo in an expected row cannot make the other two tests pass or fail for the wrong reason;
 * the rows go straight into :func:`~iceberg_cdc.changelog.merge.merge_changes`, in the file's order
   and reversed (rows reach a read task in no fixed order);
@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from cdc_devtools.oracle import Ambiguous, expected_changes, row_key
 from iceberg_cdc.changelog.merge import merge_changes
 from iceberg_cdc.errors import AmbiguousUpdateError
 from iceberg_cdc.shuffle.fetch import fetch_range
@@ -33,7 +34,6 @@ from iceberg_cdc.shuffle.rows import OP_COLUMN, Op, shuffle_schema
 from iceberg_cdc.shuffle.writer import MapOutputWriter
 from iceberg_cdc.storage import LocalObjectStore
 from tests.cases import MERGE_CASES, arrow_rows, arrow_type, load, split_change
-from tests.support.oracle import Ambiguous, expected_changes, row_key
 
 REMOVED = ("DELETE", "UPDATE_BEFORE")  # change types that take a row out of the table
 SHUFFLE_PARTITIONS = (3, 8)

@@ -6,10 +6,10 @@ from collections import Counter
 
 import pyarrow as pa
 
-from iceberg_cdc.devtools.cow import cow_merge
+from cdc_devtools.cow import cow_merge
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
+from cdc_devtools.replay import assert_replay
 from tests.support.inline_pipeline import InlinePipeline
-from tests.support.orders import BY_REGION, SCHEMA, rows
-from tests.support.replay import assert_replay
 
 
 def test_history_through_every_path(tmp_path):

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cdc_devtools.oracle import Ambiguous, actual_changes, expected_changes, freeze
 from iceberg_cdc.changelog.merge import merge_changes
 from iceberg_cdc.errors import AmbiguousUpdateError
 from iceberg_cdc.shuffle.rows import OP_COLUMN
-from tests.support.oracle import Ambiguous, actual_changes, expected_changes, freeze
 
 D, I = "DELETE", "INSERT"  # noqa: E741 - the names Iceberg's tests use
 UB, UA = "UPDATE_BEFORE", "UPDATE_AFTER"

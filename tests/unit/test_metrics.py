@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from iceberg_cdc.orchestration.metrics import emit_commit, emit_lag, metric_prefix
+from iceberg_cdc.run.metrics import emit_commit, emit_lag, metric_prefix
 
 
 class Recorder:

@@ -18,9 +18,9 @@ from pyarrow.fs import AwsStandardS3RetryStrategy
 from pyiceberg.io import S3_RETRY_STRATEGY_IMPL, load_file_io
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from iceberg_cdc.devtools.fault_proxy import FaultProxy
+from cdc_devtools.fault_proxy import FaultProxy
+from cdc_devtools.local_s3 import LocalS3Server
 from iceberg_cdc.errors import StorageError, TransientStorageError
-from iceberg_cdc.local_s3 import LocalS3Server
 from iceberg_cdc.pipeline import runtime as runtime_module
 from iceberg_cdc.pipeline.runtime import Runtime, with_retrying_io
 from iceberg_cdc.sink.staging import write_staged_file

@@ -6,8 +6,8 @@ import enum
 
 import pytest
 
-from iceberg_cdc.orchestration.run_kinds import backfill_refusal, is_backfill, should_chain
-from iceberg_cdc.orchestration.run_lease import RESCHEDULE_SECONDS, lease_wait_step
+from iceberg_cdc.run.kinds import backfill_refusal, is_backfill, should_chain
+from iceberg_cdc.run.lease import RESCHEDULE_SECONDS, lease_wait_step
 
 
 class RunType(enum.Enum):

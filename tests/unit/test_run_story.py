@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from iceberg_cdc.orchestration.run_story import (
+from iceberg_cdc.run.story import (
     AFTER_CLEAR,
     NOTE_LIMIT,
     FailedTask,
@@ -156,7 +156,7 @@ def test_notes_carry_no_secrets_and_fit_airflows_column():
 
 
 def test_the_failure_callback_records_a_scrubbed_error_line(monkeypatch):
-    from iceberg_cdc.orchestration import task_policy
+    from iceberg_cdc.airflow import policy as task_policy
 
     class Ti:
         def __init__(self):

@@ -277,7 +277,7 @@ def test_map_outputs_through_s3_one_ranged_get_per_map_output(s3_store, tmp_path
 
 @pytest.fixture
 def proxy(moto_server):
-    from iceberg_cdc.devtools.fault_proxy import FaultProxy
+    from cdc_devtools.fault_proxy import FaultProxy
 
     with FaultProxy(moto_server.endpoint, seed=4242) as running:
         yield running

@@ -14,9 +14,9 @@ from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.transforms import BucketTransform, IdentityTransform
 from pyiceberg.types import ListType, LongType, NestedField, StringType, StructType
 
+from cdc_devtools import mor
 from iceberg_cdc.changelog.merge import merge_changes
 from iceberg_cdc.config import TableConfig
-from iceberg_cdc.devtools import mor
 from iceberg_cdc.errors import ConfigError, SourceHistoryError, UnsupportedSnapshotError
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.rows import OP_COLUMN, Op

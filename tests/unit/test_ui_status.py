@@ -20,17 +20,17 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from cdc_devtools.orders import SCHEMA, rows
+from iceberg_cdc.airflow.views.airflow_side import DagRuns, RunInfo, authenticated_user
+from iceberg_cdc.airflow.views.app import create_app
 from iceberg_cdc.config import parse_config
 from iceberg_cdc.error_lines import ERROR_LIMIT, FailedTask
 from iceberg_cdc.error_lines import line_in_log as first_error_line
 from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.sink.table import watermark_property_names
-from iceberg_cdc.ui.airflow_api import DagRuns, RunInfo, authenticated_user
-from iceberg_cdc.ui.app import create_app
 from iceberg_cdc.ui.sink_history import processed_snapshot, skew_warnings
 from iceberg_cdc.ui.status import collect_status
 from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
-from tests.support.orders import SCHEMA, rows
 from tests.support.ui_history import processed_history
 
 REPO = Path(__file__).resolve().parents[2]
@@ -222,10 +222,10 @@ def test_commits_without_figures_and_skew_warnings():
 
 def test_skew_found_by_coalesce_reaches_the_commit_summary_and_the_page(tmp_path, monkeypatch):
     """A real MERGE through the pipeline's steps, with coalesce told to call any above-median partition skewed."""
-    from iceberg_cdc.devtools.cow import cow_merge
-    from iceberg_cdc.orchestration import shuffle_steps
+    from cdc_devtools.cow import cow_merge
+    from iceberg_cdc.airflow.views.app import create_app
+    from iceberg_cdc.run import shuffle_steps
     from iceberg_cdc.shuffle.coalesce import coalesce
-    from iceberg_cdc.ui.app import create_app
 
     monkeypatch.setattr(
         shuffle_steps,
@@ -512,7 +512,7 @@ def test_the_airflow_plugin_module():
 
 
 def test_a_replaced_commit_is_marked_and_a_foreign_writer_is_named(tmp_path):
-    from iceberg_cdc.orchestration.run_story import story
+    from iceberg_cdc.run.story import story
 
     pipeline = InlinePipeline(tmp_path)
     source = pipeline.create_source(SCHEMA)

@@ -13,7 +13,7 @@ The steps around the job -- lease check, heartbeat that cancels the job
 spark-submit driver's (:mod:`.phase_driver`).
 
 **What reaches the server.** The package: the ``--py-files`` archive of
-:mod:`iceberg_cdc.orchestration.pyfiles`, added with ``addArtifacts(pyfile=True)``
+:mod:`iceberg_cdc.pipeline.pyfiles`, added with ``addArtifacts(pyfile=True)``
 once per process and session. Every client of one package version attaches
 to one server session (an id derived from the package's digest), so the
 server's Python workers -- one pool per session in Spark -- stay warm across
@@ -350,7 +350,7 @@ def run_group(
     caller that is told to stop (Airflow's ``on_kill``) can interrupt the
     group's job with :meth:`ConnectUnitRunner.cancel`.
     """
-    from iceberg_cdc.orchestration.pyfiles import package_digest, package_zip
+    from iceberg_cdc.pipeline.pyfiles import package_digest, package_zip
 
     def start_runner(plan: SnapshotPlan) -> ConnectUnitRunner:
         try:

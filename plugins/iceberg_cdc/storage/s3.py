@@ -4,7 +4,7 @@ Retries, on every verb (GET, ranged GET, PUT, multipart create / part /
 complete, LIST, DELETE, conditional PUT / DELETE): botocore's ``standard``
 mode retries 5xx answers, throttling (``SlowDown``, 503, 429) and connection
 errors -- refused, reset, closed before the answer, a response cut
-mid-body for non-streaming calls (measured through ``iceberg_cdc.devtools.fault_proxy``)
+mid-body for non-streaming calls (measured through ``cdc_devtools.fault_proxy``)
 -- with exponential backoff and jitter, ``max_attempts`` in all. botocore
 only retries until a GET's response headers arrive, so a GET whose body
 breaks off mid-stream is retried here (:meth:`S3ObjectStore._read_versioned`).

@@ -1,10 +1,12 @@
-"""The CDC view in Airflow's UI: what each table's pipeline has done, is doing, and is behind on.
+"""The CDC view's content, Airflow-free: what each table's pipeline has done, is doing, and is behind on.
 
 * :mod:`.status` -- the status model, read from the catalog and the sinks'
-  snapshot summaries only (no Airflow import; usable anywhere);
-* :mod:`.airflow_api` -- the Airflow side: authentication and authorization
-  with Airflow's own auth manager, failed runs and their first error line;
-* :mod:`.page` -- the server-rendered HTML page;
-* :mod:`.app` -- the FastAPI app that ``plugins/cdc_ui_plugin.py`` mounts
-  in Airflow's API server.
+  snapshot summaries only;
+* :mod:`.sink_history` -- the sink's commits with their figures, replaced ones marked;
+* :mod:`.page` -- the server-rendered HTML page; :mod:`.page_format` its value
+  formatting, style and script.
+
+The Airflow side -- authentication and authorization with Airflow's auth
+manager, the DAG runs, and the FastAPI app the plugin mounts in Airflow's API
+server -- is :mod:`iceberg_cdc.airflow.views`.
 """

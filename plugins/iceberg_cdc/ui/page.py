@@ -30,7 +30,7 @@ from iceberg_cdc.ui.status import TableStatus
 
 @dataclass
 class PageModel:
-    """Everything the page shows; built by :mod:`iceberg_cdc.ui.app`."""
+    """Everything the page shows; built by :mod:`iceberg_cdc.airflow.views.app`."""
 
     generated_at: datetime
     statuses: Sequence[TableStatus] = ()

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from iceberg_cdc.orchestration.run_story import format_bytes
+from iceberg_cdc.run.story import format_bytes
 
 REFRESH_SECONDS = 30
 
@@ -24,7 +24,7 @@ def fmt_int(value: int | None) -> str:
 
 
 def fmt_bytes(value: int | None) -> str:
-    """Binary units, as the run notes use (:func:`~iceberg_cdc.orchestration.run_story.format_bytes`)."""
+    """Binary units, as the run notes use (:func:`~iceberg_cdc.run.story.format_bytes`)."""
     return "—" if value is None else format_bytes(value)
 
 

@@ -1,7 +1,7 @@
 """The sink's own record of what was processed: one entry per CDC commit, with its figures.
 
 Read from the sink table's snapshot summaries, which the commit step writes
-(:mod:`iceberg_cdc.orchestration.commit_step`) and which outlive Airflow's
+(:mod:`iceberg_cdc.run.commit_step`) and which outlive Airflow's
 database: INSERT / DELETE / UPDATE counts, carryover, shuffle bytes, seconds
 per phase, the conservation rows (``cdc.rows.*``) and skew. Commits made
 before a figure existed simply lack it (shown as unknown, never as zero).
@@ -20,11 +20,11 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from iceberg_cdc.orchestration.run_story import format_bytes
+from iceberg_cdc.run.story import format_bytes
 
 DEFAULT_RECENT = 10
 
-# Summary keys written by the commit step (orchestration/commit_step.py): the
+# Summary keys written by the commit step (run/commit_step.py): the
 # stats figures become ``cdc.<name with - for _>``, phases ``cdc.seconds.<phase>``,
 # conservation ``cdc.rows.<stage>``.
 _FIGURE_KEYS = {

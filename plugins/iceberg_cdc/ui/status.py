@@ -2,7 +2,7 @@
 
 Everything here comes from the catalog: the source table's history, and the
 sink table's watermark properties and snapshot summaries, which outlive
-Airflow's database (:mod:`iceberg_cdc.sink.table`, :mod:`iceberg_cdc.orchestration.commit_step`).
+Airflow's database (:mod:`iceberg_cdc.sink.table`, :mod:`iceberg_cdc.run.commit_step`).
 Per table:
 
 * the **watermark** -- the last source snapshot the sink has processed (id and ordinal);

@@ -4,7 +4,7 @@
 -- the scheduler creating and ordering runs, backfills with their own
 ``max_active_runs``, runs triggered over the REST API, chained runs, a
 LocalExecutor with few slots -- needs the real components. :class:`LocalAirflow`
-starts them from an Airflow environment (:func:`~iceberg_cdc.devtools.airflow_env.airflow_env`)::
+starts them from an Airflow environment (:func:`~cdc_devtools.airflow_env.airflow_env`)::
 
     with LocalAirflow(env, work_dir) as airflow:
         airflow.wait_for_dag(dag_id)
@@ -48,7 +48,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from iceberg_cdc.devtools.airflow_env import VENV_BIN, ensure_airflow_db
+from cdc_devtools.airflow_env import VENV_BIN, ensure_airflow_db
 
 HOST = "127.0.0.1"
 FINAL_RUN_STATES = frozenset({"success", "failed"})

@@ -15,10 +15,10 @@ state. This listener reads the run's XComs in that session and sets
   snapshots are still pending;
 * failed: the snapshot (when detect found one), the first failed task and its
   error line (XCom ``cdc_error``, recorded by the tasks' failure callback,
-  :func:`~iceberg_cdc.orchestration.task_policy.record_error`).
+  :func:`~iceberg_cdc.airflow.policy.record_error`).
 
 A run that ended before and was cleared keeps what its note said: the new
-outcome is appended (:func:`~iceberg_cdc.orchestration.run_story.merged_note`),
+outcome is appended (:func:`~iceberg_cdc.run.story.merged_note`),
 so a committed snapshot's story is never replaced by the ``caught up`` of a
 re-run. A note a person wrote (it has a user id) is left alone. Only DAGs with the
 pipeline's tasks (``detect``, ``commit``, ``cleanup``) and a ``cdc__`` id are
@@ -35,8 +35,8 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
-from iceberg_cdc.orchestration.run_story import FailedTask, merged_note, run_note
-from iceberg_cdc.orchestration.task_policy import ERROR_XCOM_KEY
+from iceberg_cdc.airflow.policy import ERROR_XCOM_KEY
+from iceberg_cdc.run.story import FailedTask, merged_note, run_note
 
 log = logging.getLogger("iceberg_cdc")
 

@@ -21,15 +21,15 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from iceberg_cdc.airflow.policy import final_errors
 from iceberg_cdc.config import CdcConfig, load_config
 from iceberg_cdc.errors import CdcError, ConfigError, is_final_line
-from iceberg_cdc.orchestration.pyfiles import package_zip
-from iceberg_cdc.orchestration.submit_conf import submit_conf
-from iceberg_cdc.orchestration.task_policy import final_errors
+from iceberg_cdc.pipeline.pyfiles import package_zip
 from iceberg_cdc.pipeline.runtime import runtime_from_config
+from iceberg_cdc.pipeline.submit_conf import submit_conf
 
-_REPO_APPLICATION = Path(__file__).resolve().parents[3] / "spark_jobs" / "cdc_phase.py"
-_PACKAGE_APPLICATION = Path(__file__).resolve().parents[1] / "pipeline" / "spark_app.py"
+_REPO_APPLICATION = Path(__file__).resolve().parents[4] / "spark_jobs" / "cdc_phase.py"
+_PACKAGE_APPLICATION = Path(__file__).resolve().parents[2] / "pipeline" / "spark_app.py"
 
 
 def spark_application() -> str:

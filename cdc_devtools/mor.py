@@ -18,7 +18,7 @@ manifests, as a ``RowDelta`` does:
   manifest of the same content). New entries inherit the commit's sequence
   number, so an equality delete committed together with new rows does not
   apply to them, as in a Flink checkpoint. On a format-v3 table the manifests,
-  manifest list and metadata are v3 (:mod:`iceberg_cdc.devtools.format_v3`),
+  manifest list and metadata are v3 (:mod:`cdc_devtools.format_v3`),
   and a removed file is named by path and blob offset, since one Puffin file
   holds many deletion vectors.
 """
@@ -61,7 +61,7 @@ from pyiceberg.table.update.snapshot import _new_manifest_list_file_name, _Snaps
 from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import LongType
 
-from iceberg_cdc.devtools.format_v3 import (
+from cdc_devtools.format_v3 import (
     ManifestListWriterV3,
     ManifestWriterV3,
     as_v3,
@@ -69,7 +69,7 @@ from iceberg_cdc.devtools.format_v3 import (
     is_v3,
     writing_v3_metadata,
 )
-from iceberg_cdc.devtools.mor_state import snapshot_entries
+from cdc_devtools.mor_state import snapshot_entries
 from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
 from iceberg_cdc.source.deletes import POSITION_PATH_FIELD_ID, DeleteIndex, partition_key
 from iceberg_cdc.source.manifests import manifest_entries, v3_field

@@ -14,9 +14,9 @@ import logging
 from typing import Any
 
 from iceberg_cdc.errors import CdcError
-from iceberg_cdc.orchestration import run_lease
-from iceberg_cdc.orchestration.context import Context
-from iceberg_cdc.orchestration.shuffle_steps import attempt_paths
+from iceberg_cdc.run import lease as run_lease
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.shuffle_steps import attempt_paths
 from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import read_watermark
 from iceberg_cdc.snapshot_ids import as_text

@@ -10,7 +10,7 @@ Routes (under the mount prefix, ``/cdc``):
 * ``GET /icon.svg`` -- the nav icon (public: it shows nothing).
 
 Every other route requires a user authenticated by Airflow's auth manager
-(:func:`~iceberg_cdc.ui.airflow_api.authenticated_user`); a table appears only
+(:func:`~iceberg_cdc.airflow.views.airflow_side.authenticated_user`); a table appears only
 if that user may read its DAG. The config is read from ``CDC_CONFIG`` on every
 request, like the DAG files read it; a missing or invalid config is shown on
 the page (the API answers 503), never a bare 500.
@@ -30,9 +30,9 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from iceberg_cdc.airflow.views.airflow_side import AirflowSide, authenticated_user
 from iceberg_cdc.config import CONFIG_ENV, CdcConfig, load_config
 from iceberg_cdc.errors import CdcError
-from iceberg_cdc.ui.airflow_api import AirflowSide, authenticated_user
 
 MOUNT_PREFIX = "/cdc"
 ICON_SVG = (

@@ -34,26 +34,26 @@ from airflow.sdk import DAG, Asset, AssetAlias, Param, TriggerRule, get_current_
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
 from iceberg_cdc import snapshot_ids
-from iceberg_cdc.config import CdcConfig, TableConfig, load_config
-from iceberg_cdc.errors import LeaseHeldError
-from iceberg_cdc.orchestration import steps
-from iceberg_cdc.orchestration.metrics import emit_commit, emit_lag, emit_safely
-from iceberg_cdc.orchestration.operators import (  # noqa: F401  (re-exported for callers)
+from iceberg_cdc.airflow.operators.spark import (  # noqa: F401  (re-exported for callers)
     CdcSparkSubmitOperator,
     connect_url,
     phase_operator,
     spark_application,
 )
-from iceberg_cdc.orchestration.run_kinds import backfill_refusal, is_backfill, should_chain
-from iceberg_cdc.orchestration.run_lease import kept_alive, lease_ttl_seconds, lease_wait_step
-from iceberg_cdc.orchestration.run_story import chained_note, chained_run_id, story
-from iceberg_cdc.orchestration.sensors import MapOutputBarrierSensor
-from iceberg_cdc.orchestration.task_policy import (
+from iceberg_cdc.airflow.policy import (
     airflow_holder_state,
     final_errors,
     record_error,
     task_retries,
 )
+from iceberg_cdc.airflow.sensors.barrier import MapOutputBarrierSensor
+from iceberg_cdc.config import CdcConfig, TableConfig, load_config
+from iceberg_cdc.errors import LeaseHeldError
+from iceberg_cdc.run import steps
+from iceberg_cdc.run.kinds import backfill_refusal, is_backfill, should_chain
+from iceberg_cdc.run.lease import kept_alive, lease_ttl_seconds, lease_wait_step
+from iceberg_cdc.run.metrics import emit_commit, emit_lag, emit_safely
+from iceberg_cdc.run.story import chained_note, chained_run_id, story
 
 log = logging.getLogger("iceberg_cdc")
 

@@ -111,7 +111,7 @@ def cow_merge(
 
 def table_state(table: Table, snapshot_id: int) -> pa.Table:
     """The table's rows as of a snapshot (for replay checks), equality deletes and DVs applied too."""
-    from iceberg_cdc.devtools.mor_state import live_state, needs_reference_reader
+    from cdc_devtools.mor_state import live_state, needs_reference_reader
 
     if needs_reference_reader(table, snapshot_id):
         return live_state(table, snapshot_id)

@@ -11,12 +11,12 @@ fenced, conserved commit (:mod:`.commit_step`), watermark and cleanup
 
 from __future__ import annotations
 
-from iceberg_cdc.orchestration.commit_step import commit
-from iceberg_cdc.orchestration.context import Context
-from iceberg_cdc.orchestration.detect import detect, sweep_leftovers
-from iceberg_cdc.orchestration.finish import cleanup, watermark
-from iceberg_cdc.orchestration.run_lease import confirm as confirm_lease
-from iceberg_cdc.orchestration.shuffle_steps import attempt_paths, coalesce, missing_map_outputs
+from iceberg_cdc.run.commit_step import commit
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.detect import detect, sweep_leftovers
+from iceberg_cdc.run.finish import cleanup, watermark
+from iceberg_cdc.run.lease import confirm as confirm_lease
+from iceberg_cdc.run.shuffle_steps import attempt_paths, coalesce, missing_map_outputs
 
 __all__ = [
     "Context",

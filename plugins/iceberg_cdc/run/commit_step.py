@@ -30,13 +30,13 @@ from typing import Any
 from pyiceberg.exceptions import CommitFailedException
 
 from iceberg_cdc.errors import CdcError, ConservationError, LeaseLostError
-from iceberg_cdc.orchestration import run_lease
-from iceberg_cdc.orchestration.context import Context
-from iceberg_cdc.orchestration.shuffle_steps import written_records
 from iceberg_cdc.pipeline.conservation import check_snapshot
 from iceberg_cdc.pipeline.groups import phase_records, phase_seconds, skew_summary
 from iceberg_cdc.pipeline.paths import SnapshotPaths
 from iceberg_cdc.pipeline.plan import SnapshotPlan
+from iceberg_cdc.run import lease as run_lease
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.shuffle_steps import written_records
 from iceberg_cdc.sink.commit import advance_watermark, commit_changes
 from iceberg_cdc.sink.datafiles import data_files_from_parquet
 from iceberg_cdc.sink.table import INITIAL_LOAD_KEY

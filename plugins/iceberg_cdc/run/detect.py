@@ -17,11 +17,11 @@ from typing import Any
 
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
 from iceberg_cdc.errors import CdcError, SourceHistoryError
-from iceberg_cdc.orchestration import run_lease
-from iceberg_cdc.orchestration.context import Context
 from iceberg_cdc.pipeline.groups import record_phase
 from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_key, table_prefix
 from iceberg_cdc.pipeline.plan import SnapshotPlan, group_tasks
+from iceberg_cdc.run import lease as run_lease
+from iceberg_cdc.run.context import Context
 from iceberg_cdc.sink.foreign import foreign_commits_warning
 from iceberg_cdc.sink.schema import evolve_sink_schema
 from iceberg_cdc.sink.staging import delete_uncommitted_staged

@@ -27,7 +27,7 @@ from iceberg_cdc.config import TableConfig
 from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo, probe_conditional_writes
 from iceberg_cdc.errors import ConfigError
-from iceberg_cdc.orchestration.context import Context
+from iceberg_cdc.run.context import Context
 
 log = logging.getLogger("iceberg_cdc")
 

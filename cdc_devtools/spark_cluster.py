@@ -26,7 +26,7 @@ from types import TracebackType
 
 import pyspark
 
-from iceberg_cdc.local_s3 import free_port
+from cdc_devtools.local_s3 import free_port
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 _KEEP_ENV = ("PATH", "JAVA_HOME", "LANG", "LC_ALL", "TMPDIR", "HOME")

@@ -16,9 +16,9 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, A
 
 from iceberg_cdc.config import load_config
 from iceberg_cdc.errors import LeaseLostError
-from iceberg_cdc.orchestration.context import Context
-from iceberg_cdc.orchestration.run_lease import confirm
-from iceberg_cdc.orchestration.shuffle_steps import missing_map_outputs
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.lease import confirm
+from iceberg_cdc.run.shuffle_steps import missing_map_outputs
 
 _NAMED = 20
 

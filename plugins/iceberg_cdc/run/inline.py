@@ -19,9 +19,9 @@ from typing import Any
 
 from iceberg_cdc.config import CdcConfig
 from iceberg_cdc.errors import CdcError
-from iceberg_cdc.orchestration import steps
 from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS, read_group_count, record_group, units_of
 from iceberg_cdc.pipeline.plan import SnapshotPlan
+from iceberg_cdc.run import steps
 
 
 @dataclass

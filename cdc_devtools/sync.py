@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+from cdc_devtools.airflow_env import airflow_env, dags_test, ensure_airflow_db
+from cdc_devtools.connect_server import connect_server_for
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
-from iceberg_cdc.devtools.airflow_env import airflow_env, dags_test, ensure_airflow_db
-from iceberg_cdc.devtools.connect_server import connect_server_for
 from iceberg_cdc.errors import CdcError
 from iceberg_cdc.pipeline.runtime import load_catalog_from_config
 from iceberg_cdc.sink.table import read_watermark

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.table import Table
 
-from iceberg_cdc.devtools.mor_state import live_state, needs_reference_reader
-from tests.support.oracle import row_key
+from cdc_devtools.mor_state import live_state, needs_reference_reader
+from cdc_devtools.oracle import row_key
 
 REMOVED = ("DELETE", "UPDATE_BEFORE")
 ADDED = ("INSERT", "UPDATE_AFTER")

@@ -7,7 +7,7 @@ workers it started. It runs Spark ``local[2]`` (configurable) and keeps it
 warm: a DAG run's phases then cost a client session (about a second) and a
 job each, instead of a JVM start per phase.
 
-As with :class:`~iceberg_cdc.devtools.spark_cluster.LocalSparkCluster`, the
+As with :class:`~cdc_devtools.spark_cluster.LocalSparkCluster`, the
 server starts from a clean environment (no ``PYTHONPATH``, no config file, no
 AWS variables): its Python workers import the package only from the archive
 each client session adds (``addArtifacts``) and get storage credentials only
@@ -36,9 +36,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from iceberg_cdc.devtools.airflow_env import connect_connection, connection_env_var
-from iceberg_cdc.devtools.spark_cluster import SPARK_HOME, daemon_env
-from iceberg_cdc.local_s3 import free_port
+from cdc_devtools.airflow_env import connect_connection, connection_env_var
+from cdc_devtools.local_s3 import free_port
+from cdc_devtools.spark_cluster import SPARK_HOME, daemon_env
 
 if TYPE_CHECKING:
     from iceberg_cdc.config import CdcConfig

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from iceberg_cdc.errors import CdcError, CorruptShuffleError
-from iceberg_cdc.orchestration import run_lease
-from iceberg_cdc.orchestration.context import Context
 from iceberg_cdc.pipeline.groups import record_phase
 from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name
 from iceberg_cdc.pipeline.plan import SnapshotPlan
+from iceberg_cdc.run import lease as run_lease
+from iceberg_cdc.run.context import Context
 from iceberg_cdc.shuffle.coalesce import coalesce as plan_ranges
 from iceberg_cdc.shuffle.fetch import MapOutputSpan
 from iceberg_cdc.shuffle.layout import data_key

@@ -29,7 +29,7 @@ from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.deletion_vector import deletion_vectors_from_puffin_file
 from pyiceberg.table.puffin import PuffinFile
 
-from iceberg_cdc.devtools.cow import read_task_rows
+from cdc_devtools.cow import read_task_rows
 from iceberg_cdc.source.manifests import manifest_entries, v3_field
 
 

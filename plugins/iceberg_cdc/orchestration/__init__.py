@@ -1,1 +1,0 @@
-"""Airflow-facing pieces: the task callables, the barrier sensor and the DAG factory."""
