@@ -177,11 +177,14 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         tags=["cdc", source],
         doc_md=DOC.format(source=source, sink=table.sink),
         params={
-            # Ids as text: the form and its JSON editor round numbers above 2**53 (snapshot_ids).
+            # Ids as text: the form and its JSON editor round numbers above 2**53 (snapshot_ids). API
+            # callers may send an integer too; ``examples`` makes Airflow's form show a plain text field
+            # for that type list (without it, a JSON field that parses the digits into a rounded number).
             "snapshot_id": Param(
                 None,
                 type=["null", "string", "integer"],
                 pattern=snapshot_ids.PATTERN,
+                examples=[],
                 title="snapshot_id",
                 description="Reprocess this snapshot of the current history (replacing its rows in the sink). "
                 "Type the id's digits as Iceberg shows them; leave empty for the next pending snapshot.",
@@ -191,7 +194,7 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
                 type=["string", "boolean", "null"],
                 enum=["auto", "yes", "no", True, False, None],
                 values_display={
-                    "auto": "auto: yes, except after a reprocess of one snapshot_id",
+                    "auto": "auto: yes, except after a reprocess of one snapshot",
                     "yes": "yes: start the next run at once",
                     "no": "no: stop after this run",
                 },
@@ -203,6 +206,7 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
                 None,
                 type=["null", "string", "integer"],
                 pattern=snapshot_ids.PATTERN,
+                examples=[],
                 title="through_snapshot_id",
                 description="With snapshot_id: reprocess every snapshot from snapshot_id through this one, "
                 "one run per snapshot, in order.",
