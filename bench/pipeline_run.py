@@ -150,19 +150,19 @@ def run_pipeline(setup: PipelineSetup) -> dict[str, Any]:
     started = time.perf_counter()
     detected = steps.detect(ctx, run_id)
     phases.done("plan")
-    if detected["action"] != "shuffle":
+    if detected.action != "shuffle":
         steps.cleanup(ctx, detected, run_id)
         raise RuntimeError(f"{setup.label}: expected a snapshot with deletes to shuffle, got {detected}")
     store = ctx.runtime.store()
-    plan = SnapshotPlan.load(store, detected["plan"])
+    plan = SnapshotPlan.load(store, detected.plan)
     submits: dict[str, list[dict[str, Any]]] = {}
     try:
         if setup.inline:
             _run_phase(ctx, plan, "write", len(plan.groups))
         elif setup.connect_url:
-            submits["write"] = _connect_groups(setup, ctx, detected["write_args"])
+            submits["write"] = _connect_groups(setup, ctx, detected.write_args)
         else:
-            submits["write"] = _submit_groups(setup, "write", detected["write_args"])
+            submits["write"] = _submit_groups(setup, "write", detected.write_args)
         phases.done("write")
         missing, failed = steps.missing_map_outputs(ctx, detected)
         if missing or failed:

@@ -52,9 +52,9 @@ def probe(raw_config: dict[str, Any], config: CdcConfig, source: str) -> dict[st
     detected = steps.detect(ctx, run_id)
     try:
         store = ctx.runtime.store()
-        plan = SnapshotPlan.load(store, detected["plan"])
+        plan = SnapshotPlan.load(store, detected.plan)
         write_units = [u for g in range(len(plan.groups)) for u in units_of("write", plan, g, store)]
-        common = {"raw_config": raw_config, "plan": detected["plan"]}
+        common = {"raw_config": raw_config, "plan": detected.plan}
         writes = _in_child({**common, "phase": "write", "units": write_units})
         missing, failed = steps.missing_map_outputs(ctx, detected)
         if missing or failed:

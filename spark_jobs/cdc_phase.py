@@ -6,7 +6,7 @@ to the driver and executors with ``--py-files``.
 
 import sys
 
-from iceberg_cdc.pipeline.spark_app import main
+from iceberg_cdc.airflow.spark_entry import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -415,10 +415,10 @@ def run_with_damage(pipeline: InlinePipeline, damage: Callable[[steps.Context, S
     ctx = steps.Context.of(pipeline.config, SOURCE)
     run_id = f"damaged__{uuid.uuid4().hex[:8]}"
     detected = steps.detect(ctx, run_id)
-    assert detected["action"] == "shuffle"
+    assert detected.action == "shuffle"
     try:
         store = ctx.runtime.store()
-        plan = SnapshotPlan.load(store, detected["plan"])
+        plan = SnapshotPlan.load(store, detected.plan)
         for task in plan.write_tasks:
             executor_tasks.run_write_task(plan, ctx.runtime, task.task_id)
         assert steps.missing_map_outputs(ctx, detected) == ([], {})  # the barrier passes

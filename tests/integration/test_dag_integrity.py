@@ -75,8 +75,11 @@ def test_connect_mode_keeps_the_dags_shape_and_labels():
 
 
 def test_connect_url_from_the_config_or_the_spark_connect_connection(monkeypatch):
-    from iceberg_cdc.airflow.dag_factory import connect_url
+    from iceberg_cdc.airflow.hooks.cdc import CdcHook
     from iceberg_cdc.errors import ConfigError
+
+    def connect_url(config):
+        return CdcHook(config).spark_connect_url()
 
     local = parse_config({**CONFIG, "spark": {"mode": "connect", "connect_url": "sc://127.0.0.1:15002"}})
     assert connect_url(local) == "sc://127.0.0.1:15002"
@@ -198,3 +201,28 @@ def test_every_task_records_its_error_and_the_chained_runs_note_is_rendered():
             }
 
     assert trigger.render_template(trigger.note, {"ti": Ti()}) == "chained: 3 snapshot(s) pending"
+
+
+def test_the_hook_resolves_aws_connections_for_the_catalog_and_the_shuffle(monkeypatch):
+    """Named AWS connections reach the runtime through the hook; outside Airflow they are an error."""
+    from iceberg_cdc.airflow.hooks.cdc import CdcHook
+    from iceberg_cdc.errors import ConfigError
+    from iceberg_cdc.pipeline.runtime import runtime_from_config
+
+    raw = {**CONFIG, "catalog": {**CONFIG["catalog"], "airflow_conn_id": "cdc_aws"}}
+    raw["shuffle"] = {**CONFIG["shuffle"], "airflow_conn_id": "cdc_aws"}
+    config = parse_config(raw)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_CDC_AWS",
+        '{"conn_type": "aws", "login": "AKEY", "password": "s3cret", '
+        '"extra": {"endpoint_url": "http://127.0.0.1:9", "region_name": "eu-west-1"}}',
+    )
+    runtime = CdcHook(config).runtime()
+    for properties in (runtime.io_properties, runtime.shuffle_properties):
+        assert properties["s3.access-key-id"] == "AKEY"
+        assert properties["s3.secret-access-key"] == "s3cret"
+        assert properties["s3.endpoint"] == "http://127.0.0.1:9"
+        assert properties["s3.region"] == "eu-west-1"
+    assert "s3cret" not in repr(runtime)
+    with pytest.raises(ConfigError, match=r"catalog.airflow_conn_id: 'cdc_aws' names an Airflow connection"):
+        runtime_from_config(config)

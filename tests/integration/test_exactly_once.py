@@ -368,11 +368,11 @@ def test_reprocessing_an_initial_load_reloads_the_full_state(tmp_path, monkeypat
     source.append(rows(range(10)))
     merge(p, 1)
     first = p.run()
-    assert first.detected["initial_load"] is True
+    assert first.detected.initial_load is True
     loaded = first.snapshot_id
     before = p.sink.scan().to_arrow().num_rows
     again = p.run(snapshot_id=loaded)
-    assert again.detected["initial_load"] is True
+    assert again.detected.initial_load is True
     assert p.sink.scan().to_arrow().num_rows == before, "the full state again, not the snapshot's diff"
     result = verdict_of_current_state(p)
     assert result == (0, 0)

@@ -340,7 +340,7 @@ class CaseRunner:
         assert snapshot_id is not None
         assert snapshot_id not in state.processed, f"snapshot {snapshot_id} processed twice"
         state.processed.add(snapshot_id)
-        ordinal = run.detected["ordinal"]
+        ordinal = run.detected.ordinal
         assert not state.ordinals or ordinal > state.ordinals[-1], "ordinals must increase along the history"
         state.ordinals.append(ordinal)
         sink = state.table

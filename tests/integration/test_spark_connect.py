@@ -137,10 +137,10 @@ def test_unit_error_shows_the_pipelines_message_first(pipeline: AirflowPipeline)
 
 def test_a_closed_shared_session_gives_way_to_the_next(server, tmp_path):
     """The server closed today's shared session (it timed out): clients move on to the next id."""
-    from iceberg_cdc.pipeline import connect_app
+    from iceberg_cdc.pipeline import connect_app, connect_sessions
 
     digest = f"test-{uuid.uuid4().hex}"
-    closed = connect_app._new_session(
+    closed = connect_sessions._new_session(
         connect_app.with_session_id(server.url, connect_app.shared_session_id(digest, 0))
     )
     assert closed.range(1).count() == 1

@@ -39,7 +39,7 @@ TTL = 8.0
 
 
 def _spark_submit(config_path: Path, detected: dict, log: Path) -> subprocess.Popen:
-    args = detected["write_args"][0]
+    args = detected.write_args[0]
     command = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", "local[1]"]
     for key, value in submit_conf().items():
         command += ["--conf", f"{key}={value}"]
@@ -66,7 +66,7 @@ def test_sigkill_of_a_spark_phase_blocks_one_ttl_then_repairs(tmp_path, monkeypa
 
     ctx = steps.Context.of(p.config, SOURCE)
     detected = steps.detect(ctx, "doomed-run")
-    assert detected["action"] == "shuffle"
+    assert detected.action == "shuffle"
     lease = ctx.lease()
     first = lease.current()
     process = _spark_submit(config_path, detected, tmp_path / "spark.log")

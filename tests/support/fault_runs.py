@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -49,7 +49,7 @@ class Crash(BaseException):
 class RunState:
     ctx: steps.Context
     run_id: str
-    detected: dict[str, Any] = field(default_factory=dict)
+    detected: Any = None
     plan: SnapshotPlan | None = None
 
 
@@ -81,9 +81,9 @@ def run_steps(
     crashed = False
     try:
         call("after_detect", state)
-        action = state.detected["action"]
+        action = state.detected.action
         if action in ("shuffle", "insert"):
-            state.plan = SnapshotPlan.load(ctx.runtime.store(), state.detected["plan"])
+            state.plan = SnapshotPlan.load(ctx.runtime.store(), state.detected.plan)
             if action == "insert":
                 _phase(state, "insert", len(state.plan.groups))
                 call("after_write", state)

@@ -35,7 +35,8 @@ def setup(tmp_path, monkeypatch):
     detected = {
         "action": "shuffle",
         "source": "shop.orders",
-        "snapshot_id": SNAPSHOT,
+        "sink": "shop.orders_changes",
+        "snapshot_id": str(SNAPSHOT),  # detect's XCom form
         "write_task_ids": TASKS,
         "run_id": "run-1",
         "epoch": held.epoch,
@@ -70,7 +71,7 @@ def test_missing_outputs_are_those_without_a_row_record(setup):
 
 def test_outputs_of_another_epoch_do_not_count(setup):
     ctx, store, _, detected = setup
-    other = SnapshotPaths("shop.orders", SNAPSHOT, attempt_name(detected["epoch"] + 1))
+    other = SnapshotPaths("shop.orders", SNAPSHOT, attempt_name(int(detected["epoch"]) + 1))
     for task in TASKS:
         _commit(store, other, task)
     assert missing_map_outputs(ctx, detected)[0] == TASKS
@@ -106,4 +107,4 @@ def test_sensor_fails_fast_on_a_failure_marker(setup):
 def test_sensor_skips_without_a_shuffle(setup):
     sensor = MapOutputBarrierSensor(task_id="barrier", source="shop.orders")
     with pytest.raises(AirflowSkipException):
-        sensor.poke({"ti": _TaskInstance({"action": "insert"})})
+        sensor.poke({"ti": _TaskInstance({**setup[3], "action": "insert"})})

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from iceberg_cdc.airflow.operators import spark as operators
+from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.operators.spark import SparkConnectPhaseOperator
 from iceberg_cdc.pipeline import connect_app, pyfiles
 
@@ -82,9 +82,8 @@ def fake_server(monkeypatch) -> FakeSession:
         return start_runner(SimpleNamespace()).map_units(phase, None, runtime, ["unit-0", "unit-1"])
 
     monkeypatch.setattr(connect_app, "run_phase_group", phase_group)
-    monkeypatch.setattr(operators, "load_config", lambda *a: SimpleNamespace())
-    monkeypatch.setattr(operators, "connect_url", lambda config, conn_id=None: "sc://127.0.0.1:15002")
-    monkeypatch.setattr(operators, "runtime_from_config", lambda config: None)
+    monkeypatch.setattr(CdcHook, "spark_connect_url", lambda self, conn_id=None: "sc://127.0.0.1:15002")
+    monkeypatch.setattr(CdcHook, "runtime", lambda self: None)
     return spark
 
 

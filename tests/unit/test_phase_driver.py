@@ -55,14 +55,14 @@ def planned(tmp_path, monkeypatch):
     cow_merge(source, upserts=pa.concat_tables([rows(range(5), "eu", "shipped")]), delete_keys=[30])
     ctx = steps.Context.of(pipeline.config, SOURCE)
     detected = steps.detect(ctx, "run-1", None)
-    assert detected["action"] == "shuffle"
+    assert detected.action == "shuffle"
     store = ctx.runtime.store()
-    return ctx, store, SnapshotPlan.load(store, detected["plan"]), detected
+    return ctx, store, SnapshotPlan.load(store, detected.plan), detected
 
 
 def test_success_records_the_groups_figures(planned):
     ctx, store, plan, detected = planned
-    run = run_phase_group(ctx.runtime, detected["plan"], "write", 0, lambda _: InProcess())
+    run = run_phase_group(ctx.runtime, detected.plan, "write", 0, lambda _: InProcess())
     assert run.units == list(plan.groups[0].task_ids) and len(run.results) == len(run.units)
     stats = json.loads(store.get(plan.paths.stats("write-0000")))
     assert stats["phase"] == "write" and stats["units"] == run.results
@@ -73,7 +73,7 @@ def test_a_failed_write_group_marks_its_unfinished_tasks(planned):
     ctx, store, plan, detected = planned
     error = AmbiguousUpdateError("key (id=3) ...")
     with pytest.raises(AmbiguousUpdateError):
-        run_phase_group(ctx.runtime, detected["plan"], "write", 0, lambda _: InProcess(fail=error))
+        run_phase_group(ctx.runtime, detected.plan, "write", 0, lambda _: InProcess(fail=error))
     for task_id in plan.groups[0].task_ids:
         marker = json.loads(store.get(plan.paths.failed(task_id)))
         assert marker == {
@@ -87,7 +87,7 @@ def test_a_lost_lease_cancels_the_job_and_is_the_error(planned):
     ctx, store, plan, detected = planned
     runner = InProcess(on_start=lambda plan: ctx.lease().release(plan.run_id, plan.epoch))
     with pytest.raises(LeaseLostError):
-        run_phase_group(ctx.runtime, detected["plan"], "write", 0, lambda _: runner)
+        run_phase_group(ctx.runtime, detected.plan, "write", 0, lambda _: runner)
     assert runner.cancelled.is_set()
     marker = json.loads(store.get(plan.paths.failed(plan.groups[0].task_ids[0])))
     assert "LeaseLostError" in marker["error"]
@@ -98,7 +98,7 @@ def test_no_spark_is_started_without_the_lease(planned):
     ctx.lease().release(plan.run_id, plan.epoch)
     started = []
     with pytest.raises(LeaseLostError):
-        run_phase_group(ctx.runtime, detected["plan"], "write", 0, lambda p: started.append(p) or InProcess())
+        run_phase_group(ctx.runtime, detected.plan, "write", 0, lambda p: started.append(p) or InProcess())
     assert started == []
 
 

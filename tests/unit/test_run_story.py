@@ -13,7 +13,9 @@ from iceberg_cdc.run.story import (
     story,
 )
 
-DETECTED = {"action": "shuffle", "snapshot_id": 42, "operation": "overwrite", "ordinal": 7}
+# detect's XCom, as the steps and the run-notes listener receive it
+RUN = {"source": "shop.orders", "sink": "shop.orders_changes", "run_id": "r1", "epoch": 1, "lease_ttl": 60}
+DETECTED = {**RUN, "action": "shuffle", "snapshot_id": "42", "operation": "overwrite", "ordinal": 7}
 
 
 def test_a_shuffled_snapshot_says_what_changed_and_where_time_went():
@@ -46,7 +48,7 @@ def test_skew_is_named_in_the_story():
 
 
 def test_other_outcomes_are_named():
-    assert story({"action": "caught_up"}) == "caught up"
+    assert story({**RUN, "action": "caught_up"}) == "caught up"
     skip = {**DETECTED, "action": "skip", "reason": "replace", "operation": "replace"}
     assert story(skip) == "snapshot 42 (replace, #7): skipped (replace: no logical change)"
     load = {**DETECTED, "action": "insert", "initial_load": True, "manual": True}
@@ -87,7 +89,7 @@ def test_a_successful_run_notes_its_story_and_what_is_pending():
 
 
 def test_caught_up_and_skipped_runs():
-    caught_up = {"action": "caught_up", "remaining": 0}
+    caught_up = {**RUN, "action": "caught_up", "remaining": 0}
     commit = {"committed": False, "reason": "caught up", "story": "caught up"}
     assert run_note("success", detected=caught_up, committed=commit, mark={"remaining": 0}) == "caught up"
     assert run_note("success", detected=caught_up) == "caught up"
@@ -235,5 +237,6 @@ def test_detect_warnings_reach_the_story():
     assert story(warned, {"committed": True, "inserts": 1}).endswith(
         "; ⚠ sink shop.changes has 1 snapshot(s) the pipeline did not write"
     )
-    caught_up = {"action": "caught_up", "warnings": ["sink x has 2 snapshot(s) the pipeline did not write"]}
+    caught_up = {**DETECTED, "action": "caught_up", "snapshot_id": None}
+    caught_up["warnings"] = ["sink x has 2 snapshot(s) the pipeline did not write"]
     assert story(caught_up) == "caught up; ⚠ sink x has 2 snapshot(s) the pipeline did not write"

@@ -21,9 +21,8 @@ from iceberg_cdc.errors import ConfigError, SourceHistoryError, UnsupportedSnaps
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.rows import OP_COLUMN, Op
 from iceberg_cdc.source import changes as changes_module
+from iceberg_cdc.source.change_files import DataFileRef, SnapshotChanges
 from iceberg_cdc.source.changes import (
-    DataFileRef,
-    SnapshotChanges,
     initial_load_changes,
     require_supported,
     snapshot_changes,

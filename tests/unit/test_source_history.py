@@ -15,9 +15,8 @@ from iceberg_cdc.source.history import (
     next_snapshot,
     pending_count,
     table_uuid,
-    validate_manual_snapshot,
-    validate_reprocess_range,
 )
+from iceberg_cdc.source.reprocess import validate_manual_snapshot, validate_reprocess_range
 from tests.support.iceberg_tables import create_table, current_id, live_files, orders, sql_catalog
 
 

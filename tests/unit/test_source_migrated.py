@@ -48,7 +48,8 @@ from pyiceberg.types import (
 )
 
 from iceberg_cdc.errors import ConfigError
-from iceberg_cdc.source.changes import SnapshotChanges, initial_load_changes, snapshot_changes
+from iceberg_cdc.source.change_files import SnapshotChanges
+from iceberg_cdc.source.changes import initial_load_changes, snapshot_changes
 from iceberg_cdc.source.planning import InputFile, plan_from_dict, plan_to_dict, plan_write_tasks
 from iceberg_cdc.source.reading import (
     NAME_MAPPING_PROPERTY,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iceberg_cdc.source.changes import DataFileRef, SnapshotChanges
+from iceberg_cdc.source.change_files import DataFileRef, SnapshotChanges
 from iceberg_cdc.source.planning import (
     InputFile,
     WriteTask,

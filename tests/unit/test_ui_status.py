@@ -546,7 +546,7 @@ def test_a_replaced_commit_is_marked_and_a_foreign_writer_is_named(tmp_path):
     source = pipeline.source
     source.append(rows(range(8, 9)))
     run = pipeline.run()
-    [detected_warning] = run.detected["warnings"]
+    [detected_warning] = run.detected.warnings
     assert f"snapshot {foreign}" in detected_warning and "did not write" in detected_warning
     assert "⚠ sink shop.orders_changes has 1 snapshot(s) the pipeline did not write" in story(
         run.detected, run.committed

@@ -24,53 +24,34 @@ detect's dict), not per key.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Asset, AssetAlias, Param, TriggerRule, get_current_context, task
-from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
+from airflow.sdk import DAG, Asset, AssetAlias, Param, TriggerRule, task
 
 from iceberg_cdc import snapshot_ids
-from iceberg_cdc.airflow.operators.spark import (  # noqa: F401  (re-exported for callers)
-    CdcSparkSubmitOperator,
-    connect_url,
-    phase_operator,
-    spark_application,
-)
-from iceberg_cdc.airflow.policy import (
-    airflow_holder_state,
-    final_errors,
-    record_error,
-    task_retries,
-)
+from iceberg_cdc.airflow.hooks.cdc import CdcHook
+from iceberg_cdc.airflow.metrics import emit_safely
+from iceberg_cdc.airflow.operators.detect import DetectOperator, sensor_mode
+from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
+from iceberg_cdc.airflow.policy import final_errors, record_error, task_retries
 from iceberg_cdc.airflow.sensors.barrier import MapOutputBarrierSensor
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
-from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.run import steps
-from iceberg_cdc.run.kinds import backfill_refusal, is_backfill, should_chain
-from iceberg_cdc.run.lease import kept_alive, lease_ttl_seconds, lease_wait_step
-from iceberg_cdc.run.metrics import emit_commit, emit_lag, emit_safely
+from iceberg_cdc.run.kinds import is_backfill, should_chain
+from iceberg_cdc.run.lease import kept_alive
+from iceberg_cdc.run.metrics import emit_commit, emit_lag
 from iceberg_cdc.run.story import chained_note, chained_run_id, story
 
 log = logging.getLogger("iceberg_cdc")
 
-SENSOR_MODE_ENV = "CDC_SENSOR_MODE"  # "poke" for `airflow dags test`, else reschedule
-LEASE_WAIT_ENV = "CDC_LEASE_WAIT_SECONDS"  # how long detect waits for a busy table (default 2 TTLs)
-IN_PROCESS_WAIT_SECONDS = 5.0  # a chained run behind its predecessor's cleanup: poll, then reschedule
 # Runs of one table never overlap: the table's lease serializes them, and a run waiting for it gives its
 # worker slot back. So Airflow may start a run while another is active -- with max_active_runs=1 a run
 # whose task died would hold every later run back until Airflow's task heartbeat timeout (300 s), not
 # the lease's two TTLs.
 MAX_ACTIVE_RUNS = 16
-
-
-def lease_wait_seconds(table: TableConfig | None = None) -> float:
-    """How long detect waits for another run of the table: two TTLs, so a dead holder is overtaken."""
-    raw = os.environ.get(LEASE_WAIT_ENV)
-    return float(raw) if raw else 2 * lease_ttl_seconds(table)
 
 
 def sink_asset(config: CdcConfig, table: TableConfig) -> Asset:
@@ -163,10 +144,10 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         name = {"name": f"cdc-{source}-{phase}"} if operator is CdcSparkSubmitOperator else {}
         return operator.partial(task_id=task_id, **name, **spark)
 
-    sensor_mode = os.environ.get(SENSOR_MODE_ENV, "reschedule")
+    barrier_mode = sensor_mode()
 
     def context() -> steps.Context:
-        return steps.Context.of(load_config(), source)
+        return CdcHook(load_config()).context(source)
 
     with DAG(
         dag_id=table.dag_id,
@@ -222,62 +203,7 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
             "on_failure_callback": record_error,
         },
     ) as dag:
-
-        @task(task_id="detect")
-        def detect(
-            params: dict[str, Any] | None = None, run_id: str | None = None, ti=None, dag_run=None
-        ) -> dict[str, Any]:
-            params = params or {}
-            backfill = is_backfill(getattr(dag_run, "run_type", None))
-            refusal = backfill_refusal(params) if backfill else None
-            if refusal:
-                raise AirflowFailException(refusal)
-            with final_errors():
-                requested = snapshot_ids.parse(params.get("snapshot_id"), "snapshot_id")
-                through = snapshot_ids.parse(params.get("through_snapshot_id"), "through_snapshot_id")
-            try_started = time.time()
-            waiting_since = _first_reschedule(ti) or try_started
-            while True:
-                try:
-                    with final_errors():
-                        detected = steps.detect(
-                            context(),
-                            run_id or "manual",
-                            requested,
-                            dag_id=table.dag_id,
-                            try_number=getattr(ti, "try_number", None),
-                            holder_state=airflow_holder_state(ti),
-                            through_snapshot_id=through,
-                        )
-                    log.info("this run: %s", story(detected))
-                    return detected
-                except LeaseHeldError as exc:
-                    holder_since, holder_expired = _holder(context())
-                    action, seconds = lease_wait_step(
-                        now=time.time(),
-                        waiting_since=waiting_since,
-                        holder_since=holder_since,
-                        holder_expired=holder_expired,
-                        window=lease_wait_seconds(table),
-                        try_started=try_started,
-                        reschedule=sensor_mode != "poke",
-                        # Only a first attempt polls in process (a predecessor finishing its cleanup);
-                        # a backfill's runs queue for the table: they give their slots back at once.
-                        in_process_seconds=0.0
-                        if backfill or waiting_since != try_started
-                        else IN_PROCESS_WAIT_SECONDS,
-                    )
-                    if action == "fail":
-                        raise AirflowFailException(f"LeaseHeldError: {exc}") from None
-                    if action == "reschedule":
-                        log.warning("table busy, looking again in %.0f s (slot given back): %s", seconds, exc)
-                        raise AirflowRescheduleException(
-                            datetime.now(UTC) + timedelta(seconds=seconds)
-                        ) from None
-                    log.info("table busy, looking again in %.0f s: %s", seconds, exc)
-                    time.sleep(seconds)
-
-        detected = detect()
+        detected = DetectOperator(task_id="detect", source=source).output
 
         @task
         def jobs(detected: dict[str, Any], key: str) -> list[list[str]]:
@@ -292,8 +218,8 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         barrier = MapOutputBarrierSensor(
             task_id="barrier",
             source=source,
-            mode=sensor_mode,
-            poke_interval=5 if sensor_mode == "poke" else 30,
+            mode=barrier_mode,
+            poke_interval=5 if barrier_mode == "poke" else 30,
             timeout=timedelta(hours=1).total_seconds(),
             # ALL_SUCCESS: a write task that failed fails the run at once (upstream_failed);
             # the sensor itself catches outputs a "successful" job did not leave, and failure
@@ -388,26 +314,6 @@ class ChainRunOperator(TriggerDagRunOperator):
     """
 
     template_fields = (*TriggerDagRunOperator.template_fields, "note")
-
-
-def _first_reschedule(ti: Any) -> float | None:
-    """When this try of the task first ran, if it has been rescheduled since (epoch seconds)."""
-    try:
-        first = ti.get_first_reschedule_date(get_current_context())
-    except Exception:  # no scheduler behind the task (a test), or an older task SDK
-        return None
-    return first.timestamp() if first is not None else None
-
-
-def _holder(ctx: steps.Context) -> tuple[float | None, bool]:
-    """When the current holder of the table's lease took it (epoch seconds), and whether its lease expired."""
-    try:
-        current = ctx.lease().current()
-    except Exception:  # the wait is then counted from this run's own start
-        return None, False
-    if current is None or current.released:
-        return None, False
-    return current.acquired_at.timestamp(), current.expired(datetime.now(UTC))
 
 
 def build_dags(config: CdcConfig | None = None) -> dict[str, DAG]:

@@ -58,148 +58,33 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
 import os
-import re
 import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from iceberg_cdc.errors import LeaseHeldError, LeaseLostError, StorageError
+from iceberg_cdc.coordination.lease_messages import held_message, lost_message
+from iceberg_cdc.coordination.lease_record import (
+    LEASE_PREFIX,
+    HolderState,
+    LeaseInfo,
+    _ask,
+    _check,
+    _duration,
+    _is_ours,
+    _iso,
+    _utc,
+    _with_version,
+    lease_key,
+)
+from iceberg_cdc.coordination.store_probe import probe_conditional_writes
+from iceberg_cdc.errors import LeaseHeldError, LeaseLostError
 from iceberg_cdc.storage import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
-
-LEASE_PREFIX = "_leases/"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-_MAX_NAME = 150
-
-
-def lease_key(table: str | Sequence[str]) -> str:
-    """The store key of a table's lease: ``_leases/<identifier>.json``.
-
-    Identifiers made only of letters, digits, ``.``, ``_`` and ``-`` are used
-    as they are; any other character becomes ``_`` and a hash of the exact
-    identifier is appended, so distinct identifiers get distinct keys.
-    """
-    name = table if isinstance(table, str) else ".".join(table)
-    if not name:
-        raise ValueError("a lease needs a table identifier")
-    safe = _UNSAFE.sub("_", name)
-    if safe != name or len(safe) > _MAX_NAME:
-        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
-        safe = f"{safe[:_MAX_NAME]}-{digest}"
-    return f"{LEASE_PREFIX}{safe}.json"
-
-
-def _utc(value: datetime) -> datetime:
-    if value.tzinfo is None:
-        raise ValueError(f"lease times must be timezone-aware, got {value!r}")
-    return value.astimezone(UTC)
-
-
-def _iso(value: datetime) -> str:
-    return value.isoformat(timespec="milliseconds")
-
-
-def _duration(delta: timedelta) -> str:
-    seconds = int(abs(delta.total_seconds()))
-    hours, rest = divmod(seconds, 3600)
-    minutes, seconds = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
-
-
-# What Airflow says of a holder's run: "working" (one of its tasks is running), "running" (the run is,
-# between tasks), "finished", or "unknown".
-HolderState = str
-
-
-@dataclass(frozen=True)
-class LeaseInfo:
-    """A lease as read from (or just written to) the store."""
-
-    table: str
-    owner: str  # the holder's Airflow run id
-    acquired_at: datetime
-    expires_at: datetime
-    host: str
-    pid: int | None
-    token: str
-    version: str  # the store's version of the object (S3 ETag), for conditional writes
-    uri: str  # where the lease object is, for messages
-    epoch: int = 0  # fencing token: grows with every acquisition, never reused
-    dag_id: str = ""
-    try_number: int | None = None
-    released: bool = False
-    renewed_at: datetime | None = None
-
-    def expired(self, now: datetime) -> bool:
-        return _utc(now) >= self.expires_at
-
-    def free(self, now: datetime) -> bool:
-        return self.released or self.expired(now)
-
-    def holder(self) -> str:
-        """The holder as people name it: run, DAG, try, epoch, host."""
-        parts = [f"run {self.owner!r}"]
-        if self.dag_id:
-            parts.append(f"of DAG {self.dag_id}")
-        if self.try_number is not None:
-            parts.append(f"try {self.try_number}")
-        parts.append(f"epoch {self.epoch}, host {self.host}, pid {self.pid}")
-        return " ".join(parts[:-1]) + f" ({parts[-1]})"
-
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "table": self.table,
-                "owner": self.owner,
-                "dag_id": self.dag_id,
-                "try_number": self.try_number,
-                "epoch": self.epoch,
-                "released": self.released,
-                "acquired_at": _iso(self.acquired_at),
-                "renewed_at": _iso(self.renewed_at or self.acquired_at),
-                "expires_at": _iso(self.expires_at),
-                "host": self.host,
-                "pid": self.pid,
-                "token": self.token,
-            },
-            indent=1,
-        ).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes, *, version: str, uri: str, table: str) -> LeaseInfo:
-        try:
-            doc: dict[str, Any] = json.loads(data)
-            renewed = doc.get("renewed_at")
-            try_number = doc.get("try_number")
-            return cls(
-                table=str(doc.get("table", table)),
-                owner=str(doc["owner"]),
-                acquired_at=_utc(datetime.fromisoformat(doc["acquired_at"])),
-                expires_at=_utc(datetime.fromisoformat(doc["expires_at"])),
-                host=str(doc.get("host", "?")),
-                pid=doc.get("pid"),
-                token=str(doc.get("token", "")),
-                version=version,
-                uri=uri,
-                epoch=int(doc.get("epoch", 0)),
-                dag_id=str(doc.get("dag_id") or ""),
-                try_number=int(try_number) if try_number is not None else None,
-                released=bool(doc.get("released", False)),
-                renewed_at=_utc(datetime.fromisoformat(renewed)) if renewed else None,
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise StorageError(
-                f"{uri} is not a valid lease of table {table!r} ({type(exc).__name__}: {exc}); if no "
-                f"run of {table!r} is active, delete that object by hand"
-            ) from None
 
 
 class TableLease:
@@ -317,7 +202,7 @@ class TableLease:
             if current is not None:
                 reason = self._takeover_reason(owner, current, now, ttl_seconds, holder_state)
                 if reason is None:
-                    raise LeaseHeldError(self._held_message(owner, current, now, holder_state))
+                    raise LeaseHeldError(held_message(self.table, owner, current, now))
             new = dataclasses.replace(
                 self._new(
                     None,
@@ -407,7 +292,7 @@ class TableLease:
             if current is not None and current.token in mine:
                 return current
             if not _is_ours(current, owner, epoch):
-                raise LeaseLostError(self._lost_message(owner, epoch, current))
+                raise LeaseLostError(lost_message(self.table, self.uri, owner, epoch, current))
             assert current is not None
             if current.expired(now):
                 log.warning(
@@ -491,105 +376,12 @@ class TableLease:
 
     # messages
 
-    def _held_message(
-        self,
-        owner: str,
-        current: LeaseInfo,
-        now: datetime,
-        holder_state: Callable[[LeaseInfo], HolderState] | None,
-    ) -> str:
-        if current.expired(now):
-            timing = (
-                f"its lease expired at {_iso(current.expires_at)}, but Airflow still shows that run as "
-                "running, so it gets one more TTL of grace before it is presumed stuck"
-            )
-        else:
-            timing = (
-                f"it holds the lease since {_iso(current.acquired_at)} "
-                f"({_duration(now - current.acquired_at)} ago) until {_iso(current.expires_at)} "
-                f"(in {_duration(current.expires_at - now)}, renewed while it works)"
-            )
-        return (
-            f"table {self.table!r} is in use by another run, so run {owner!r} must not start: "
-            f"{current.holder()}; {timing}. Two runs of one table must never overlap. Wait for that "
-            f"run to finish (its cleanup releases the lease) and retry. If that run is dead, mark it "
-            f"failed in Airflow (the next run then takes over at once) or wait until its lease expires; "
-            f"the lease object is {current.uri}."
-        )
 
-    def _lost_message(self, owner: str, epoch: int | None, current: LeaseInfo | None) -> str:
-        if current is None:
-            what = "no lease exists any more (it was deleted by hand)"
-        elif current.released:
-            what = f"it was released (epoch {current.epoch})"
-        else:
-            what = f"{current.holder()} holds it since {_iso(current.acquired_at)} until {_iso(current.expires_at)}"
-        return (
-            f"run {owner!r} (epoch {epoch}) has lost the lease of table {self.table!r} ({self.uri}): {what}. "
-            "Another run took over the table, so this run stops without committing or deleting anything "
-            "the other run uses; nothing is lost, the holder (or the next run) processes the snapshot. "
-            "If this happens often, the run stalls longer than the lease TTL between renewals: raise "
-            "tables[].lease_ttl in the config (or the environment variable CDC_LEASE_TTL_SECONDS, which "
-            "overrides it)."
-        )
-
-
-def _is_ours(current: LeaseInfo | None, owner: str, epoch: int | None) -> bool:
-    return (
-        current is not None
-        and not current.released
-        and current.owner == owner
-        and (epoch is None or current.epoch == epoch)
-    )
-
-
-def _ask(holder_state: Callable[[LeaseInfo], HolderState] | None, current: LeaseInfo) -> HolderState:
-    if holder_state is None:
-        return "unknown"
-    try:
-        return holder_state(current)
-    except Exception as exc:  # Airflow unreachable: fall back to expiry alone
-        log.warning("could not ask Airflow about the lease holder %s: %s", current.holder(), exc)
-        return "unknown"
-
-
-def _check(owner: str, ttl_seconds: float) -> None:
-    if not owner:
-        raise ValueError("a lease owner (the Airflow run id) must not be empty")
-    if not ttl_seconds > 0:
-        raise ValueError(f"lease TTL must be positive, got {ttl_seconds!r}")
-
-
-def _with_version(info: LeaseInfo, version: str) -> LeaseInfo:
-    return dataclasses.replace(info, version=version)
-
-
-def probe_conditional_writes(store: ObjectStore) -> None:
-    """Check that ``store`` honours conditional writes; raise StorageError if not.
-
-    An S3-compatible store that silently ignores ``If-None-Match`` /
-    ``If-Match`` would turn every lease operation unconditional. Costs five
-    requests on a unique key under ``_leases/``, which it deletes.
-    """
-    key = f"{LEASE_PREFIX}.probe-{uuid.uuid4().hex}"
-    where = store.describe(key)
-    first = store.put_if_absent(key, b"probe-1")
-    if first is None:
-        raise StorageError(f"{where}: a create-if-absent of a new key failed")
-    problems = []
-    if store.put_if_absent(key, b"probe-2") is not None:
-        problems.append("create-if-absent (If-None-Match: *) overwrote an existing object")
-    current = store.get_with_version(key)
-    if store.put_if_version(key, b"probe-3", "0" * 32) is not None:
-        problems.append("replace-if-version (If-Match) wrote despite a wrong version")
-        current = store.get_with_version(key)
-    if current is not None and store.delete_if_version(key, "0" * 32):
-        problems.append("delete-if-version (DELETE If-Match) deleted despite a wrong version")
-        current = None
-    if current is not None and not store.delete_if_version(key, current[1]):
-        problems.append("delete-if-version did not delete with the right version")
-    if problems:
-        raise StorageError(
-            f"{store.uri} does not honour conditional writes: {'; '.join(problems)}. Table leases "
-            "cannot be atomic on this store: use AWS S3 or a store that supports S3 preconditions"
-        )
+__all__ = [
+    "LEASE_PREFIX",
+    "HolderState",
+    "LeaseInfo",
+    "TableLease",
+    "lease_key",
+    "probe_conditional_writes",
+]

@@ -14,12 +14,8 @@ spark-submit driver's (:mod:`.phase_driver`).
 
 **What reaches the server.** The package: the ``--py-files`` archive of
 :mod:`iceberg_cdc.pipeline.pyfiles`, added with ``addArtifacts(pyfile=True)``
-once per process and session. Every client of one package version attaches
-to one server session (an id derived from the package's digest), so the
-server's Python workers -- one pool per session in Spark -- stay warm across
-tasks and processes, and a new package version gets a fresh session (and
-fresh workers). Sessions are cached per URL in this process too, and never
-released by a client (others use them); the server closes them when idle. The plan, the units and the :class:`~iceberg_cdc.pipeline.runtime.Runtime`
+once per process and session (:mod:`.connect_sessions`: one shared session
+per package version, so the server's Python workers stay warm). The plan, the units and the :class:`~iceberg_cdc.pipeline.runtime.Runtime`
 (with the storage credentials) travel only inside the pickled function -- a
 bytes field of the plan, which the server's UI and logs abbreviate to a few
 bytes -- never in DataFrame literals, SQL text or session conf, which the
@@ -28,65 +24,47 @@ server shows.
 **Errors.** A unit's exception is re-raised on the server's Python worker
 with a one-line JSON marker (type and message); here it becomes the same
 pipeline exception again (``AmbiguousUpdateError: key ...``), with the
-worker's traceback logged, instead of a gRPC error around a Python traceback.
+worker's traceback logged, instead of a gRPC error around a Python traceback
+(:mod:`.connect_errors`).
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import hashlib
 import json
 import logging
 import os
-import re
 import sys
-import threading
-import time
 import traceback
 import uuid
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlparse
 
-from iceberg_cdc import errors
-from iceberg_cdc.error_lines import line_in_text, line_of
+from iceberg_cdc.error_lines import line_of
 from iceberg_cdc.pipeline import worker_heap
+from iceberg_cdc.pipeline.connect_errors import (
+    MARKER,
+    TRACE_MARKER,
+    ConnectJobError,
+    UnitFailed,
+    describe,
+    job_error,
+    unit_error,
+    unit_failure,
+    url_secrets,
+)
+from iceberg_cdc.pipeline.connect_sessions import (
+    close_sessions,
+    forget_session,
+    session,
+    shared_session_id,
+    with_session_id,
+)
 from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS
 from iceberg_cdc.pipeline.phase_driver import GroupRun, run_phase_group
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import Runtime
-from iceberg_cdc.redaction import secret_values
 
 log = logging.getLogger("iceberg_cdc.spark")
-
-MARKER = "CDC-UNIT-FAILED "
-TRACE_MARKER = "CDC-UNIT-TRACEBACK "
-_MARKED = re.compile(re.escape(MARKER) + r"(\{.*\})\s*$", re.MULTILINE)
-_TRACED = re.compile(re.escape(TRACE_MARKER) + r'(".*")\s*$', re.MULTILINE)
-
-
-def _url_secrets(url: str) -> set[str]:
-    """The values of a Spark Connect URL's secret parameters (``;token=...``), to hide wherever quoted."""
-    params = dict(part.partition("=")[::2] for part in url.split(";")[1:] if "=" in part)
-    return secret_values(params)
-
-
-class UnitFailed(Exception):
-    """Raised on the server's Python worker: a unit failed; the message carries the marker line."""
-
-
-class ConnectJobError(RuntimeError):
-    """The Spark Connect job failed outside the units' code (server unreachable, worker crashed ...)."""
-
-
-def describe(url: str) -> str:
-    """``host:port`` of a Spark Connect URL: safe to log (the URL's parameters may hold a token)."""
-    parsed = urlparse(url)
-    return parsed.netloc.rsplit("@", 1)[-1] or url.split(";", 1)[0]
-
 
 # --- on the server's Python workers ------------------------------------------------------------
 
@@ -123,168 +101,6 @@ def _unit_mapper(phase: str, plan: SnapshotPlan, runtime: Runtime, units: list[A
 
     run_units.__name__ = run_units.__qualname__ = f"cdc_{phase}_units"
     return run_units
-
-
-# --- in the client -----------------------------------------------------------------------------
-
-
-def unit_failure(exc: BaseException) -> dict[str, Any] | None:
-    """The marker a failed unit left in a Connect job's error: type, message, unit (and traceback)."""
-    text = str(exc)
-    found = _MARKED.findall(text)
-    if not found:
-        return None
-    info = json.loads(found[-1])
-    traced = _TRACED.findall(text)
-    info["traceback"] = json.loads(traced[-1]) if traced else "(not in the server's report)"
-    return info
-
-
-def unit_error(info: dict[str, Any]) -> Exception:
-    """The pipeline's own exception again (same class, same message), from a unit's marker."""
-    cls = getattr(errors, info["type"], None) if info.get("module") == errors.__name__ else None
-    if isinstance(cls, type) and issubclass(cls, errors.CdcError):
-        with contextlib.suppress(Exception):
-            return cls(info["message"])
-    return ConnectJobError(f"{info['type']}: {info['message']}")
-
-
-def job_error(exc: BaseException, phase: str, group: int, url: str) -> Exception:
-    """What a failed Connect job means, message first: the unit's error, else the job's in one line."""
-    info = unit_failure(exc)
-    if info is not None:
-        return unit_error(info)
-    # pyspark quotes the server's URL in its errors: its token goes (iceberg_cdc.redaction).
-    summary = line_in_text(exc, secrets=_url_secrets(url))
-    return ConnectJobError(
-        f"{phase} group {group + 1} failed on the Spark Connect server {describe(url)}: {summary}"
-    )
-
-
-SHARED_GENERATIONS = 24  # shared session ids tried, in order, before falling back to a private session
-
-
-def shared_session_id(digest: str, generation: int = 0, day: str | None = None) -> str:
-    """The session id every client of package ``digest`` uses today (UTC), as a UUID (Spark Connect's format).
-
-    One id per package version and day: Spark starts a Python worker daemon
-    per session, and (Spark 4.2, seen here) the daemon outlives the session
-    (about 50 MB each), so the server gains at most one a day per package
-    version rather than one per task. ``generation`` moves past sessions the
-    server closed (timed out).
-    """
-    day = day or time.strftime("%Y-%m-%d", time.gmtime())
-    raw = hashlib.sha256(f"iceberg-cdc:{digest}:{day}:{generation}".encode()).digest()[:16]
-    return str(uuid.UUID(bytes=raw, version=4))
-
-
-def with_session_id(url: str, session_id: str) -> str:
-    """``url`` with the ``session_id`` parameter (kept as it is when the URL names its own)."""
-    if "session_id=" in url:
-        return url
-    base, _, params = url.partition(";")
-    base = base if base.endswith("/") else base + "/"
-    return f"{base};{params + ';' if params else ''}session_id={session_id}"
-
-
-@dataclass
-class _Session:
-    spark: Any
-    shared: bool
-    artifacts: set[str] = field(default_factory=set)
-
-    def close(self) -> None:
-        """A shared session stays on the server for the next client; a private one is released."""
-        with contextlib.suppress(Exception):
-            if self.shared:
-                self.spark.client.close()
-            else:
-                self.spark.stop()
-
-
-_sessions: dict[str, _Session] = {}
-_lock = threading.Lock()
-
-
-def _new_session(url: str) -> Any:
-    warnings.filterwarnings(
-        "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
-    )
-    from pyspark.sql import SparkSession
-
-    return SparkSession.builder.remote(url).create()
-
-
-def _open(url: str, artifact: str | None, digest: str | None) -> _Session:
-    """A session with ``artifact`` added: the shared one for ``digest``, else a private one.
-
-    Every client of one package version uses the same server session
-    (:func:`shared_session_id`), so the server's Python workers stay warm from
-    one task (and one process) to the next -- Spark keeps one Python worker
-    pool per session -- and the server holds one pool per package version,
-    not one per task. A package change is a new session, so a warm worker
-    never runs old code. A shared session the server closed (it timed out)
-    cannot be reopened under its id: the next generation's id is tried.
-    """
-    shared_ids = [shared_session_id(digest, g) for g in range(SHARED_GENERATIONS)] if digest else []
-    candidates: list[str | None] = [*shared_ids, None] if "session_id=" not in url else [None]
-    for session_id in candidates:
-        target = with_session_id(url, session_id) if session_id else url
-        # A session named by the URL itself is someone's shared session too: never release it.
-        opened = _Session(_new_session(target), shared="session_id=" in target)
-        try:
-            if artifact:
-                opened.spark.addArtifacts(artifact, pyfile=True)
-                opened.artifacts.add(artifact)
-            return opened
-        except Exception as exc:
-            opened.close()
-            if session_id is None or "SESSION_CLOSED" not in str(exc):
-                raise
-            log.info("shared Spark Connect session %s was closed by the server; trying the next", session_id)
-    raise AssertionError("unreachable: the private session either opens or raises")
-
-
-def session(url: str, artifact: str | None = None, digest: str | None = None) -> Any:
-    """This process's session on ``url`` (opened once), with ``artifact`` added once per session.
-
-    ``digest`` (the package's content hash) selects the session shared by
-    every client of that package version; without it the session is private.
-    """
-    with _lock:
-        cached = _sessions.get(url)
-        if cached is not None and not cached.spark.is_stopped:
-            if not artifact or artifact in cached.artifacts:
-                return cached.spark
-            try:
-                cached.spark.addArtifacts(artifact, pyfile=True)
-                cached.artifacts.add(artifact)
-                return cached.spark
-            except Exception:
-                pass  # a session the server no longer knows (restarted): open a new one
-        if cached is not None:
-            _sessions.pop(url, None)
-            cached.close()
-        opened = _open(url, artifact, digest)
-        _sessions[url] = opened
-        return opened.spark
-
-
-def forget_session(url: str) -> None:
-    """Drop the cached session on ``url`` (releasing a private one); the next :func:`session` opens anew."""
-    with _lock:
-        cached = _sessions.pop(url, None)
-    if cached is not None:
-        cached.close()
-
-
-@atexit.register
-def close_sessions() -> None:
-    """Close this process's connections (private sessions are released; shared ones stay for the next client)."""
-    with _lock:
-        for cached in _sessions.values():
-            cached.close()
-        _sessions.clear()
 
 
 class ConnectUnitRunner:
@@ -356,7 +172,7 @@ def run_group(
         try:
             spark = session(url, package_zip(), package_digest())
         except Exception as exc:
-            first = line_of(exc, secrets=_url_secrets(url))
+            first = line_of(exc, secrets=url_secrets(url))
             raise ConnectJobError(
                 f"cannot open a Spark Connect session on {describe(url)}: {first}"
             ) from None
@@ -397,3 +213,22 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+__all__ = [
+    "MARKER",
+    "TRACE_MARKER",
+    "ConnectJobError",
+    "ConnectUnitRunner",
+    "UnitFailed",
+    "close_sessions",
+    "describe",
+    "forget_session",
+    "job_error",
+    "run_group",
+    "session",
+    "shared_session_id",
+    "unit_error",
+    "unit_failure",
+    "with_session_id",
+]

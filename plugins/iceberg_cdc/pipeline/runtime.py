@@ -14,35 +14,34 @@ the I/O happens instead of failing the run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from iceberg_cdc.config import CdcConfig, is_secret_key
+from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.storage import ObjectStore, open_store
 
 PY_IO_IMPL = "py-io-impl"  # pyiceberg.io.PY_IO_IMPL, without importing pyiceberg here
 RETRYING_IO_IMPL = "iceberg_cdc.storage.retrying_io.RetryingPyArrowFileIO"
 
-_AWS_CONNECTION_KEYS = {
-    "login": "s3.access-key-id",
-    "password": "s3.secret-access-key",
-}
-_AWS_EXTRA_KEYS = {
-    "endpoint_url": "s3.endpoint",
-    "region_name": "s3.region",
-    "aws_session_token": "s3.session-token",
-}
+ConnectionProperties = Callable[[str], dict[str, str]]
+"""``s3.*`` properties from a named connection (``catalog.airflow_conn_id``, ``shuffle.airflow_conn_id``).
+
+Resolving a connection is the orchestrator's job: the Airflow adapter passes
+:meth:`iceberg_cdc.airflow.hooks.cdc.CdcHook.s3_properties`; code that runs
+outside Airflow passes nothing, and a config that names a connection then
+fails with :class:`~iceberg_cdc.errors.ConfigError`.
+"""
 
 
-def _connection_properties(conn_id: str) -> dict[str, str]:
-    """``s3.*`` properties from an Airflow AWS connection (login/password/extra)."""
-    from airflow.sdk import BaseHook  # only where Airflow is installed and configured
-
-    connection = BaseHook.get_connection(conn_id)
-    properties = {key: getattr(connection, attr) for attr, key in _AWS_CONNECTION_KEYS.items()}
-    extra: dict[str, Any] = connection.extra_dejson or {}
-    properties.update({key: extra[name] for name, key in _AWS_EXTRA_KEYS.items() if extra.get(name)})
-    return {k: str(v) for k, v in properties.items() if v}
+def _from_connection(key: str, conn_id: str, connections: ConnectionProperties | None) -> dict[str, str]:
+    if connections is None:
+        raise ConfigError(
+            f"{key}: {conn_id!r} names an Airflow connection, but this process was started outside "
+            "Airflow and cannot look it up: run it from an Airflow task, or give the s3.* properties "
+            "in the config (values may be ${ENV_VAR})"
+        )
+    return connections(conn_id)
 
 
 @dataclass(frozen=True)
@@ -77,25 +76,31 @@ def with_retrying_io(properties: dict[str, str]) -> dict[str, str]:
     return {**properties, PY_IO_IMPL: RETRYING_IO_IMPL}
 
 
-def catalog_properties(config: CdcConfig) -> dict[str, str]:
-    """The catalog's properties with an Airflow connection's credentials laid over them, and the retrying FileIO."""
+def catalog_properties(config: CdcConfig, connections: ConnectionProperties | None = None) -> dict[str, str]:
+    """The catalog's properties with a connection's credentials laid over them, and the retrying FileIO."""
     properties = dict(config.catalog.properties)
     if config.catalog.airflow_conn_id:
-        properties.update(_connection_properties(config.catalog.airflow_conn_id))
+        properties.update(
+            _from_connection("catalog.airflow_conn_id", config.catalog.airflow_conn_id, connections)
+        )
     return with_retrying_io(properties)
 
 
-def runtime_from_config(config: CdcConfig) -> Runtime:
-    io_properties = catalog_properties(config)
+def runtime_from_config(config: CdcConfig, connections: ConnectionProperties | None = None) -> Runtime:
+    """Storage access for the config's shuffle store and tables; ``connections`` resolves named connections."""
+    io_properties = catalog_properties(config, connections)
     shuffle_properties = config.s3_properties()
     if config.shuffle.airflow_conn_id:
-        shuffle_properties = {**shuffle_properties, **_connection_properties(config.shuffle.airflow_conn_id)}
+        shuffle_properties = {
+            **shuffle_properties,
+            **_from_connection("shuffle.airflow_conn_id", config.shuffle.airflow_conn_id, connections),
+        }
     elif not config.shuffle.s3_properties:
         shuffle_properties = {k: v for k, v in io_properties.items() if k.startswith("s3.")}
     return Runtime(config.shuffle.uri, shuffle_properties, io_properties)
 
 
-def load_catalog_from_config(config: CdcConfig):
+def load_catalog_from_config(config: CdcConfig, connections: ConnectionProperties | None = None):
     from pyiceberg.catalog import load_catalog
 
-    return load_catalog(config.catalog.name, **catalog_properties(config))
+    return load_catalog(config.catalog.name, **catalog_properties(config, connections))

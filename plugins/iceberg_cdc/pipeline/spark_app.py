@@ -28,7 +28,7 @@ from iceberg_cdc.pipeline import worker_heap
 from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS
 from iceberg_cdc.pipeline.phase_driver import run_phase_group
 from iceberg_cdc.pipeline.plan import SnapshotPlan
-from iceberg_cdc.pipeline.runtime import Runtime, runtime_from_config
+from iceberg_cdc.pipeline.runtime import ConnectionProperties, Runtime, runtime_from_config
 
 log = logging.getLogger("iceberg_cdc.spark")
 
@@ -64,11 +64,12 @@ class RddUnitRunner:
         self.spark.sparkContext.cancelAllJobs()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, connections: ConnectionProperties | None = None) -> int:
+    """Run one phase group; ``connections`` resolves connections the config names (the launcher's)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(sys.argv[1:] if argv is None else argv)
     config = load_config(args.config)
-    runtime = runtime_from_config(config)
+    runtime = runtime_from_config(config, connections)
     sessions: list[Any] = []
 
     def start_runner(plan: SnapshotPlan) -> RddUnitRunner:
@@ -100,7 +101,3 @@ def main(argv: list[str] | None = None) -> int:
         for spark in sessions:
             spark.stop()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

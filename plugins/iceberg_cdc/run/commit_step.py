@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException
@@ -37,6 +38,7 @@ from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.run import lease as run_lease
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.shuffle_steps import written_records
+from iceberg_cdc.run.state import Detected
 from iceberg_cdc.sink.commit import advance_watermark, commit_changes
 from iceberg_cdc.sink.datafiles import data_files_from_parquet
 from iceberg_cdc.sink.table import INITIAL_LOAD_KEY
@@ -50,12 +52,13 @@ def _staged_records(store: ObjectStore, paths: SnapshotPaths) -> list[dict[str, 
     return get_json_many(store, keys)
 
 
-def _own_plan(store: ObjectStore, detected: dict[str, Any]) -> SnapshotPlan:
-    plan = SnapshotPlan.load(store, detected["plan"])
-    if plan.epoch != int(detected["epoch"]) or plan.run_id != detected["run_id"]:
+def _own_plan(store: ObjectStore, detected: Detected | Mapping[str, Any]) -> SnapshotPlan:
+    detected = Detected.of(detected)
+    plan = SnapshotPlan.load(store, detected.plan)
+    if plan.epoch != int(detected.epoch) or plan.run_id != detected.run_id:
         raise LeaseLostError(
-            f"the plan {detected['plan']} belongs to run {plan.run_id!r} (epoch {plan.epoch}), not to this "
-            f"run {detected['run_id']!r} (epoch {detected['epoch']}); nothing was committed"
+            f"the plan {detected.plan} belongs to run {plan.run_id!r} (epoch {plan.epoch}), not to this "
+            f"run {detected.run_id!r} (epoch {detected.epoch}); nothing was committed"
         )
     return plan
 
@@ -89,9 +92,10 @@ def _sum_figures(records: list[dict[str, Any]]) -> dict[str, int]:
     return figures
 
 
-def commit(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
+def commit(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str, Any]:
     """One atomic sink commit of everything staged for the snapshot (or a watermark-only advance)."""
-    action = detected["action"]
+    detected = Detected.of(detected)
+    action = detected.action
     if action == "caught_up":
         return {"committed": False, "reason": "caught up"}
     run_lease.confirm(ctx, detected)
@@ -99,12 +103,12 @@ def commit(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
     sink = catalog.load_table(ctx.table.sink)
     if action == "skip":
         advance_watermark(
-            sink, ctx.table.source, detected["source_uuid"], detected["snapshot_id"], detected["ordinal"]
+            sink, ctx.table.source, detected.source_uuid, detected.snapshot_id, detected.ordinal
         )
         return {
             "committed": False,
-            "snapshot_id": detected["snapshot_id"],
-            "reason": f"skipped {detected['reason']} snapshot",
+            "snapshot_id": detected.snapshot_id,
+            "reason": f"skipped {detected.reason} snapshot",
         }
     store = ctx.runtime.store()
     plan = _own_plan(store, detected)

@@ -6,7 +6,12 @@ from dataclasses import dataclass
 
 from iceberg_cdc.config import CdcConfig, TableConfig
 from iceberg_cdc.coordination.lease import TableLease
-from iceberg_cdc.pipeline.runtime import Runtime, load_catalog_from_config, runtime_from_config
+from iceberg_cdc.pipeline.runtime import (
+    ConnectionProperties,
+    Runtime,
+    load_catalog_from_config,
+    runtime_from_config,
+)
 
 
 @dataclass(frozen=True)
@@ -16,13 +21,14 @@ class Context:
     config: CdcConfig
     table: TableConfig
     runtime: Runtime
+    connections: ConnectionProperties | None = None  # resolves named connections (the Airflow hook)
 
     @classmethod
-    def of(cls, config: CdcConfig, source: str) -> Context:
-        return cls(config, config.table(source), runtime_from_config(config))
+    def of(cls, config: CdcConfig, source: str, connections: ConnectionProperties | None = None) -> Context:
+        return cls(config, config.table(source), runtime_from_config(config, connections), connections)
 
     def catalog(self):
-        return load_catalog_from_config(self.config)
+        return load_catalog_from_config(self.config, self.connections)
 
     def lease(self) -> TableLease:
         return TableLease(self.runtime.store(), self.table.source)

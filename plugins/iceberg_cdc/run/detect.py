@@ -22,14 +22,16 @@ from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_k
 from iceberg_cdc.pipeline.plan import SnapshotPlan, group_tasks
 from iceberg_cdc.run import lease as run_lease
 from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.state import Detected
 from iceberg_cdc.sink.foreign import foreign_commits_warning
 from iceberg_cdc.sink.schema import evolve_sink_schema
 from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import ensure_sink_table, loaded_in_full, read_watermark
 from iceberg_cdc.source.changes import initial_load_changes, require_supported, snapshot_changes
-from iceberg_cdc.source.history import next_snapshot, validate_manual_snapshot, validate_reprocess_range
+from iceberg_cdc.source.history import next_snapshot
 from iceberg_cdc.source.planning import plan_write_tasks
 from iceberg_cdc.source.reading import table_name_mapping_json
+from iceberg_cdc.source.reprocess import validate_manual_snapshot, validate_reprocess_range
 from iceberg_cdc.source.tables import load_source_table, resolve_identifier_columns
 
 log = logging.getLogger("iceberg_cdc")
@@ -46,7 +48,7 @@ def detect(
     try_number: int | None = None,
     holder_state: Callable[[LeaseInfo], HolderState] | None = None,
     through_snapshot_id: int | None = None,
-) -> dict[str, Any]:
+) -> Detected:
     """Take the lease, find the snapshot to process, plan it, and say which path the run takes.
 
     The cleanup teardown releases the lease, but it only runs when detect
@@ -63,8 +65,7 @@ def detect(
         )
     held = run_lease.take(ctx, run_id, dag_id=dag_id, try_number=try_number, holder_state=holder_state)
     try:
-        holding = {"run_id": run_id, "epoch": held.epoch, "lease_ttl": run_lease.lease_ttl_seconds(ctx.table)}
-        with run_lease.kept_alive(ctx, holding):
+        with run_lease.renewing(ctx, run_id, held.epoch, run_lease.lease_ttl_seconds(ctx.table)):
             return _detect(ctx, run_id, snapshot_id, held, through_snapshot_id)
     except BaseException:
         try:
@@ -143,7 +144,7 @@ def _commit_may_land(store, paths: SnapshotPaths, ttl: float) -> bool:
 
 def _detect(
     ctx: Context, run_id: str, snapshot_id: int | None, held: LeaseInfo, through_snapshot_id: int | None
-) -> dict[str, Any]:
+) -> Detected:
     started = time.perf_counter()
     catalog = ctx.catalog()
     source = load_source_table(catalog, ctx.table)
@@ -165,7 +166,7 @@ def _detect(
         pending = next_snapshot(source, watermark, ctx.table.start)
     attempt = attempt_name(held.epoch)
     swept = sweep_leftovers(ctx, sink, attempt)
-    base = {
+    base: dict[str, Any] = {
         "source": ctx.table.source,
         "sink": ctx.table.sink,
         "run_id": run_id,
@@ -183,14 +184,14 @@ def _detect(
     warning = foreign_commits_warning(sink, ctx.table.source)
     if warning:
         log.warning("%s", warning)
-        base["warnings"] = [warning]
+        base["warnings"] = (warning,)
     if pending is None:
         log.info(
             "%s is caught up: nothing after snapshot %s",
             ctx.table.source,
             watermark and watermark.snapshot_id,
         )
-        return {**base, "action": "caught_up", "remaining": 0, "write_args": [], "insert_args": []}
+        return Detected(action="caught_up", **base)
 
     changes = (
         initial_load_changes(source, pending.snapshot_id)
@@ -216,7 +217,7 @@ def _detect(
             changes.operation,
             changes.kind,
         )
-        return {**base, "action": "skip", "reason": changes.kind, "write_args": [], "insert_args": []}
+        return Detected(action="skip", reason=changes.kind, **base)
 
     schema = source.schemas()[changes.schema_id] if changes.schema_id in source.schemas() else source.schema()
     if schema.schema_id != source.schema().schema_id:
@@ -280,11 +281,13 @@ def _detect(
         pending.remaining,
         held.epoch,
     )
-    return {
+    shuffled = kind == "with_deletes"
+    jobs = tuple(tuple(job) for job in args)
+    return Detected(
+        action="shuffle" if shuffled else "insert",
+        identifier_columns=tuple(identifiers),
+        write_args=jobs if shuffled else (),
+        insert_args=() if shuffled else jobs,
+        write_task_ids=tuple(t.task_id for t in tasks) if shuffled else (),
         **base,
-        "action": "shuffle" if kind == "with_deletes" else "insert",
-        "identifier_columns": identifiers,
-        "write_args": args if kind == "with_deletes" else [],
-        "insert_args": args if kind == "insert_only" else [],
-        "write_task_ids": [t.task_id for t in tasks] if kind == "with_deletes" else [],
-    }
+    )

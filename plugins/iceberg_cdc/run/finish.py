@@ -11,12 +11,14 @@ them if none did.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from iceberg_cdc.errors import CdcError
 from iceberg_cdc.run import lease as run_lease
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.shuffle_steps import attempt_paths
+from iceberg_cdc.run.state import Detected
 from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import read_watermark
 from iceberg_cdc.snapshot_ids import as_text
@@ -26,17 +28,18 @@ from iceberg_cdc.source.tables import load_source_table
 log = logging.getLogger("iceberg_cdc")
 
 
-def watermark(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
+def watermark(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str, Any]:
     """Check the sink's watermark reached this snapshot; count what is pending after it, afresh."""
-    if detected["action"] == "caught_up":
+    detected = Detected.of(detected)
+    if detected.action == "caught_up":
         return {"snapshot_id": None, "remaining": 0, "next_conf": {}}
     catalog = ctx.catalog()
     sink = catalog.load_table(ctx.table.sink)
     mark = read_watermark(sink, ctx.table.source)
-    if not detected.get("manual") and (mark is None or mark.ordinal < detected["ordinal"]):
+    if not detected.manual and (mark is None or mark.ordinal < detected.ordinal):
         raise CdcError(
             f"the watermark of {ctx.table.source} in {ctx.table.sink} is at "
-            f"{mark and mark.snapshot_id}, not at snapshot {detected['snapshot_id']} after commit"
+            f"{mark and mark.snapshot_id}, not at snapshot {detected.snapshot_id} after commit"
         )
     source = load_source_table(catalog, ctx.table)
     after = next_snapshot(source, mark, ctx.table.start)
@@ -55,39 +58,40 @@ def watermark(ctx: Context, detected: dict[str, Any]) -> dict[str, Any]:
         "next_snapshot_id": as_text(after and after.snapshot_id),
         "next_conf": {},
     }
-    if detected.get("next_in_range") is not None:
+    if detected.next_in_range is not None:
         # A range reprocess goes on with the next snapshot of the range, up to its last one.
         result["next_conf"] = {
-            "snapshot_id": as_text(detected["next_in_range"]),
-            "through_snapshot_id": as_text(detected["through_snapshot_id"]),
+            "snapshot_id": as_text(detected.next_in_range),
+            "through_snapshot_id": as_text(detected.through_snapshot_id),
         }
-        result["range_left"] = detected.get("range_left")
+        result["range_left"] = detected.range_left
         log.info(
             "reprocess of %s through snapshot %s: snapshot %s is next",
             ctx.table.source,
-            detected["through_snapshot_id"],
-            detected["next_in_range"],
+            detected.through_snapshot_id,
+            detected.next_in_range,
         )
     return result
 
 
-def cleanup(ctx: Context, detected: dict[str, Any] | None, run_id: str) -> dict[str, Any]:
+def cleanup(ctx: Context, detected: Detected | Mapping[str, Any] | None, run_id: str) -> dict[str, Any]:
     """Release the run's lease, then delete its shuffle namespace and its uncommitted staged files.
 
     The lease goes first: a zombie commit of this run that has not yet put its
     ``commit-pending`` marker then fails its lease check, and one that has is
     seen here, so its staged files stay.
     """
+    detected = None if detected is None else Detected.of(detected)
     removed = 0
     kept_staged = False
-    epoch = int(detected["epoch"]) if detected and detected.get("epoch") is not None else None
+    epoch = int(detected.epoch) if detected and detected.epoch is not None else None
     released = False
     if epoch is not None:
         try:
             released = run_lease.give_back(ctx, run_id, epoch)
         except Exception:  # the lease then expires by itself; the deletions below still help
             log.exception("run %r could not release the lease of %s", run_id, ctx.table.source)
-    if detected and detected.get("snapshot_id") is not None and epoch is not None:
+    if detected and detected.snapshot_id is not None and epoch is not None:
         paths = attempt_paths(detected)
         store = ctx.runtime.store()
         kept_staged = bool(store.list(paths.commit_pending))
@@ -95,14 +99,14 @@ def cleanup(ctx: Context, detected: dict[str, Any] | None, run_id: str) -> dict[
             log.warning(
                 "the sink commit of snapshot %s had an unknown outcome: its staged files are kept "
                 "(a late commit references them); a later run's sweep removes them if unused",
-                detected["snapshot_id"],
+                detected.snapshot_id,
             )
         else:
             # Staged files first: if cleanup stops half way, the namespace left behind leads
             # the next run's sweep back to them.
             sink = ctx.catalog().load_table(ctx.table.sink)
             delete_uncommitted_staged(
-                sink, detected["snapshot_id"], properties=ctx.runtime.io_properties, attempt=paths.attempt
+                sink, detected.snapshot_id, properties=ctx.runtime.io_properties, attempt=paths.attempt
             )
         if ctx.config.shuffle.retain_files:
             log.info("retain_files is set: keeping %s", store.describe(paths.prefix))

@@ -22,13 +22,14 @@ from iceberg_cdc.errors import CdcError
 from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS, read_group_count, record_group, units_of
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.run import steps
+from iceberg_cdc.run.state import Detected
 
 
 @dataclass
 class InlineRun:
     """What one in-process run did: detect's answer, each step's result, and seconds per step."""
 
-    detected: dict[str, Any]
+    detected: Detected
     committed: dict[str, Any] = field(default_factory=dict)
     watermark: dict[str, Any] = field(default_factory=dict)
     cleanup: dict[str, Any] = field(default_factory=dict)
@@ -37,11 +38,11 @@ class InlineRun:
 
     @property
     def action(self) -> str:
-        return self.detected["action"]
+        return self.detected.action
 
     @property
     def snapshot_id(self) -> int | None:
-        return self.detected.get("snapshot_id")
+        return self.detected.snapshot_id
 
 
 def _run_phase(ctx: steps.Context, plan: SnapshotPlan, phase: str, groups: int) -> list[dict[str, Any]]:
@@ -76,7 +77,7 @@ def run_snapshot(
     try:
         if run.action in ("shuffle", "insert"):
             store = ctx.runtime.store()
-            plan = SnapshotPlan.load(store, detected["plan"])
+            plan = SnapshotPlan.load(store, detected.plan)
             if run.action == "insert":
                 run.units["insert"] = _run_phase(ctx, plan, "insert", len(plan.groups))
                 lap("insert")

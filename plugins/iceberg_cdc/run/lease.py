@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from iceberg_cdc.config import TableConfig
@@ -28,6 +28,7 @@ from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo, probe_conditional_writes
 from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.state import Detected
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -78,13 +79,14 @@ def take(
     )
 
 
-def confirm(ctx: Context, detected: dict[str, Any]) -> LeaseInfo:
+def confirm(ctx: Context, detected: Detected | Mapping[str, Any]) -> LeaseInfo:
     """Prove this run still holds its epoch of the lease, and extend it (every later step)."""
-    return ctx.lease().renew(detected["run_id"], int(detected["epoch"]), float(detected["lease_ttl"]))
+    detected = Detected.of(detected)
+    return ctx.lease().renew(detected.run_id, int(detected.epoch), float(detected.lease_ttl))
 
 
 @contextlib.contextmanager
-def kept_alive(ctx: Context, detected: dict[str, Any] | None) -> Iterator[None]:
+def kept_alive(ctx: Context, detected: Detected | Mapping[str, Any] | None) -> Iterator[None]:
     """Renew the run's lease from a background thread while a step works (every ``ttl / 4`` seconds).
 
     With every task of a run renewing while it runs, the lease mirrors
@@ -93,13 +95,18 @@ def kept_alive(ctx: Context, detected: dict[str, Any] | None) -> Iterator[None]:
     once (:mod:`iceberg_cdc.coordination.lease`, "Dead holders"). A lost lease
     is not raised here: the step's own lease check raises it.
     """
-    if not detected or detected.get("epoch") is None or detected.get("lease_ttl") is None:
+    if not detected:
         yield
         return
-    beat = LeaseHeartbeat(
-        ctx.lease(), detected["run_id"], int(detected["epoch"]), float(detected["lease_ttl"])
-    )
-    with beat:
+    detected = Detected.of(detected)
+    with renewing(ctx, detected.run_id, int(detected.epoch), float(detected.lease_ttl)):
+        yield
+
+
+@contextlib.contextmanager
+def renewing(ctx: Context, run_id: str, epoch: int, ttl: float) -> Iterator[None]:
+    """:func:`kept_alive` for a run whose detect is still deciding (it holds the lease of ``epoch``)."""
+    with LeaseHeartbeat(ctx.lease(), run_id, epoch, ttl):
         yield
 
 

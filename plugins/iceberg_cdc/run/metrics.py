@@ -4,8 +4,9 @@ Names carry the table (``cdc.shop__orders.rows.inserts``) so plain StatsD
 keeps tables apart; the same ``table`` tag goes along for backends with tags.
 Emitted from the commit task (rows by change type, carryover, shuffle bytes,
 skewed partitions, seconds per phase) and the watermark task (lag: pending
-snapshots). Airflow's stats module is passed in, so the emission itself is
-plain code that tests drive with a recorder.
+snapshots). The stats backend is passed in (Airflow's, by
+:mod:`iceberg_cdc.airflow.metrics`), so the emission itself is plain code that
+tests drive with a recorder.
 """
 
 from __future__ import annotations
@@ -49,13 +50,6 @@ def metric_prefix(source: str) -> str:
     return f"cdc.{safe}"
 
 
-def airflow_stats() -> StatsBackend:
-    """Airflow's stats module (initialised by the task runner from ``[metrics]``)."""
-    from airflow.sdk.observability import stats
-
-    return stats  # type: ignore[return-value]
-
-
 def emit_commit(stats: StatsBackend, source: str, committed: dict[str, Any]) -> None:
     """Rows by change type, carryover, shuffle bytes and seconds per phase of one committed snapshot."""
     if committed.get("snapshot_id") is None:  # caught up: the run had no snapshot to count
@@ -72,14 +66,6 @@ def emit_commit(stats: StatsBackend, source: str, committed: dict[str, Any]) -> 
         stats.gauge(f"{prefix}.shuffle.skewed_partitions", float(committed["skewed_partitions"]), tags=tags)
     for phase, seconds in (committed.get("seconds") or {}).items():
         stats.timing(f"{prefix}.phase.{phase}", timedelta(seconds=float(seconds)), tags=tags)
-
-
-def emit_safely(function: Any, *args: Any) -> None:
-    """Emit, but never fail a run over metrics: a broken backend is logged and ignored."""
-    try:
-        function(airflow_stats(), *args)
-    except Exception as exc:
-        log.warning("metrics not sent (%s: %s); the run is not affected", type(exc).__name__, exc)
 
 
 def emit_lag(stats: StatsBackend, source: str, remaining: int) -> None:

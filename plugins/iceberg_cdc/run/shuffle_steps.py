@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,6 +24,7 @@ from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.run import lease as run_lease
 from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.state import Detected
 from iceberg_cdc.shuffle.coalesce import coalesce as plan_ranges
 from iceberg_cdc.shuffle.fetch import MapOutputSpan
 from iceberg_cdc.shuffle.layout import data_key
@@ -34,13 +36,17 @@ log = logging.getLogger("iceberg_cdc")
 INDEX_READ_THREADS = 16
 
 
-def attempt_paths(detected: dict[str, Any]) -> SnapshotPaths:
+def attempt_paths(detected: Detected | Mapping[str, Any]) -> SnapshotPaths:
     """Where this run's objects of its snapshot live."""
-    return SnapshotPaths(detected["source"], detected["snapshot_id"], attempt_name(int(detected["epoch"])))
+    detected = Detected.of(detected)
+    return SnapshotPaths(detected.source, detected.snapshot_id, attempt_name(int(detected.epoch)))
 
 
-def missing_map_outputs(ctx: Context, detected: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+def missing_map_outputs(
+    ctx: Context, detected: Detected | Mapping[str, Any]
+) -> tuple[list[str], dict[str, str]]:
     """(write tasks not committed yet, failed task -> error) from ONE listing of the run's namespace."""
+    detected = Detected.of(detected)
     paths = attempt_paths(detected)
     store = ctx.runtime.store()
     done: set[str] = set()
@@ -54,7 +60,7 @@ def missing_map_outputs(ctx: Context, detected: dict[str, Any]) -> tuple[list[st
     for task_id in failed:
         with contextlib.suppress(CdcError):  # a marker deleted meanwhile: keep the bare task id
             failed[task_id] = json.loads(store.get(paths.failed(task_id))).get("error", "")
-    return [t for t in detected["write_task_ids"] if t not in done], failed
+    return [t for t in detected.write_task_ids if t not in done], failed
 
 
 def written_records(store: ObjectStore, plan: SnapshotPlan) -> dict[str, dict[str, Any]]:
@@ -77,11 +83,12 @@ def _span_rows(record: dict[str, Any], start: int, end: int, name: str, partitio
     return int(sum(rows[start:end]))
 
 
-def coalesce(ctx: Context, detected: dict[str, Any]) -> list[list[str]]:
+def coalesce(ctx: Context, detected: Detected | Mapping[str, Any]) -> list[list[str]]:
     """Read every index, plan read ranges with their expected rows, store them; one arg list per read job."""
+    detected = Detected.of(detected)
     started = time.perf_counter()
     run_lease.confirm(ctx, detected)
-    plan_key = detected["plan"]
+    plan_key = detected.plan
     store = ctx.runtime.store()
     plan = SnapshotPlan.load(store, plan_key)
     paths = plan.paths

@@ -18,10 +18,13 @@ instead of replacing it, so the first committed story is never erased.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from iceberg_cdc.error_lines import FailedTask, clip
+from iceberg_cdc.errors import CdcError
 from iceberg_cdc.redaction import redact
+from iceberg_cdc.run.state import Detected
 
 __all__ = ["NOTE_LIMIT", "FailedTask", "chained_note", "merged_note", "run_note", "story"]
 
@@ -44,27 +47,29 @@ def format_bytes(size: float) -> str:
     raise AssertionError("unreachable")
 
 
-def range_label(detected: dict[str, Any]) -> str:
+def range_label(detected: Detected | Mapping[str, Any]) -> str:
     """``reprocess of 42 through 57, 2 more after this one`` for a run of a range reprocess, else ``""``."""
-    through = detected.get("through_snapshot_id")
-    if through is None or detected.get("snapshot_id") is None:
+    detected = Detected.of(detected)
+    through = detected.through_snapshot_id
+    if through is None or detected.snapshot_id is None:
         return ""
-    left = detected.get("range_left")
+    left = detected.range_left
     more = "" if left is None else f", {left} more after this one" if left else ", the last one"
-    return f"reprocess of {detected['snapshot_id']} through {through}{more}"
+    return f"reprocess of {detected.snapshot_id} through {through}{more}"
 
 
-def snapshot_label(detected: dict[str, Any]) -> str:
+def snapshot_label(detected: Detected | Mapping[str, Any]) -> str:
     """``snapshot 123 (overwrite, #7)``, or what the run found instead of a snapshot."""
-    if detected.get("snapshot_id") is None:
+    detected = Detected.of(detected)
+    if detected.snapshot_id is None:
         return "caught up"
-    kind = "initial load" if detected.get("initial_load") else detected.get("operation", "?")
-    manual = range_label(detected) or ("reprocess" if detected.get("manual") else "")
-    return f"snapshot {detected['snapshot_id']} ({kind}, #{detected.get('ordinal')}{', ' + manual if manual else ''})"
+    kind = "initial load" if detected.initial_load else (detected.operation or "?")
+    manual = range_label(detected) or ("reprocess" if detected.manual else "")
+    return f"snapshot {detected.snapshot_id} ({kind}, #{detected.ordinal}{', ' + manual if manual else ''})"
 
 
 def outcome(committed: dict[str, Any]) -> str:
-    """``+300 -100 ±1,000 updates, carryover 37,800, 794.0 KB shuffled, write 4.3 s / read 3.4 s``."""
+    """``+300 -100 ±1,000 updates, carryover 37,800, 794.0 KiB shuffled, write 4.3 s / read 3.4 s``."""
     if not committed.get("committed") and "inserts" not in committed:
         return str(committed.get("reason", "nothing committed"))
     parts = [
@@ -91,16 +96,17 @@ def outcome(committed: dict[str, Any]) -> str:
     return line
 
 
-def story(detected: dict[str, Any], committed: dict[str, Any] | None = None) -> str:
+def story(detected: Detected | Mapping[str, Any], committed: dict[str, Any] | None = None) -> str:
     """The run in one line: which snapshot, and what changed (and what detect warned about)."""
+    detected = Detected.of(detected)
     label = snapshot_label(detected)
-    if detected.get("action") == "caught_up":
+    if detected.action == "caught_up":
         line = label
-    elif detected.get("action") == "skip":
-        line = f"{label}: skipped ({detected.get('reason')}: no logical change)"
+    elif detected.action == "skip":
+        line = f"{label}: skipped ({detected.reason}: no logical change)"
     else:
         line = f"{label}: {outcome(committed or {})}"
-    for warning in detected.get("warnings") or ():
+    for warning in detected.warnings:
         line += f"; ⚠ {warning}"
     return line
 
@@ -149,10 +155,22 @@ def chained_run_id(snapshot_id: int | None, stamp: str, kind: str = "chained") -
     return f"{kind}__{target}__{stamp}"
 
 
+def _readable(value: Any) -> Detected | None:
+    """Detect's XCom as a record, or None when there is none or it cannot be read (a note never fails)."""
+    if isinstance(value, Detected):
+        return value
+    if not isinstance(value, Mapping):
+        return None
+    try:
+        return Detected.of(value)
+    except (TypeError, ValueError, CdcError):
+        return None
+
+
 def run_note(
     state: str,
     *,
-    detected: dict[str, Any] | None = None,
+    detected: Detected | Mapping[str, Any] | None = None,
     committed: dict[str, Any] | None = None,
     mark: dict[str, Any] | None = None,
     failed: list[FailedTask] | None = None,
@@ -165,7 +183,7 @@ def run_note(
     tasks, first to fail first; ``reason``: why Airflow ended the run when no
     task failed (a state set by hand).
     """
-    detected = detected if isinstance(detected, dict) else None
+    detected = _readable(detected)
     committed = committed if isinstance(committed, dict) else None
     if state == "success":
         if committed and committed.get("story"):
@@ -175,13 +193,13 @@ def run_note(
         else:
             note = "succeeded" + (f" ({reason})" if reason else "")
         remaining = (mark or {}).get("remaining") if isinstance(mark, dict) else None
-        if detected and detected.get("through_snapshot_id") is not None:
+        if detected and detected.through_snapshot_id is not None:
             pass  # the label says how many of the range are left; the watermark's pending count is not theirs
-        elif isinstance(remaining, int) and remaining and detected and detected.get("action") != "caught_up":
+        elif isinstance(remaining, int) and remaining and detected and detected.action != "caught_up":
             note += f"; {remaining:,} more pending"
         return clip(redact(note), NOTE_LIMIT)
     where = ""
-    if detected and detected.get("snapshot_id") is not None:
+    if detected and detected.snapshot_id is not None:
         where = snapshot_label(detected) + ": "
     failed = failed or []
     if failed:

@@ -1,14 +1,15 @@
 """The source side of the pipeline: what a snapshot changed, which snapshot is next, how to read it.
 
-* :mod:`.changes` — the files one snapshot added and removed, from its manifests.
-* :mod:`.history` — the watermark against the table's current ancestry: the next snapshot.
+* :mod:`.changes` — the files one snapshot added and removed, from its manifests
+  (:mod:`.change_files`: their form in plans).
+* :mod:`.history` — the watermark against the table's current ancestry: the next snapshot;
+  :mod:`.reprocess` — which snapshots a manual run may reprocess.
 * :mod:`.planning` — changed files bin-packed into deterministic SHUFFLE_WRITE tasks.
 * :mod:`.reading` — one data file streamed as Arrow batches in the snapshot's schema.
 """
 
+from iceberg_cdc.source.change_files import DataFileRef, SnapshotChanges
 from iceberg_cdc.source.changes import (
-    DataFileRef,
-    SnapshotChanges,
     initial_load_changes,
     require_supported,
     snapshot_changes,
@@ -18,7 +19,6 @@ from iceberg_cdc.source.history import (
     Watermark,
     current_ancestry,
     next_snapshot,
-    validate_manual_snapshot,
 )
 from iceberg_cdc.source.planning import InputFile, WriteTask, plan_from_dict, plan_to_dict, plan_write_tasks
 from iceberg_cdc.source.reading import (
@@ -28,6 +28,7 @@ from iceberg_cdc.source.reading import (
     schema_from_json,
     schema_to_json,
 )
+from iceberg_cdc.source.reprocess import validate_manual_snapshot
 
 __all__ = [
     "DataFileRef",

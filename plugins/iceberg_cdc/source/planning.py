@@ -20,7 +20,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from iceberg_cdc.source.changes import (
+from iceberg_cdc.source.change_files import (
     DataFileRef,
     PartitionValues,
     SnapshotChanges,

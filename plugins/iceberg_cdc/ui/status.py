@@ -273,12 +273,12 @@ def table_status(
     return status
 
 
-def _lease_reader(config: CdcConfig) -> Callable[[str], Any]:
+def _lease_reader(config: CdcConfig, connections: Any = None) -> Callable[[str], Any]:
     """A function from a source table to the run holding its lease now (None when free)."""
     from iceberg_cdc.coordination.lease import TableLease
     from iceberg_cdc.pipeline.runtime import runtime_from_config
 
-    runtime = runtime_from_config(config)
+    runtime = runtime_from_config(config, connections)
 
     def held(source: str) -> Any:
         return TableLease.open(runtime.shuffle_uri, runtime.shuffle_properties, source).held()
@@ -301,8 +301,11 @@ def collect_status(
     with_lease: bool = True,
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     now: datetime | None = None,
+    connections: Any = None,
 ) -> list[TableStatus]:
     """The status of the configured tables (or of ``tables``, by source identifier), in config order.
+
+    ``connections`` resolves the connections the config names (the Airflow hook's, in the view).
 
     Tables are read in parallel. A catalog that cannot be loaded, and a table
     whose reads take longer than ``timeout_seconds`` (an unreachable
@@ -328,7 +331,7 @@ def collect_status(
     lease_error = None
     if with_lease:
         try:
-            lease_reader = _lease_reader(config)
+            lease_reader = _lease_reader(config, connections)
         except Exception as exc:
             lease_error = redact(f"lease not readable: {line_of(exc)}")
 

@@ -1,0 +1,1 @@
+"""Hooks: :class:`~.cdc.CdcHook` owns every connection and credential of the pipeline."""

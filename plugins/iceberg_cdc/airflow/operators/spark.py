@@ -21,15 +21,15 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.policy import final_errors
 from iceberg_cdc.config import CdcConfig, load_config
-from iceberg_cdc.errors import CdcError, ConfigError, is_final_line
+from iceberg_cdc.errors import CdcError, is_final_line
 from iceberg_cdc.pipeline.pyfiles import package_zip
-from iceberg_cdc.pipeline.runtime import runtime_from_config
 from iceberg_cdc.pipeline.submit_conf import submit_conf
 
 _REPO_APPLICATION = Path(__file__).resolve().parents[4] / "spark_jobs" / "cdc_phase.py"
-_PACKAGE_APPLICATION = Path(__file__).resolve().parents[2] / "pipeline" / "spark_app.py"
+_PACKAGE_APPLICATION = Path(__file__).resolve().parents[1] / "spark_entry.py"
 
 
 def spark_application() -> str:
@@ -44,37 +44,15 @@ def spark_options(config: CdcConfig) -> dict[str, Any]:
     return {
         "application": spark_application(),
         "conn_id": config.spark.conn_id,
-        "py_files": package_zip(),
+        # Built when a task runs (CdcSparkSubmitOperator.execute), never at DAG parse: hashing the
+        # package's files on every parse would cost each DAG processor loop for nothing.
+        "py_files": None,
         "conf": submit_conf(config.spark.conf),
         "driver_memory": config.spark.driver_memory,
         "executor_memory": config.spark.executor_memory,
         "verbose": False,
         "map_index_template": MAP_INDEX_TEMPLATE,
     }
-
-
-def connect_url(config: CdcConfig, conn_id: str | None = None) -> str:
-    """The Spark Connect server: ``spark.connect_url``, else the Airflow connection ``spark.connect_conn_id``.
-
-    The connection is read by the provider's ``SparkConnectHook`` (type
-    ``spark_connect``: host, port, login as user id, password as token, extra
-    ``use_ssl``); the URL may then hold a token, so it is never logged.
-    """
-    if config.spark.connect_url:
-        return config.spark.connect_url
-    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    conn_id = conn_id or config.spark.connect_conn_id
-    try:
-        return SparkConnectHook(conn_id).get_connection_url()
-    except AirflowNotFoundException:
-        raise ConfigError(
-            f"spark.mode is connect, but the Airflow connection {conn_id!r} (spark.connect_conn_id) is not "
-            "defined: add a connection of type spark_connect (host sc://<server>, port 15002), e.g. "
-            f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "spark_connect", "host": "sc://<server>", '
-            '"port": 15002}\', or set spark.connect_url'
-        ) from None
 
 
 class SparkConnectPhaseOperator(BaseOperator):
@@ -103,10 +81,10 @@ class SparkConnectPhaseOperator(BaseOperator):
 
         args = parse_args([str(a) for a in self.application_args])
         with final_errors():
-            config = load_config()
+            hook = CdcHook()
             connect_app.run_group(
-                connect_url(config, self.conn_id),
-                runtime_from_config(config),
+                hook.spark_connect_url(self.conn_id),
+                hook.runtime(),
                 args.plan,
                 args.phase,
                 args.group,
@@ -142,6 +120,7 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
     """
 
     def execute(self, context: Any) -> None:
+        self.py_files = self.py_files or package_zip()
         try:
             with _renewing(self._application_args or []):
                 super().execute(context)
@@ -172,7 +151,7 @@ def _renewing(application_args: list[str]) -> Iterator[None]:
 
     try:
         args = parse_args([str(a) for a in application_args])
-        store = runtime_from_config(load_config(args.config)).store()
+        store = CdcHook(load_config(args.config)).runtime().store()
         plan = SnapshotPlan.load(store, args.plan)
         beat = LeaseHeartbeat(TableLease(store, plan.source), plan.run_id, plan.epoch, plan.lease_ttl_seconds)
     except (CdcError, SystemExit, ValueError, KeyError, OSError):
@@ -189,7 +168,7 @@ def _group_error(application_args: list[str]) -> str | None:
 
     try:
         args = parse_args([str(a) for a in application_args])
-        store = runtime_from_config(load_config(args.config)).store()
+        store = CdcHook(load_config(args.config)).runtime().store()
         plan = SnapshotPlan.load(store, args.plan)
         return str(json.loads(store.get(plan.paths.group_error(args.phase, args.group)))["error"])
     except (CdcError, SystemExit, ValueError, KeyError):

@@ -14,11 +14,11 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
-from iceberg_cdc.config import load_config
+from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.errors import LeaseLostError
-from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.lease import confirm
 from iceberg_cdc.run.shuffle_steps import missing_map_outputs
+from iceberg_cdc.run.state import Detected
 
 _NAMED = 20
 
@@ -31,15 +31,16 @@ class MapOutputBarrierSensor(BaseSensorOperator):
         self.source = source
         self.detect_task_id = detect_task_id
 
-    def _detected(self, context) -> dict[str, Any]:
-        detected = context["ti"].xcom_pull(task_ids=self.detect_task_id)
-        if not detected or detected.get("action") != "shuffle":
+    def _detected(self, context) -> Detected:
+        value = context["ti"].xcom_pull(task_ids=self.detect_task_id)
+        detected = Detected.of(value) if value else None
+        if detected is None or detected.action != "shuffle":
             raise AirflowSkipException("no shuffle in this run: nothing to wait for")
         return detected
 
     def poke(self, context) -> bool:
         detected = self._detected(context)
-        ctx = Context.of(load_config(), self.source)
+        ctx = CdcHook().context(self.source)
         try:
             confirm(ctx, detected)
         except LeaseLostError as exc:
@@ -48,11 +49,11 @@ class MapOutputBarrierSensor(BaseSensorOperator):
         if failed:
             task_id, error = next(iter(failed.items()))
             raise AirflowFailException(
-                f"{len(failed)} write task(s) of snapshot {detected['snapshot_id']} failed, e.g. {task_id}: "
+                f"{len(failed)} write task(s) of snapshot {detected.snapshot_id} failed, e.g. {task_id}: "
                 f"{error or 'no error recorded'}. The run stops here; the next run redoes the snapshot "
                 "from the write phase."
             )
-        total = len(detected["write_task_ids"])
+        total = len(detected.write_task_ids)
         self.log.info("%d of %d map outputs committed", total - len(missing), total)
         return not missing
 
@@ -62,7 +63,7 @@ class MapOutputBarrierSensor(BaseSensorOperator):
         except AirflowSensorTimeout:
             # In reschedule mode every poke is a new process: list once more rather than trust
             # what this process remembers.
-            missing, _ = missing_map_outputs(Context.of(load_config(), self.source), self._detected(context))
+            missing, _ = missing_map_outputs(CdcHook().context(self.source), self._detected(context))
             named = ", ".join(missing[:_NAMED]) + (" ..." if len(missing) > _NAMED else "")
             raise AirflowSensorTimeout(
                 f"timed out waiting for {len(missing)} map output(s) of {self.source}: {named}. "

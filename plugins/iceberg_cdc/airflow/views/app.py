@@ -54,12 +54,12 @@ class _CatalogCache:
         self._catalog: Any = None
 
     def __call__(self, config: CdcConfig) -> Any:
-        from iceberg_cdc.pipeline.runtime import load_catalog_from_config
+        from iceberg_cdc.airflow.hooks.cdc import CdcHook
 
         key = json.dumps(config.catalog.model_dump(mode="json"), sort_keys=True)
         with self._lock:
             if key != self._key:
-                self._catalog = load_catalog_from_config(config)
+                self._catalog = CdcHook(config).catalog()
                 self._key = key
             return self._catalog
 
@@ -73,11 +73,14 @@ def create_app(
     recent: int | None = None,
     timeout_seconds: float | None = None,
     with_lease: bool = True,
+    connections: Callable[[str], dict[str, str]] | None = None,
 ) -> FastAPI:
     """The app. Every argument is for tests or embedding; the defaults read Airflow and ``CDC_CONFIG``."""
+    from iceberg_cdc.airflow.hooks.cdc import CdcHook
     from iceberg_cdc.ui.status import DEFAULT_RECENT, DEFAULT_TIMEOUT_SECONDS
 
     load = config_loader or load_config
+    connections = connections or CdcHook.s3_properties
     side = airflow or AirflowSide()
     catalogs = catalog_factory or _CatalogCache()
     recent = recent if recent is not None else int(os.environ.get("CDC_UI_RECENT", DEFAULT_RECENT))
@@ -137,6 +140,7 @@ def create_app(
                 with_lease=with_lease,
                 timeout_seconds=timeout,
                 now=now,
+                connections=connections,
             )
             runs = {}
             for source in shown:

@@ -1,0 +1,131 @@
+"""detect as an operator: the first task of every run, and the one that waits for a busy table.
+
+The step itself is Airflow-free (:func:`iceberg_cdc.run.detect.detect`); this
+operator owns what only Airflow can do around it: refuse reprocess params in
+a backfill, ask Airflow whether the lease holder's run is still running, and
+wait for a busy table without holding a worker slot -- a few seconds in
+process (a predecessor finishing its cleanup), then by rescheduling itself,
+for at most the lease-wait window per holder (:func:`iceberg_cdc.run.lease.lease_wait_step`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
+
+from iceberg_cdc import snapshot_ids
+from iceberg_cdc.airflow.hooks.cdc import CdcHook
+from iceberg_cdc.airflow.policy import airflow_holder_state, final_errors
+from iceberg_cdc.config import TableConfig
+from iceberg_cdc.errors import LeaseHeldError
+from iceberg_cdc.run import steps
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.kinds import backfill_refusal, is_backfill
+from iceberg_cdc.run.lease import lease_ttl_seconds, lease_wait_step
+from iceberg_cdc.run.story import story
+
+log = logging.getLogger("iceberg_cdc")
+
+SENSOR_MODE_ENV = "CDC_SENSOR_MODE"  # "poke" for `airflow dags test`, else reschedule
+LEASE_WAIT_ENV = "CDC_LEASE_WAIT_SECONDS"  # how long detect waits for a busy table (default 2 TTLs)
+IN_PROCESS_WAIT_SECONDS = 5.0  # a chained run behind its predecessor's cleanup: poll, then reschedule
+
+
+def sensor_mode() -> str:
+    """``poke`` under ``airflow dags test`` (no scheduler to reschedule), else ``reschedule``."""
+    return os.environ.get(SENSOR_MODE_ENV, "reschedule")
+
+
+def lease_wait_seconds(table: TableConfig | None = None) -> float:
+    """How long detect waits for another run of the table: two TTLs, so a dead holder is overtaken."""
+    raw = os.environ.get(LEASE_WAIT_ENV)
+    return float(raw) if raw else 2 * lease_ttl_seconds(table)
+
+
+class DetectOperator(BaseOperator):
+    """Take the table's lease, find the snapshot to process and plan it; XCom: detect's small dict."""
+
+    ui_color = "#cfe8fc"
+
+    def __init__(self, *, source: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.source = source
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        params = context.get("params") or {}
+        ti, dag_run = context.get("ti"), context.get("dag_run")
+        backfill = is_backfill(getattr(dag_run, "run_type", None))
+        refusal = backfill_refusal(params) if backfill else None
+        if refusal:
+            raise AirflowFailException(refusal)
+        with final_errors():
+            ctx = CdcHook().context(self.source)
+            # Ids as the form sends them (digits) or as API callers may (integers); never a rounded float.
+            requested = snapshot_ids.parse(params.get("snapshot_id"), "snapshot_id")
+            through = snapshot_ids.parse(params.get("through_snapshot_id"), "through_snapshot_id")
+        try_started = time.time()
+        waiting_since = _first_reschedule(ti, context) or try_started
+        reschedule = sensor_mode() != "poke"
+        while True:
+            try:
+                with final_errors():
+                    detected = steps.detect(
+                        ctx,
+                        context.get("run_id") or "manual",
+                        requested,
+                        dag_id=self.dag_id,
+                        try_number=getattr(ti, "try_number", None),
+                        holder_state=airflow_holder_state(ti),
+                        through_snapshot_id=through,
+                    )
+                log.info("this run: %s", story(detected))
+                return detected.to_xcom()
+            except LeaseHeldError as exc:
+                holder_since, holder_expired = _holder(ctx)
+                action, seconds = lease_wait_step(
+                    now=time.time(),
+                    waiting_since=waiting_since,
+                    holder_since=holder_since,
+                    holder_expired=holder_expired,
+                    window=lease_wait_seconds(ctx.table),
+                    try_started=try_started,
+                    reschedule=reschedule,
+                    # Only a first attempt polls in process (a predecessor finishing its cleanup);
+                    # a backfill's runs queue for the table: they give their slots back at once.
+                    in_process_seconds=0.0
+                    if backfill or waiting_since != try_started
+                    else IN_PROCESS_WAIT_SECONDS,
+                )
+                if action == "fail":
+                    raise AirflowFailException(f"LeaseHeldError: {exc}") from None
+                if action == "reschedule":
+                    log.warning("table busy, looking again in %.0f s (slot given back): %s", seconds, exc)
+                    raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=seconds)) from None
+                log.info("table busy, looking again in %.0f s: %s", seconds, exc)
+                time.sleep(seconds)
+
+
+def _first_reschedule(ti: Any, context: Any) -> float | None:
+    """When this try of the task first ran, if it has been rescheduled since (epoch seconds)."""
+    try:
+        first = ti.get_first_reschedule_date(context)
+    except Exception:  # no scheduler behind the task (a test), or an older task SDK
+        return None
+    return first.timestamp() if first is not None else None
+
+
+def _holder(ctx: Context) -> tuple[float | None, bool]:
+    """When the current holder of the table's lease took it (epoch seconds), and whether its lease expired."""
+    try:
+        current = ctx.lease().current()
+    except Exception:  # the wait is then counted from this run's own start
+        return None, False
+    if current is None or current.released:
+        return None, False
+    return current.acquired_at.timestamp(), current.expired(datetime.now(UTC))

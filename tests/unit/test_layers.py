@@ -1,0 +1,161 @@
+"""The import structure shows the layers: Airflow only in its adapter, no arrow up, no cycle.
+
+Read from the source with ``ast`` (every import, module-level or inside a
+function), so a lazy import that crosses a layer counts as much as a top-level
+one. A new package of ``iceberg_cdc`` must be given its place in ``RANKS``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
+
+# Lowest first: a package may import packages of its own rank or lower, never higher.
+RANKS: list[set[str]] = [
+    {
+        "__init__",
+        "errors",
+        "canonical",
+        "watermark",
+        "units",
+        "retry",
+        "redaction",
+        "error_lines",
+        "snapshot_ids",
+        "pyiceberg_internals",
+    },
+    {"config", "storage"},
+    {"coordination", "shuffle"},
+    {"changelog"},
+    {"source", "sink"},
+    {"pipeline"},
+    {"run", "mirror"},
+    {"ui"},
+    {"airflow"},
+]
+RANK = {name: rank for rank, names in enumerate(RANKS) for name in names}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in (PLUGINS / "iceberg_cdc").rglob("*.py"):
+        parts = path.relative_to(PLUGINS).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module ``name`` imports (resolving relative imports and ``from pkg import module``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                out.add(full if full in known else base)
+    return out
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+
+
+def test_only_the_adapter_imports_airflow():
+    offenders = sorted(
+        f"{module} imports {target}"
+        for module, targets in _graph().items()
+        if not module.startswith("iceberg_cdc.airflow")
+        for target in targets
+        if target.split(".")[0] == "airflow" or target.startswith("iceberg_cdc.airflow")
+    )
+    assert offenders == [], "Airflow belongs in iceberg_cdc.airflow only:\n" + "\n".join(offenders)
+
+
+def test_every_package_has_a_rank_and_imports_only_down():
+    graph = _graph()
+    unranked = sorted({_package(m) for m in graph} - set(RANK))
+    assert unranked == [], f"give these packages a place in RANKS: {unranked}"
+    upward = sorted(
+        f"{module} ({_package(module)}) imports {target} ({_package(target)})"
+        for module, targets in graph.items()
+        for target in targets
+        if target.startswith("iceberg_cdc") and RANK[_package(target)] > RANK[_package(module)]
+    )
+    assert upward == [], "imports up the layers:\n" + "\n".join(upward)
+
+
+def test_no_import_cycle_between_packages_or_modules():
+    graph = _graph()
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        for target in targets:
+            if target.startswith("iceberg_cdc") and _package(target) != _package(module):
+                packages.setdefault(_package(module), set()).add(_package(target))
+    module_graph = {m: {t for t in ts if t in graph and t != m} for m, ts in graph.items()}
+    assert _cycles(packages) == []
+    # Modules: a package's __init__ re-exporting its modules is not a cycle of the modules themselves.
+    assert _cycles({m: {t for t in ts if not graph_is_parent(t, m)} for m, ts in module_graph.items()}) == []
+
+
+def graph_is_parent(target: str, module: str) -> bool:
+    return module.startswith(target + ".")
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in list(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_checks_see_a_planted_arrow_up_and_a_cycle():
+    """The checks can fail: an upward import and a two-module cycle are found."""
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+    graph = _graph()
+    assert any(t.startswith("iceberg_cdc.run") for t in graph["iceberg_cdc.airflow.dag_factory"])
+    assert RANK[_package("iceberg_cdc.airflow.dag_factory")] > RANK[_package("iceberg_cdc.run.steps")]
