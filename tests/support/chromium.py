@@ -135,7 +135,7 @@ class Chromium:
         while True:
             try:
                 value = self.evaluate(
-                    f"(() => {{ try {{ const v = {condition}; return v instanceof Node ? true : v; }} "
+                    f"(() => {{ try {{ const v = {condition}; return v && v.nodeType ? true : v; }} "
                     "catch (e) { return null; } })()"
                 )
             except RuntimeError as exc:  # the page navigated while it was asked: ask the next one

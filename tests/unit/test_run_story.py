@@ -240,3 +240,40 @@ def test_detect_warnings_reach_the_story():
     caught_up = {**DETECTED, "action": "caught_up", "snapshot_id": None}
     caught_up["warnings"] = ["sink x has 2 snapshot(s) the pipeline did not write"]
     assert story(caught_up) == "caught up; ⚠ sink x has 2 snapshot(s) the pipeline did not write"
+
+
+def test_the_failure_callback_knows_the_secrets_an_airflow_connection_supplies(tmp_path, monkeypatch):
+    """Without Airflow's private masker: the connections the config names are read through the hook."""
+    import json
+
+    import yaml
+
+    from iceberg_cdc.airflow import policy
+
+    config = {
+        "catalog": {
+            "name": "c",
+            "type": "sql",
+            "uri": "sqlite:////never/opened.db",
+            "airflow_conn_id": "aws_x",
+        },
+        "shuffle": {"uri": "s3://b/p"},
+        "tables": [{"source": "a.b", "sink": "a.c"}],
+    }
+    (tmp_path / "cdc.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("CDC_CONFIG", str(tmp_path / "cdc.yaml"))
+    password = "conn-secret-" + "pw-4711"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_X", json.dumps({"conn_type": "aws", "login": "u", "password": password})
+    )
+    assert password in policy.known_secrets()
+
+    class Ti:
+        pushed: dict = {}
+
+        def xcom_push(self, key, value):
+            self.pushed[key] = value
+
+    ti = Ti()
+    policy.record_error({"exception": RuntimeError(f"S3 refused {password}"), "ti": ti})
+    assert password not in ti.pushed[policy.ERROR_XCOM_KEY] and "***" in ti.pushed[policy.ERROR_XCOM_KEY]

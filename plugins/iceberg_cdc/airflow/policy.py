@@ -113,8 +113,8 @@ def record_error(context: Any) -> None:
 
 def known_secrets() -> set[str]:
     """The secrets this process knows: the config's, and those its Airflow connections supply."""
+    from iceberg_cdc.airflow.hooks.cdc import CdcHook
     from iceberg_cdc.config import load_config
-    from iceberg_cdc.pipeline.runtime import runtime_from_config
     from iceberg_cdc.redaction import secret_values
 
     found: set[str] = set()
@@ -124,7 +124,7 @@ def known_secrets() -> set[str]:
         return found
     found |= secret_values(config.model_dump(mode="json"))
     try:
-        runtime = runtime_from_config(config)
+        runtime = CdcHook(config).runtime()
         found |= secret_values({**runtime.shuffle_properties, **runtime.io_properties})
     except Exception:  # a connection that cannot be read supplied nothing to hide
         log.debug("the config's connections could not be read for redaction", exc_info=True)
