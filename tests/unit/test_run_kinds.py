@@ -112,3 +112,30 @@ def test_trigger_next_as_the_form_and_api_callers_give_it(given, choice):
 def test_a_bad_trigger_next_is_a_config_error():
     with pytest.raises(ConfigError, match="auto, yes or no"):
         trigger_next_choice("maybe")
+
+
+def test_airflow_tells_a_dead_task_from_a_run_between_tasks():
+    """A task Airflow shows running while its lease expired stopped renewing: 'working' (taken at expiry)."""
+    from iceberg_cdc.airflow.policy import airflow_holder_state
+    from iceberg_cdc.coordination.lease import LeaseInfo
+
+    class Ti:
+        def __init__(self, run_state, task_states):
+            self.run_state, self.task_states = run_state, task_states
+
+        def get_dagrun_state(self, dag_id, run_id):
+            return self.run_state
+
+        def get_task_states(self, dag_id, run_ids):
+            return {run_ids[0]: self.task_states}
+
+    holder = LeaseInfo(
+        table="t", owner="r1", acquired_at=None, expires_at=None, host="h", pid=1, token="x", version="",
+        uri="u", dag_id="cdc__t",
+    )  # fmt: skip
+    assert (
+        airflow_holder_state(Ti("running", {"commit": "running", "detect": "success"}))(holder) == "working"
+    )
+    assert airflow_holder_state(Ti("running", {"commit": "queued", "detect": "success"}))(holder) == "running"
+    assert airflow_holder_state(Ti("success", {}))(holder) == "finished"
+    assert airflow_holder_state(Ti("running", None))(holder) == "running"
