@@ -296,6 +296,8 @@ def scheduler_figures(
         "shuffle": {"uri": "s3://latency-shuffle/scheduler", "partitions": 64, **s3.properties},
         "spark": {"parallel_jobs": 1, "mode": "connect"},
         "tables": tables,
+        # Runs come from the REST trigger and chaining only (bench/freshness.py measures event runs).
+        "events": {"enabled": False},
     }
     path = work / "latency-scheduler.yaml"
     path.write_text(yaml.safe_dump(raw))

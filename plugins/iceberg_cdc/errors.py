@@ -155,6 +155,47 @@ class TransientStorageError(StorageError):
         self.attempts = attempts
 
 
+class MirrorError(CdcError):
+    """Base of the errors about a mirror (a copy of the source's current rows kept by its own DAG)."""
+
+
+class MirrorConfigError(MirrorError, ConfigError):
+    """A mirror cannot be kept as configured: no key (whole-row mode), a key nested in a struct, ..."""
+
+
+class MirrorSchemaError(MirrorError):
+    """The mirror's target cannot hold the changelog's columns: an unmappable type, a conflicting column."""
+
+    final = True
+
+
+class MirrorKeyError(MirrorError):
+    """The changelog does not give one row per key (a key twice in one snapshot, a null key)."""
+
+    final = True
+
+
+class MirrorHistoryError(MirrorError):
+    """The changelog snapshot a mirror last applied is no longer in the changelog's history.
+
+    The changelog table was rolled back, dropped and recreated, or its snapshots
+    expired past a reprocess the mirror must compare; the fix is a rebuild.
+    """
+
+    final = True
+
+
+class MirrorStateError(MirrorError, LeaseLostError):
+    """The mirror's watermark moved under this run (another run applied first): nothing was applied.
+
+    A subclass of :class:`LeaseLostError`: the run stops, and the next run plans afresh.
+    """
+
+
+class MirrorUnavailableError(MirrorError, ConfigError):
+    """A mirror type whose implementation is not part of this installation."""
+
+
 class SourceFileMissingError(CdcError):
     """A file of the source table that a snapshot needs (a data or delete file) is gone from storage.
 

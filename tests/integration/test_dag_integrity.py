@@ -25,7 +25,9 @@ def upstream(dag, task_id: str) -> set[str]:
 def test_one_dag_per_table_with_contract_ids():
     dags = build_dags(parse_config(CONFIG))
     assert set(dags) == {"cdc__shop__orders", "cdc__crm__accounts"}
-    assert dags["cdc__crm__accounts"].schedule == "@daily" or str(dags["cdc__crm__accounts"].timetable)
+    # each table's own schedule, and the default where the config gives none
+    assert dags["cdc__crm__accounts"].schedule == "@daily"
+    assert dags["cdc__shop__orders"].schedule == "@hourly"
 
 
 def test_task_graph():
@@ -201,6 +203,50 @@ def test_every_task_records_its_error_and_the_chained_runs_note_is_rendered():
             }
 
     assert trigger.render_template(trigger.note, {"ti": Ti()}) == "chained: 3 snapshot(s) pending"
+
+
+MIRRORED = {
+    **CONFIG,
+    "tables": [
+        {
+            **CONFIG["tables"][0],
+            "mirrors": [
+                {"type": "postgres", "conn_id": "orders_pg", "table": "public.orders"},
+                {"type": "iceberg", "table": "shop.orders_mirror"},
+            ],
+        },
+        CONFIG["tables"][1],
+    ],
+}
+
+
+def test_one_mirror_dag_per_table_and_mirror_scheduled_on_the_changelog_asset():
+    from iceberg_cdc.airflow.mirror_dag import build_mirror_dags
+
+    dags = build_mirror_dags(parse_config(MIRRORED))
+    assert set(dags) == {
+        "cdc_mirror__shop__orders__public__orders",
+        "cdc_mirror__shop__orders__shop__orders_mirror",
+    }
+    for dag in dags.values():
+        assert {t.task_id for t in dag.tasks} == {
+            "detect",
+            "plan_apply",
+            "join_jobs",
+            "mirror_join",
+            "apply",
+            "cleanup",
+        }
+        assert upstream(dag, "plan_apply") == {"detect"}
+        assert upstream(dag, "mirror_join") == {"join_jobs"}
+        assert upstream(dag, "apply") == {"mirror_join"}
+        assert dag.get_task("mirror_join").is_mapped
+        assert dag.get_task("cleanup").is_teardown
+        assert [a.name for a in dag.timetable.asset_condition.objects] == ["cdc:shop.orders_changes"]
+    # the asset the table's commit task emits is the one the mirrors are scheduled on
+    table_dag = build_dags(parse_config(MIRRORED))["cdc__shop__orders"]
+    outlets = {o.name for o in table_dag.get_task("commit").outlets}
+    assert outlets == {"cdc:shop.orders_changes"}
 
 
 def test_the_hook_resolves_aws_connections_for_the_catalog_and_the_shuffle(monkeypatch):

@@ -219,3 +219,98 @@ def test_a_connect_token_is_never_shown(monkeypatch):
     with pytest.raises(ConfigError) as raised:
         parse_config({**GOOD, "spark": {"mode": "connect", "connect_url": url.replace(":443", ":https")}})
     assert "tok3n-value" not in str(raised.value) and "token=***" in str(raised.value)
+
+
+def test_durations_and_the_event_and_retention_knobs():
+    from iceberg_cdc.config import parse_duration
+
+    assert parse_duration("24h") == 86400 and parse_duration("90min") == 5400 and parse_duration(5) == 5
+    assert parse_duration("500ms") == 0.5 and parse_duration("3d") == 3 * 86400
+    for bad in ("soon", "-1h", 0, True):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    raw = {
+        "catalog": {"name": "c", "type": "sql", "uri": "sqlite:////tmp/c.db"},
+        "shuffle": {"uri": "file:///tmp/s"},
+        "tables": [{"source": "a.b", "sink": "a.c", "protect_pending": True, "retention_warning": "2h"}],
+        "events": {"poll_interval": "5s", "trigger": "provider", "iceberg_conn_id": "lake"},
+    }
+    config = parse_config(raw)
+    assert config.tables[0].protect_pending and config.tables[0].retention_warning == 7200
+    assert (config.events.poll_interval, config.events.trigger, config.events.iceberg_conn_id) == (
+        5,
+        "provider",
+        "lake",
+    )
+    default = parse_config({**raw, "events": {}, "tables": [{"source": "a.b", "sink": "a.c"}]})
+    assert (
+        default.events.enabled and default.events.trigger == "catalog" and default.events.poll_interval == 10
+    )
+    assert not default.tables[0].protect_pending and default.tables[0].retention_warning == 86400
+    with pytest.raises(ConfigError, match="poll_interval"):
+        parse_config({**raw, "events": {"poll_interval": "200ms"}})
+    with pytest.raises(ConfigError, match="retention_warning"):
+        parse_config({**raw, "tables": [{"source": "a.b", "sink": "a.c", "retention_warning": "soon"}]})
+
+
+# ---------------------------------------------------------------------------------------- mirrors
+
+PG = {"type": "postgres", "dsn": "postgresql://cdc:hunter2@127.0.0.1:5432/app", "table": "public.orders"}
+
+
+def with_mirrors(*mirrors, **table):
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    data["tables"][0].update(mirrors=list(mirrors), **table)
+    return data
+
+
+def test_mirrors_load_with_names_and_dag_ids(monkeypatch):
+    monkeypatch.setenv("CDC_TEST_SECRET", "x")
+    config = parse_config(
+        with_mirrors(
+            PG,
+            {"type": "iceberg", "table": "shop.orders_mirror"},
+            {**PG, "name": "copy2", "dsn": None, "conn_id": "pg"},
+        )
+    )
+    table = config.tables[0]
+    assert [m.mirror_name for m in table.mirrors] == ["public__orders", "shop__orders_mirror", "copy2"]
+    assert table.mirror_dag_id(table.mirrors[0]) == "cdc_mirror__shop__orders__public__orders"
+    assert table.mirror("copy2").conn_id == "pg"
+    assert "hunter2" not in repr(config) and "hunter2" not in repr(config.redacted())
+    assert "hunter2" in secret_values(config.model_dump(mode="json"))
+
+
+@pytest.mark.parametrize(
+    ("mirror", "message"),
+    [
+        ({"type": "mysql", "table": "a.b"}, r"tables\[0\]\.mirrors\[0\]\.type"),
+        ({**PG, "conn_id": "pg"}, r"mirrors\[0\]: .*exactly one of conn_id .* or dsn"),
+        ({"type": "postgres", "table": "public.orders"}, r"exactly one of conn_id"),
+        ({**PG, "table": "orders"}, r"'orders' is not a PostgreSQL table like schema\.name"),
+        ({**PG, "dsn": "mysql://x:pw@h/db"}, r"dsn 'mysql://x:\*\*\*@h/db' is not a URL"),
+        (
+            {"type": "iceberg", "table": "shop.m", "dsn": "postgresql://h/db"},
+            r"dsn only apply to type: postgres",
+        ),
+        ({"type": "iceberg", "table": "shop.orders_changes"}, r"is this table's source or sink"),
+        ({**PG, "name": "a b"}, r"mirrors\[0\]\.name: .*letters, digits and _"),
+        ({**PG, "exclude_columns": ["id"]}, r"excludes the key column\(s\) \['id'\]"),
+        ({**PG, "tabel": "x"}, r"mirrors\[0\]\.tabel: unknown key"),
+    ],
+)
+def test_bad_mirrors_name_the_key(monkeypatch, mirror, message):
+    monkeypatch.setenv("CDC_TEST_SECRET", "x")
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_config(with_mirrors(mirror))
+    assert "hunter2" not in str(info.value)
+
+
+def test_two_mirrors_of_one_name_or_one_target_are_refused(monkeypatch):
+    monkeypatch.setenv("CDC_TEST_SECRET", "x")
+    with pytest.raises(ConfigError, match=r"both named \['public__orders'\].*distinct mirrors\[\]\.name"):
+        parse_config(with_mirrors(PG, {**PG, "dsn": "postgresql://other/db"}))
+    data = with_mirrors(PG)
+    data["tables"].append({"source": "shop.items", "sink": "shop.items_changes", "mirrors": [PG]})
+    with pytest.raises(ConfigError, match=r"configured twice \(shop\.orders and shop\.items\)"):
+        parse_config(data)

@@ -26,7 +26,7 @@ RANKS: list[set[str]] = [
         "snapshot_ids",
         "pyiceberg_internals",
     },
-    {"config", "storage"},
+    {"config", "storage", "lineage"},
     {"coordination", "shuffle"},
     {"changelog"},
     {"source", "sink"},

@@ -129,7 +129,9 @@ def test_a_spark_error_never_carries_the_runtimes_secrets():
     from iceberg_cdc.pipeline.runtime import Runtime
 
     secret = "sk-" + "0123456789abcdef"
-    runtime = Runtime("file:///tmp/x", {"s3.secret-access-key": secret}, {"s3.session-token": "tok-" + "998877"})
+    runtime = Runtime(
+        "file:///tmp/x", {"s3.secret-access-key": secret}, {"s3.session-token": "tok-" + "998877"}
+    )
     wrapped = RuntimeError(
         "org.apache.spark.api.python.PythonException: Traceback\n"
         f"iceberg_cdc.errors.StorageError: s3://bucket refused key {secret} with tok-998877\n"

@@ -269,7 +269,8 @@ def test_the_failure_callback_knows_the_secrets_an_airflow_connection_supplies(t
     assert password in policy.known_secrets()
 
     class Ti:
-        pushed: dict = {}
+        def __init__(self):
+            self.pushed = {}
 
         def xcom_push(self, key, value):
             self.pushed[key] = value

@@ -508,6 +508,38 @@ def test_the_airflow_plugin_module():
     assert view["href"] == "cdc/"  # relative to Airflow's base URL
 
 
+def test_the_retention_guard_on_the_status_and_the_page(tmp_path):
+    from iceberg_cdc.source.retention import MAX_SNAPSHOT_AGE_PROPERTY
+    from iceberg_cdc.ui.page import PageModel, render_page
+
+    pipeline = InlinePipeline(tmp_path, table={"retention_warning": "2h"})
+    source = pipeline.create_source(SCHEMA, properties={MAX_SNAPSHOT_AGE_PROPERTY: str(3 * 3600 * 1000)})
+    source.append(rows(range(3)))
+    pipeline.catch_up()
+    mark = pipeline.watermark().snapshot_id
+    source.append(rows(range(3, 6)))
+    made = datetime.fromtimestamp(source.metadata.snapshot_by_id(mark).timestamp_ms / 1000, UTC)
+
+    calm = _one(SimpleNamespace(config=pipeline.config), now=made)
+    assert (
+        calm.retention["first"]["snapshot_id"] == str(mark) and calm.retention["first"]["role"] == "watermark"
+    )
+    assert calm.retention["seconds_left"] == pytest.approx(3 * 3600, abs=1)
+    assert calm.retention_warning is None
+    page = render_page(PageModel(generated_at=made, statuses=[calm]))
+    assert (
+        'data-field="retention"' in page
+        and "may be expired in 3 h" in page
+        and "⚠" not in page.split("Expiry")[1][:300]
+    )
+
+    late = _one(SimpleNamespace(config=pipeline.config), now=made + timedelta(hours=2, minutes=30))
+    assert late.retention_warning and f"snapshot {mark} may be expired in 30 min" in late.retention_warning
+    assert late.to_dict()["retention"]["seconds_left"] == pytest.approx(1800, abs=1)
+    page = render_page(PageModel(generated_at=made, statuses=[late]))
+    assert 'class="warn" data-field="retention"' in page
+
+
 # ---------------------------------------------------------------- a history that stays true
 
 

@@ -32,9 +32,11 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import DAG, Asset, AssetAlias, Param, TriggerRule, task
 
 from iceberg_cdc import snapshot_ids
+from iceberg_cdc.airflow.events import schedule_for
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.detect import DetectOperator, sensor_mode
+from iceberg_cdc.airflow.operators.lineage import lineage_task
 from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
 from iceberg_cdc.airflow.policy import final_errors, record_error, task_retries
 from iceberg_cdc.airflow.sensors.barrier import MapOutputBarrierSensor
@@ -135,7 +137,7 @@ and `through_snapshot_id` (reprocess with a manual run instead).
 """
 
 
-def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
+def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = None) -> DAG:
     source = table.source
     operator, spark = phase_operator(config)
 
@@ -151,7 +153,8 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
 
     with DAG(
         dag_id=table.dag_id,
-        schedule=table.schedule,
+        # The source's new snapshots (an AssetWatcher's event) or the table's clock (airflow/events.py).
+        schedule=schedule_for(config, table, config_path),
         start_date=datetime(2024, 1, 1),
         catchup=False,
         max_active_runs=MAX_ACTIVE_RUNS,
@@ -241,7 +244,9 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         asset = sink_asset(config, table)
         alias = sink_alias(table)
 
-        @task(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, outlets=[alias])
+        @lineage_task(
+            task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, outlets=[alias], lineage="changelog"
+        )
         def commit(ti=None, outlet_events=None) -> dict[str, Any]:
             # Pulled, not passed: an argument would make commit a direct downstream of the
             # setup task, which Airflow allows only with trigger rule ALL_SUCCESS.
@@ -316,6 +321,7 @@ class ChainRunOperator(TriggerDagRunOperator):
     template_fields = (*TriggerDagRunOperator.template_fields, "note")
 
 
-def build_dags(config: CdcConfig | None = None) -> dict[str, DAG]:
-    config = config or load_config()
-    return {table.dag_id: build_dag(config, table) for table in config.tables}
+def build_dags(config: CdcConfig | None = None, config_path: str | None = None) -> dict[str, DAG]:
+    """One DAG per table; ``config_path`` (default: ``CDC_CONFIG``) is what the event triggers read."""
+    config = config or load_config(config_path)
+    return {table.dag_id: build_dag(config, table, config_path) for table in config.tables}

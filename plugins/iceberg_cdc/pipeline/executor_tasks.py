@@ -39,7 +39,7 @@ from iceberg_cdc.shuffle.fetch import MapOutputSpan, fetch_spans_counted
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.rows import Op, shuffle_schema
 from iceberg_cdc.shuffle.writer import MapOutputWriter
-from iceberg_cdc.sink.schema import sink_arrow_schema, to_sink_arrow
+from iceberg_cdc.sink.rows import sink_arrow_schema, to_sink_arrow
 from iceberg_cdc.sink.staging import staged_file_path, write_staged_file
 from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
 from iceberg_cdc.source.planning import InputFile
@@ -254,7 +254,7 @@ def run_read_task(plan: SnapshotPlan, runtime: Runtime, range_doc: dict[str, Any
     staged = None
     if changes.num_rows:
         _, sink_schema = _schemas(plan)
-        rows = to_sink_arrow(changes, sink_schema, plan.ordinal, plan.snapshot_id)
+        rows = to_sink_arrow(changes, sink_schema, plan.ordinal, plan.snapshot_id, plan.snapshot_timestamp_ms)
         staged = write_staged_file(runtime.file_io(plan.sink_location), _staged_path(plan, part), rows)
     done = time.perf_counter()
     stats = {
@@ -287,7 +287,9 @@ def run_insert_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[
                 inserts = pa.Table.from_batches([batch]).append_column(
                     change_type, pa.repeat(pa.scalar("INSERT", pa.string()), batch.num_rows)
                 )
-                yield from to_sink_arrow(inserts, sink_schema, plan.ordinal, plan.snapshot_id).to_batches()
+                yield from to_sink_arrow(
+                    inserts, sink_schema, plan.ordinal, plan.snapshot_id, plan.snapshot_timestamp_ms
+                ).to_batches()
 
     part = f"insert-{task_id}"
     staged = write_staged_file(

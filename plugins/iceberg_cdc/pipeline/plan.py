@@ -18,7 +18,7 @@ from iceberg_cdc.source.deletes import DeleteFileRef
 from iceberg_cdc.source.planning import WriteTask
 from iceberg_cdc.storage.base import ObjectStore
 
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 Kind = Literal["with_deletes", "insert_only"]
 
 
@@ -90,6 +90,8 @@ class SnapshotPlan:
     name_mapping_json: str | None = None  # the source's schema.name-mapping.default, for files without ids
     # Merge-on-read: path -> DeleteFileRef dict of every delete file an input file names.
     delete_files: dict[str, Any] = field(default_factory=dict)
+    # The source snapshot's timestamp-ms: every change row's _commit_timestamp.
+    snapshot_timestamp_ms: int | None = None
     version: int = PLAN_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -179,6 +179,7 @@ def commit(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str, An
     return {
         "committed": result.committed,
         "snapshot_id": plan.snapshot_id,
+        "sink_snapshot_id": None if result.sink_snapshot_id is None else str(result.sink_snapshot_id),
         "reason": result.reason,
         "files": len(staged_paths),
         **figures,

@@ -22,6 +22,7 @@ from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_k
 from iceberg_cdc.pipeline.plan import SnapshotPlan, group_tasks
 from iceberg_cdc.run import lease as run_lease
 from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.retention_guard import guard
 from iceberg_cdc.run.state import Detected
 from iceberg_cdc.sink.foreign import foreign_commits_warning
 from iceberg_cdc.sink.schema import evolve_sink_schema
@@ -174,6 +175,10 @@ def _detect(
         "lease_ttl": run_lease.lease_ttl_seconds(ctx.table),
         "manual": snapshot_id is not None,
         "swept": swept,
+        # Where the tables live: their names in lineage events (iceberg_cdc/lineage.py).
+        "source_location": source.location(),
+        "sink_location": sink.location(),
+        **guard(ctx, source, watermark, catalog=catalog),
     }
     if in_range:
         base.update(
@@ -253,6 +258,7 @@ def _detect(
         lease_ttl_seconds=base["lease_ttl"],
         name_mapping_json=table_name_mapping_json(source),
         delete_files={path: ref.to_dict() for path, ref in sorted(changes.delete_refs.items())},
+        snapshot_timestamp_ms=source.metadata.snapshot_by_id(pending.snapshot_id).timestamp_ms,
     )
     plan.save(store, paths.plan)
     phase = plan.phase
@@ -285,7 +291,7 @@ def _detect(
     jobs = tuple(tuple(job) for job in args)
     return Detected(
         action="shuffle" if shuffled else "insert",
-        identifier_columns=tuple(identifiers),
+        identifier_columns=tuple(identifiers or ()),
         write_args=jobs if shuffled else (),
         insert_args=() if shuffled else jobs,
         write_task_ids=tuple(t.task_id for t in tasks) if shuffled else (),

@@ -64,6 +64,13 @@ class Detected:
     next_in_range: int | None = None
     range_left: int | None = None  # a range reprocess: snapshots of the range after this one
     warnings: tuple[str, ...] = ()  # what the operator should know (a sink another writer changed)
+    # Where the tables live: their names in lineage events (iceberg_cdc/lineage.py).
+    source_location: str | None = None
+    sink_location: str | None = None
+    # The retention guard (run/retention_guard.py): its outlook, the note's warning, the tag moves.
+    retention: Mapping[str, Any] = field(default_factory=dict)
+    retention_warning: str | None = None
+    protection: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -80,6 +87,8 @@ class Detected:
             if out[name] is not None:
                 out[name] = str(out[name])
         out["swept"] = dict(self.swept)
+        out["retention"] = dict(self.retention)
+        out["protection"] = dict(self.protection)
         for name in ("identifier_columns", "write_task_ids", "warnings"):
             out[name] = list(out[name])
         for name in ("write_args", "insert_args"):
@@ -100,4 +109,6 @@ class Detected:
         for name in ("write_args", "insert_args"):
             raw[name] = tuple(tuple(str(a) for a in args) for args in raw.get(name) or ())
         raw["swept"] = dict(raw.get("swept") or {})
+        raw["retention"] = dict(raw.get("retention") or {})
+        raw["protection"] = dict(raw.get("protection") or {})
         return cls(**raw)

@@ -108,7 +108,7 @@ def story(detected: Detected | Mapping[str, Any], committed: dict[str, Any] | No
         line = f"{label}: {outcome(committed or {})}"
     for warning in detected.warnings:
         line += f"; ⚠ {warning}"
-    return line
+    return line + retention_suffix(detected)
 
 
 def chained_note(mark: dict[str, Any]) -> str:
@@ -144,6 +144,14 @@ def merged_note(previous: str | None, new: str) -> str:
     first = previous.split(AFTER_CLEAR, 1)[0]
     merged = previous + AFTER_CLEAR + new
     return clip(merged, NOTE_LIMIT, keep_start=min(len(first), NOTE_LIMIT // 2))
+
+
+def retention_suffix(detected: Detected | Mapping[str, Any] | None) -> str:
+    """``; WARNING: <retention guard's warning>`` when detect raised one (run/retention_guard.py)."""
+    if detected is None:
+        return ""
+    warning = Detected.of(detected).retention_warning
+    return f"; WARNING: {warning}" if warning else ""
 
 
 def chained_run_id(snapshot_id: int | None, stamp: str, kind: str = "chained") -> str:
@@ -212,4 +220,4 @@ def run_note(
             what += f" (also failed: {', '.join(others[:3])}{', …' if len(others) > 3 else ''})"
     else:
         what = "failed" + (f": {reason}" if reason else "")
-    return clip(redact(where + what), NOTE_LIMIT)
+    return clip(redact(where + what + retention_suffix(detected)), NOTE_LIMIT)

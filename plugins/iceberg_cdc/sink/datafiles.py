@@ -96,18 +96,20 @@ def data_file_from_parquet(io: FileIO, table_metadata: TableMetadata, path: str)
         stats_columns=compute_statistics_plan(table_schema, table_metadata.properties),
         parquet_column_mapping=parquet_path_to_id_mapping(file_schema),
     )
-    return DataFile.from_args(
+    data_file = DataFile.from_args(
         content=DataFileContent.DATA,
         file_path=path,
         file_format=FileFormat.PARQUET,
         partition=statistics.partition(table_metadata.spec(), table_schema),
         file_size_in_bytes=len(input_file),
         sort_order_id=None,
-        spec_id=table_metadata.default_spec_id,
         equality_ids=None,
         key_metadata=None,
         **statistics.to_serialized_dict(),
     )
+    # Not a field of the record (from_args drops a spec_id argument): pyiceberg keeps it as an attribute.
+    data_file.spec_id = table_metadata.default_spec_id
+    return data_file
 
 
 def data_files_from_parquet(

@@ -24,6 +24,7 @@ from iceberg_cdc.ui.page_format import (
     fmt_time,
     time_tag,
 )
+from iceberg_cdc.ui.page_runs import failed_runs, recent_runs, run_badge
 from iceberg_cdc.ui.sink_history import ProcessedSnapshot
 from iceberg_cdc.ui.status import TableStatus
 
@@ -49,12 +50,6 @@ def _badge(status: TableStatus) -> str:
     if status.state == "behind":
         label = f"{status.pending} pending"
     return f'<span class="badge {status.state}" data-field="state">{esc(label)}</span>'
-
-
-def _run_badge(state: str | None) -> str:
-    if not state:
-        return '<span class="muted">no runs</span>'
-    return f'<span class="run-state {esc(state)}">{esc(state)}</span>'
 
 
 def _anchor(source: str) -> str:
@@ -149,73 +144,26 @@ def _recent_table(status: TableStatus, now: datetime) -> str:
     )
 
 
-def _failed_runs(runs: Any, now: datetime) -> str:
-    if runs is None:
+def _retention(status: TableStatus) -> str:
+    """The retention guard's line: time left before a needed snapshot may be expired, or why there is none."""
+    retention = status.retention
+    if not retention:
         return ""
-    if runs.error:
-        return f'<p class="error">Airflow\'s runs of this DAG cannot be read: {esc(runs.error)}</p>'
-    if not runs.failed:
-        return '<p class="muted" data-field="failed-runs">No failed runs.</p>'
-    body = []
-    for run in runs.failed:
-        tasks = (
-            ", ".join(
-                f'<a href="{esc(t.url)}" target="_top">{esc(t.task_id)}'
-                f"{'' if t.map_index < 0 else f' [{t.map_index}]'}</a>"
-                for t in run.failed_tasks
-            )
-            or '<span class="muted">—</span>'
+    first = retention.get("first") or {}
+    left = retention.get("seconds_left")
+    if retention.get("protected"):
+        text = "every snapshot the sink needs is protected by its tags (protect_pending)"
+    elif left is None:
+        text = "no snapshot the sink needs can be expired now" + (
+            f" ({esc(first['kept_by'])})" if first.get("kept_by") else ""
         )
-        error = next((t.error for t in run.failed_tasks if t.error), None)
-        if error:
-            error_html = f'<code class="error-line">{esc(error)}</code>'
-        elif run.note:  # e.g. `airflow dags test` runs: no log to read, but the run's note names the error
-            error_html = (
-                f'<code class="error-line" data-field="run-note">{esc(run.note)}</code>'
-                '<div class="muted">from the run\'s note</div>'
-            )
-        else:
-            error_html = '<span class="muted">not in the log (see the task\'s log)</span>'
-
-        snapshot = f'<div class="muted">snapshot {esc(run.snapshot_id)}</div>' if run.snapshot_id else ""
-        body.append(
-            f'<tr data-run="{esc(run.run_id)}">'
-            f'<td><a href="{esc(run.url)}" target="_top" class="mono">{esc(run.run_id)}</a>{snapshot}</td>'
-            f"<td>{time_tag(run.ended_at or run.run_after, now)}</td>"
-            f"<td>{tasks}</td><td>{error_html}</td></tr>"
-        )
-    return (
-        '<div class="scroll"><table class="grid failed" data-field="failed-runs"><thead><tr><th>Run</th>'
-        "<th>Ended</th><th>Failed task</th><th>First error</th></tr></thead>"
-        f"<tbody>{''.join(body)}</tbody></table></div>"
-    )
-
-
-def _recent_runs(runs: Any, now: datetime) -> str:
-    """The DAG's last runs, most recently started first, with their notes (Airflow's Runs list has no note column)."""
-    if runs is None or runs.error or not getattr(runs, "recent", None):
-        return ""
-    body = []
-    for run in runs.recent:
-        note = (
-            f'<span data-field="run-note">{esc(run.note)}</span>'
-            if run.note
-            else '<span class="muted">no note (the run has not ended, or ended before runs were noted)</span>'
-        )
-        body.append(
-            f'<tr data-run="{esc(run.run_id)}">'
-            f'<td><a href="{esc(run.url)}" target="_top" class="mono">{esc(run.run_id)}</a></td>'
-            f"<td>{_run_badge(run.state)}</td>"
-            f"<td>{time_tag(run.started_at or run.run_after, now)}</td>"
-            f"<td>{time_tag(run.ended_at, now) if run.ended_at else '—'}</td>"
-            f"<td>{note}</td></tr>"
-        )
-    return (
-        "<h3>Recent runs</h3>"
-        '<div class="scroll"><table class="grid runs" data-field="recent-runs"><thead><tr><th>Run</th>'
-        "<th>State</th><th>Started</th><th>Ended</th><th>Note</th></tr></thead>"
-        f"<tbody>{''.join(body)}</tbody></table></div>"
-    )
+    else:
+        role = "the watermark's snapshot" if first.get("role") == "watermark" else "a pending snapshot"
+        when = "now" if left <= 0 else f"in {esc(fmt_age(left))}"
+        text = f'{role} <span class="mono">{esc(first.get("snapshot_id"))}</span> may be expired {when} ({esc(first.get("kept_by"))})'
+    if status.retention_warning:
+        return f'<span class="warn" data-field="retention" title="{esc(status.retention_warning)}">⚠ {text}</span>'
+    return f'<span data-field="retention">{text}</span>'
 
 
 def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
@@ -243,6 +191,9 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
         else:
             lag = '<span data-field="pending">0</span> pending: caught up'
         items.append(("Lag", lag))
+    retention = _retention(status)
+    if retention:
+        items.append(("Expiry", retention))
     if status.source_snapshot_id is not None:
         items.append(
             (
@@ -267,7 +218,7 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
             (
                 "Latest run",
                 f'<a href="{esc(latest.url)}" target="_top" class="mono">{esc(latest.run_id)}</a> '
-                f"{_run_badge(latest.state)} started {time_tag(latest.started_at or latest.run_after, now)}"
+                f"{run_badge(latest.state)} started {time_tag(latest.started_at or latest.run_after, now)}"
                 + (
                     f'<div class="run-note" data-field="latest-note">{esc(latest.note)}</div>'
                     if latest.note
@@ -289,10 +240,37 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
                 "skewed keys; a read task takes each skewed partition alone and is the run's long pole",
             )
         )
+    for mirror in status.mirrors:
+        items.append((f"Mirror {esc(mirror.name)}", _mirror_fact(mirror, now)))
     if runs is not None and runs.paused:
         items.append(("DAG", '<span class="warn">paused</span>'))
     items.append(("Start", esc(status.start)))
     return '<dl class="facts">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+
+
+def _mirror_fact(mirror: Any, now: datetime) -> str:
+    """A mirror's line: its target, watermark and lag (or why they cannot be read)."""
+    where = f'{esc(mirror.type)} <span class="mono">{esc(mirror.table)}</span>'
+    if mirror.error:
+        return f'{where}: <span class="warn" data-field="mirror-error">{esc(mirror.error)}</span>'
+    if mirror.snapshot_id is None:
+        at = '<span class="muted">nothing applied yet</span>'
+    else:
+        made = f", made {time_tag(mirror.snapshot_at, now)}" if mirror.snapshot_at else ""
+        at = (
+            f'at snapshot <span class="mono" data-field="mirror-snapshot">{esc(mirror.snapshot_id)}</span>'
+            f" · ordinal {esc(mirror.ordinal)}{made}"
+        )
+    if mirror.behind_changelog is None:
+        lag = ""
+    elif mirror.behind_changelog or mirror.behind_source:
+        lag = (
+            f' · <span class="warn" data-field="mirror-lag">{esc(mirror.behind_changelog)} changelog snapshot(s) '
+            f"behind</span> ({esc(mirror.behind_source)} behind the source)"
+        )
+    else:
+        lag = ' · <span data-field="mirror-lag">caught up</span>'
+    return f'{where} {at}{lag} · DAG <span class="mono">{esc(mirror.dag_id)}</span>'
 
 
 def _section(status: TableStatus, runs: Any, now: datetime) -> str:
@@ -310,8 +288,8 @@ def _section(status: TableStatus, runs: Any, now: datetime) -> str:
         f"{_badge(status)} {dag_link}</h2>"
         f"{errors}{notes}{_facts(status, runs, now)}"
         f"<h3>Last processed snapshots</h3>{_recent_table(status, now)}"
-        f"{_recent_runs(runs, now)}"
-        f"<h3>Failed runs</h3>{_failed_runs(runs, now)}"
+        f"{recent_runs(runs, now)}"
+        f"<h3>Failed runs</h3>{failed_runs(runs, now)}"
         "</section>"
     )
 
@@ -336,7 +314,7 @@ def _overview(model: PageModel, now: datetime) -> str:
             f'<td class="num">{esc(fmt_int(status.pending))}</td>'
             f"<td>{esc(fmt_age(status.oldest_pending_age_seconds)) if status.pending else '—'}</td>"
             f"<td>{time_tag(last.committed_at, now) if last else '—'}</td>"
-            f"<td>{_run_badge(latest.state if latest else None)}</td>"
+            f"<td>{run_badge(latest.state if latest else None)}</td>"
             f'<td class="num">{esc(fmt_int(failed)) if failed is not None else "—"}</td>'
             "</tr>"
         )

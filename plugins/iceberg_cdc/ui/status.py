@@ -34,143 +34,26 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from iceberg_cdc.config import CdcConfig, TableConfig
 from iceberg_cdc.error_lines import line_of
 from iceberg_cdc.redaction import Redactor, secret_values
-from iceberg_cdc.sink.foreign import ForeignCommit
-from iceberg_cdc.ui.sink_history import DEFAULT_RECENT, ProcessedSnapshot, recent_commits
+from iceberg_cdc.ui.mirrors import MirrorReader, default_reader, mirror_statuses
+from iceberg_cdc.ui.sink_history import DEFAULT_RECENT, recent_commits
+from iceberg_cdc.ui.table_status import LeaseStatus, TableStatus, from_ms
 
-__all__ = ["DEFAULT_RECENT", "DEFAULT_TIMEOUT_SECONDS", "TableStatus", "collect_status", "table_status"]
+__all__ = [
+    "DEFAULT_RECENT",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "LeaseStatus",
+    "TableStatus",
+    "collect_status",
+    "table_status",
+]
 
 DEFAULT_TIMEOUT_SECONDS = 20.0
-
-
-@dataclass(frozen=True)
-class LeaseStatus:
-    """A run holding the table's lease now."""
-
-    owner: str
-    epoch: int
-    expires_at: datetime
-    host: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "owner": self.owner,
-            "epoch": self.epoch,
-            "expires_at": _iso(self.expires_at),
-            "host": self.host,
-        }
-
-
-@dataclass
-class TableStatus:
-    """One configured table: watermark, lag, recent commits, and what could not be read."""
-
-    source: str
-    sink: str
-    dag_id: str
-    start: str
-    checked_at: datetime
-    source_exists: bool | None = None
-    sink_exists: bool | None = None
-    source_snapshot_id: int | None = None  # the source's current snapshot
-    source_snapshot_at: datetime | None = None
-    watermark_snapshot_id: int | None = None
-    watermark_ordinal: int | None = None
-    watermark_snapshot_at: datetime | None = None  # when the source made the watermark's snapshot
-    pending: int | None = None
-    oldest_pending_snapshot_id: int | None = None
-    oldest_pending_at: datetime | None = None
-    recent: list[ProcessedSnapshot] = field(default_factory=list)
-    foreign: list[ForeignCommit] = field(default_factory=list)  # sink snapshots the pipeline did not write
-    lease: LeaseStatus | None = None
-    lease_checked: bool = False
-    errors: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def oldest_pending_age_seconds(self) -> float | None:
-        if self.oldest_pending_at is None:
-            return None
-        return max(0.0, (self.checked_at - self.oldest_pending_at).total_seconds())
-
-    @property
-    def last_commit(self) -> ProcessedSnapshot | None:
-        return self.recent[0] if self.recent else None
-
-    @property
-    def warnings(self) -> list[str]:
-        """What the operator should look at although the table is readable (foreign sink commits)."""
-        if not self.foreign:
-            return []
-        return [
-            f"the sink has {len(self.foreign)} snapshot(s) the pipeline did not write (newest: "
-            f"{self.foreign[0].describe()}): another writer changed the changelog; its rows are no "
-            f"changes of {self.source}"
-        ]
-
-    @property
-    def state(self) -> str:
-        """``error``, ``behind`` (snapshots pending), ``caught-up`` or ``unknown``."""
-        if self.errors:
-            return "error"
-        if self.pending is None:
-            return "unknown"
-        return "behind" if self.pending else "caught-up"
-
-    @property
-    def skewed_commits(self) -> int:
-        return sum(1 for s in self.recent if s.skew)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "sink": self.sink,
-            "dag_id": self.dag_id,
-            "start": self.start,
-            "state": self.state,
-            "checked_at": _iso(self.checked_at),
-            "source_exists": self.source_exists,
-            "sink_exists": self.sink_exists,
-            "source_snapshot_id": _id(self.source_snapshot_id),
-            "source_snapshot_at": _iso(self.source_snapshot_at),
-            "watermark": None
-            if self.watermark_snapshot_id is None
-            else {
-                "snapshot_id": _id(self.watermark_snapshot_id),
-                "ordinal": self.watermark_ordinal,
-                "snapshot_at": _iso(self.watermark_snapshot_at),
-            },
-            "lag": {
-                "pending_snapshots": self.pending,
-                "oldest_pending_snapshot_id": _id(self.oldest_pending_snapshot_id),
-                "oldest_pending_at": _iso(self.oldest_pending_at),
-                "oldest_pending_age_seconds": self.oldest_pending_age_seconds,
-            },
-            "recent": [s.to_dict() for s in self.recent],
-            "foreign_commits": [f.to_dict() for f in self.foreign],
-            "warnings": self.warnings,
-            "lease": self.lease.to_dict() if self.lease else None,
-            "errors": list(self.errors),
-            "notes": list(self.notes),
-        }
-
-
-def _id(value: int | None) -> str | None:
-    return None if value is None else str(value)
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat().replace("+00:00", "Z")
-
-
-def _from_ms(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 def table_status(
@@ -181,6 +64,7 @@ def table_status(
     now: datetime | None = None,
     lease_reader: Callable[[str], Any] | None = None,
     redact: Callable[[str], str] | None = None,
+    mirror_reader: MirrorReader | None = None,
 ) -> TableStatus:
     """The status of one table, read through ``catalog`` (a pyiceberg Catalog). Never raises for the table's state."""
     from pyiceberg.exceptions import NoSuchTableError
@@ -245,20 +129,21 @@ def table_status(
         current = source_table.metadata.current_snapshot()
         if current is not None:
             status.source_snapshot_id = current.snapshot_id
-            status.source_snapshot_at = _from_ms(current.timestamp_ms)
+            status.source_snapshot_at = from_ms(current.timestamp_ms)
         if watermark is not None:
             marked = source_table.metadata.snapshot_by_id(watermark.snapshot_id)
             if marked is not None:
-                status.watermark_snapshot_at = _from_ms(marked.timestamp_ms)
+                status.watermark_snapshot_at = from_ms(marked.timestamp_ms)
         if watermark_ok:
             try:
                 status.pending = pending_count(source_table, watermark, table.start)
+                _retention(status, source_table, watermark, table)
                 following = next_snapshot(source_table, watermark, table.start)
                 if following is not None:
                     status.oldest_pending_snapshot_id = following.snapshot_id
                     pending_snapshot = source_table.metadata.snapshot_by_id(following.snapshot_id)
                     if pending_snapshot is not None:
-                        status.oldest_pending_at = _from_ms(pending_snapshot.timestamp_ms)
+                        status.oldest_pending_at = from_ms(pending_snapshot.timestamp_ms)
             except Exception as exc:
                 failed("the watermark does not fit the source's history", exc)
 
@@ -270,7 +155,33 @@ def table_status(
                 status.lease = LeaseStatus(held.owner, held.epoch, held.expires_at, held.host)
         except Exception as exc:
             status.notes.append(redact(f"lease not readable: {line_of(exc)}"))
+    if mirror_reader is not None and table.mirrors:
+        status.mirrors = mirror_statuses(
+            table,
+            reader=mirror_reader,
+            changelog_ordinal=watermark.ordinal if watermark is not None else None,
+            source_pending=status.pending,
+            source_table=source_table,
+            redact=redact,
+            describe=line_of,
+        )
     return status
+
+
+def _retention(status: TableStatus, source_table: Any, watermark: Any, table: TableConfig) -> None:
+    """How long until a snapshot the sink needs may be expired; the warning below the table's threshold."""
+    from iceberg_cdc.source.protection import tag_prefix
+    from iceberg_cdc.source.retention import table_outlook
+
+    view = table_outlook(
+        source_table,
+        watermark,
+        table.start,
+        protection_prefix=tag_prefix(table.sink) if table.protect_pending else None,
+    )
+    now_ms = int(status.checked_at.timestamp() * 1000)
+    status.retention = view.to_dict(now_ms)
+    status.retention_warning = view.warning(now_ms, table.retention_warning)
 
 
 def _lease_reader(config: CdcConfig, connections: Any = None) -> Callable[[str], Any]:
@@ -335,8 +246,18 @@ def collect_status(
         except Exception as exc:
             lease_error = redact(f"lease not readable: {line_of(exc)}")
 
+    mirror_reader = default_reader(config, connections) if any(t.mirrors for t in selected) else None
+
     def one(table: TableConfig) -> TableStatus:
-        return table_status(catalog, table, recent=recent, now=now, lease_reader=lease_reader, redact=redact)
+        return table_status(
+            catalog,
+            table,
+            recent=recent,
+            now=now,
+            lease_reader=lease_reader,
+            redact=redact,
+            mirror_reader=mirror_reader,
+        )
 
     pool = ThreadPoolExecutor(max_workers=min(4, len(selected)), thread_name_prefix="cdc-ui-status")
     try:

@@ -21,6 +21,8 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleExcept
 
 from iceberg_cdc import snapshot_ids
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
+from iceberg_cdc.airflow.metrics import emit_safely
+from iceberg_cdc.airflow.operators.lineage import LineageReporting, changelog_datasets
 from iceberg_cdc.airflow.policy import airflow_holder_state, final_errors
 from iceberg_cdc.config import TableConfig
 from iceberg_cdc.errors import LeaseHeldError
@@ -28,6 +30,7 @@ from iceberg_cdc.run import steps
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.kinds import backfill_refusal, is_backfill
 from iceberg_cdc.run.lease import lease_ttl_seconds, lease_wait_step
+from iceberg_cdc.run.metrics import emit_retention
 from iceberg_cdc.run.story import story
 
 log = logging.getLogger("iceberg_cdc")
@@ -48,8 +51,13 @@ def lease_wait_seconds(table: TableConfig | None = None) -> float:
     return float(raw) if raw else 2 * lease_ttl_seconds(table)
 
 
-class DetectOperator(BaseOperator):
-    """Take the table's lease, find the snapshot to process and plan it; XCom: detect's small dict."""
+class DetectOperator(LineageReporting, BaseOperator):
+    """Take the table's lease, find the snapshot to process and plan it; XCom: detect's small dict.
+
+    Reports to OpenLineage the source table at the snapshot the run processes
+    (:mod:`iceberg_cdc.airflow.operators.lineage`), and the retention guard's
+    figures to the metrics backend.
+    """
 
     ui_color = "#cfe8fc"
 
@@ -85,7 +93,10 @@ class DetectOperator(BaseOperator):
                         through_snapshot_id=through,
                     )
                 log.info("this run: %s", story(detected))
-                return detected.to_xcom()
+                emit_safely(emit_retention, self.source, dict(detected.retention))
+                # Kept for the OpenLineage listener, which asks after the task in a forked process.
+                self._lineage_detected = detected.to_xcom()
+                return self._lineage_detected
             except LeaseHeldError as exc:
                 holder_since, holder_expired = _holder(ctx)
                 action, seconds = lease_wait_step(
@@ -109,6 +120,12 @@ class DetectOperator(BaseOperator):
                     raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=seconds)) from None
                 log.info("table busy, looking again in %.0f s: %s", seconds, exc)
                 time.sleep(seconds)
+
+    def lineage_datasets(self, task_instance: Any) -> tuple[list, list]:
+        detected = getattr(self, "_lineage_detected", None) or {}
+        if detected.get("snapshot_id") is None:  # caught up: the run reads nothing
+            return [], []
+        return changelog_datasets(detected, None)
 
 
 def _first_reschedule(ti: Any, context: Any) -> float | None:

@@ -122,10 +122,10 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         self.py_files = self.py_files or package_zip()
         try:
-            with _renewing(self._application_args or []):
+            with _renewing(self.application_args or []):
                 super().execute(context)
         except AirflowException as exc:
-            line = _group_error(self._application_args or [])
+            line = _group_error(self.application_args or [])
             if line is None:
                 raise
             self.log.error("%s", line)

@@ -30,6 +30,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (mirrors' conn_id -> DSN)
 from iceberg_cdc.airflow.views.airflow_side import AirflowSide, authenticated_user
 from iceberg_cdc.config import CONFIG_ENV, CdcConfig, load_config
 from iceberg_cdc.errors import CdcError

@@ -1,0 +1,177 @@
+"""One mirror DAG per (table, mirror): ``cdc_mirror__<ns>__<table>__<mirror name>``.
+
+    detect ─ plan_apply ─ join_jobs ─ mirror_join[] ─ apply
+    cleanup: teardown of detect (runs after failures too, keeps them failed)
+
+Scheduled on the changelog's Airflow Asset (``cdc:<sink>``): every commit of
+the table's DAG emits an event, and Airflow starts a mirror run for the
+events that queued up -- one run applies everything pending at once. The steps
+are :mod:`iceberg_cdc.mirror.steps`; ``mirror_join`` is the Iceberg target's
+mapped Spark task (the shuffle phases' operator, ``--phase mirror_join``) and
+expands to nothing for a PostgreSQL mirror. The mirror has a lease of its own
+(never the table's), so mirror runs and changelog runs do not wait for each
+other, and two runs of one mirror never overlap.
+
+A mirror with ``conn_id`` reads its DSN from the Airflow connection through
+the Postgres provider's hook (registered here, so the core stays Airflow-free).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from airflow.sdk import DAG, TriggerRule, task
+from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
+
+from iceberg_cdc.airflow.dag_factory import sink_asset
+from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (conn_id -> DSN)
+from iceberg_cdc.airflow.hooks.cdc import CdcHook
+from iceberg_cdc.airflow.operators.detect import lease_wait_seconds, sensor_mode
+from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
+from iceberg_cdc.airflow.policy import airflow_holder_state, final_errors, record_error, task_retries
+from iceberg_cdc.config import CdcConfig, MirrorConfig, TableConfig, load_config
+from iceberg_cdc.errors import LeaseHeldError
+from iceberg_cdc.mirror import steps
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.lease import lease_wait_step
+
+log = logging.getLogger("iceberg_cdc")
+
+
+DOC = """
+### Mirror of `{source}` in {kind} `{target}`
+
+Keeps `{target}` holding exactly the rows of `{source}` (one per key
+{key}), from its changelog `{sink}`. Scheduled on the changelog's asset
+`cdc:{sink}`: a run applies every changelog snapshot after the mirror's
+watermark at once, as net changes per key, in one atomic step with the new
+watermark ({atomic}).
+
+* **detect** — takes the mirror's lease, compares its watermark with the changelog
+* **plan_apply** — reads the pending changelog, stages the net changes (Parquet, shuffle store)
+* **mirror_join** — the Iceberg target's Spark join tasks (none for PostgreSQL)
+* **apply** — the atomic apply with the watermark (exactly once)
+* **cleanup** — teardown: staged objects, the lease
+
+Rebuild from the changelog or the source's state:
+`python -m iceberg_cdc.mirror.rebuild --table {source} --mirror {name} [--from source]`.
+"""
+
+
+def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig) -> DAG:
+    source = table.source
+    name = mirror.mirror_name
+    operator, spark = phase_operator(config)
+
+    def context() -> tuple[Context, MirrorConfig]:
+        ctx = CdcHook(load_config()).context(source)
+        return ctx, ctx.table.mirror(name)
+
+    with DAG(
+        dag_id=table.mirror_dag_id(mirror),
+        schedule=[sink_asset(config, table)],
+        start_date=datetime(2024, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        tags=["cdc", "cdc-mirror", source],
+        doc_md=DOC.format(
+            source=source,
+            sink=table.sink,
+            kind="PostgreSQL" if mirror.type == "postgres" else "Iceberg",
+            target=mirror.table,
+            key=f"by {table.identifier_columns}" if table.identifier_columns else "by the identifier fields",
+            atomic="one PostgreSQL transaction" if mirror.type == "postgres" else "one Iceberg commit",
+            name=name,
+        ),
+        default_args={
+            "retries": task_retries(),
+            "retry_delay": timedelta(seconds=15),
+            "on_failure_callback": record_error,
+        },
+    ) as dag:
+
+        @task(task_id="detect")
+        def detect(run_id: str | None = None, ti=None) -> dict[str, Any]:
+            try_started = time.time()
+            while True:
+                ctx, mine = context()
+                try:
+                    with final_errors():
+                        return steps.detect(
+                            ctx,
+                            mine,
+                            run_id or "manual",
+                            dag_id=dag.dag_id,
+                            try_number=getattr(ti, "try_number", None),
+                            holder_state=airflow_holder_state(ti),
+                        )
+                except LeaseHeldError as exc:
+                    action, seconds = lease_wait_step(
+                        now=time.time(),
+                        waiting_since=try_started,
+                        holder_since=None,
+                        window=lease_wait_seconds(),
+                        try_started=try_started,
+                        reschedule=sensor_mode() != "poke",
+                        in_process_seconds=5.0,
+                    )
+                    if action == "fail":
+                        raise AirflowFailException(f"LeaseHeldError: {exc}") from None
+                    if action == "reschedule":
+                        raise AirflowRescheduleException(
+                            datetime.now(UTC) + timedelta(seconds=seconds)
+                        ) from None
+                    log.info("mirror busy, looking again in %.0f s: %s", seconds, exc)
+                    time.sleep(seconds)
+
+        detected = detect()
+
+        @task(task_id="plan_apply")
+        def plan_apply(detected: dict[str, Any]) -> dict[str, Any]:
+            ctx, mine = context()
+            with final_errors():
+                return steps.plan_apply(ctx, mine, detected)
+
+        planned = plan_apply(detected)
+
+        @task(task_id="join_jobs")
+        def join_jobs(planned: dict[str, Any]) -> list[list[str]]:
+            """The Iceberg target's Spark join tasks (a mapped task expands over a whole return value)."""
+            return planned["join_args"]
+
+        name_arg = {"name": f"cdc-{source}-mirror-{name}"} if operator is CdcSparkSubmitOperator else {}
+        mirror_join = operator.partial(task_id="mirror_join", **name_arg, **spark).expand(
+            application_args=join_jobs(planned)
+        )
+
+        @task(task_id="apply", trigger_rule=TriggerRule.NONE_FAILED)
+        def apply(ti=None) -> dict[str, Any]:
+            ctx, mine = context()
+            detected = ti.xcom_pull(task_ids="detect")
+            planned = ti.xcom_pull(task_ids="plan_apply")
+            with final_errors():
+                return steps.apply(ctx, mine, detected, planned)
+
+        @task(task_id="cleanup")
+        def cleanup(detected: dict[str, Any], run_id: str | None = None) -> dict[str, Any]:
+            ctx, mine = context()
+            return steps.cleanup(ctx, mine, detected, run_id or "manual")
+
+        applied = apply()
+        mirror_join >> applied
+        teardown = cleanup(detected).as_teardown(setups=detected)
+        applied >> teardown
+    return dag
+
+
+def build_mirror_dags(config: CdcConfig | None = None) -> dict[str, DAG]:
+    """Every configured mirror's DAG, by DAG id."""
+    config = config or load_config()
+    return {
+        table.mirror_dag_id(mirror): build_mirror_dag(config, table, mirror)
+        for table in config.tables
+        for mirror in table.mirrors
+    }

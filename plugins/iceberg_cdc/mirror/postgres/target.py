@@ -1,0 +1,282 @@
+"""Apply net changes to a PostgreSQL mirror: one transaction with the watermark.
+
+In one transaction, in this order:
+
+1. an advisory lock on the mirror table (every writer of it queues here);
+2. the state table and the mirror table created or evolved (:mod:`.ddl`);
+3. the mirror's mark read from the state table and compared with the mark the
+   net changes were computed from: equal -- go on; already the target mark --
+   this apply already committed (a retry after a lost answer, a cleared task),
+   so nothing is done; anything else -- another run moved the mirror, so
+   :class:`~iceberg_cdc.errors.MirrorStateError` and nothing is done. A run
+   whose lease epoch is below the last apply's is refused the same way;
+4. the net changes bulk-loaded into two temporary tables in Arrow's binary form
+   (ADBC's PostgreSQL driver: binary ``COPY``; no row-by-row INSERT);
+5. ``DELETE ... USING`` the deleted keys, ``INSERT ... SELECT ... ON CONFLICT
+   (key) DO UPDATE`` the upserts;
+6. the new mark written to the state table, then ``COMMIT``.
+
+A crash, a kill or a server restart anywhere before the commit leaves the
+mirror and its mark as they were (PostgreSQL rolls the transaction back); a
+retry repeats the whole transaction. After the commit, the mark says so: a
+retry finds the target mark and does nothing. So each net change is applied
+exactly once.
+
+``hook(point)`` is called at each named point (:data:`POINTS`) for fault tests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.types import NestedField
+
+from iceberg_cdc.errors import MirrorKeyError, MirrorStateError
+from iceberg_cdc.mirror.net_changes import ChangelogMark, NetChanges
+from iceberg_cdc.mirror.postgres import ddl
+from iceberg_cdc.mirror.postgres.connection import connect
+from iceberg_cdc.mirror.postgres.types import load_columns, qualified, quote
+
+POINTS = ("connected", "locked", "ensured", "loaded", "deleted", "upserted", "marked", "committed")
+_UPSERTS = "cdc_net_upserts"
+_DELETES = "cdc_net_deletes"
+Hook = Callable[[str], None]
+
+
+@dataclass
+class ApplyResult:
+    applied: bool
+    reason: str
+    upserted: int = 0
+    deleted: int = 0
+    schema: dict[str, list[str]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MirrorState:
+    """The state row of one mirror table."""
+
+    mark: ChangelogMark | None
+    changelog_table: str
+    source_table: str
+    epoch: int
+    run_id: str | None
+
+
+class PostgresTarget:
+    """One mirror table in one PostgreSQL database, fed from one changelog."""
+
+    def __init__(self, dsn: str, table: str, *, changelog: str, source: str) -> None:
+        self.dsn = dsn
+        self.table = table
+        self.changelog = changelog
+        self.source = source
+
+    def __repr__(self) -> str:  # the DSN may hold a password
+        return f"PostgresTarget(table={self.table!r}, changelog={self.changelog!r})"
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def state(self) -> MirrorState | None:
+        """The state row, or None when the mirror was never applied (no state table or row)."""
+        connection = connect(self.dsn)
+        try:
+            cursor = connection.cursor()
+            cursor.execute("SELECT to_regclass($1) IS NOT NULL", (ddl.state_table(self.table),))
+            if not cursor.fetchone()[0]:
+                return None
+            return self._state(cursor)
+        finally:
+            connection.close()
+
+    def read_mark(self) -> ChangelogMark | None:
+        state = self.state()
+        return state.mark if state is not None else None
+
+    def _state(self, cursor: Any) -> MirrorState | None:
+        cursor.execute(
+            f"SELECT changelog_snapshot_id, source_snapshot_id, change_ordinal, changelog_table, source_table, "
+            f"epoch, run_id FROM {ddl.state_table(self.table)} WHERE mirror_table = $1",
+            (self.table,),
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        changelog_id, source_id, ordinal, changelog, source, epoch, run_id = row
+        mark = None if ordinal is None else ChangelogMark(int(changelog_id), int(source_id), int(ordinal))
+        return MirrorState(mark, changelog, source, int(epoch), run_id)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def apply(
+        self,
+        net: NetChanges,
+        *,
+        base: ChangelogMark | None,
+        fields: list[NestedField],
+        epoch: int,
+        run_id: str,
+        hook: Hook | None = None,
+        replace_all: bool = False,
+    ) -> ApplyResult:
+        """Apply ``net`` (computed from ``base``) and move the mark to ``net.through``, in one transaction.
+
+        ``replace_all`` (a rebuild): every row of the mirror is replaced by
+        ``net.upserts``, whatever the mark was.
+        """
+        call = hook or (lambda point: None)
+        seconds: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        def lap(point: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            seconds[point] = round(now - clock, 4)
+            clock = now
+            call(point)
+
+        self._check_keys(net)
+        types = {f.name: f.field_type for f in fields}
+        connection = connect(self.dsn)
+        try:
+            cursor = connection.cursor()
+            lap("connected")
+            ddl.lock(cursor, self.table)
+            ddl.ensure_state_table(cursor, self.table)
+            lap("locked")
+            state = self._state(cursor)
+            done = None if replace_all else self._compare(state, base, net.through, epoch)
+            if done is not None:
+                connection.rollback()
+                return ApplyResult(False, done, seconds=seconds)
+            schema = ddl.ensure_mirror_table(cursor, self.table, fields, net.key_columns)
+            lap("ensured")
+            relation = qualified(self.table)
+            upserts = load_columns(net.upserts, types) if net.upserts.num_rows else None
+            deletes = load_columns(net.deletes, types, alias="d") if net.deletes.num_rows else None
+            for name, load in ((_UPSERTS, upserts), (_DELETES, deletes)):
+                if load is not None:
+                    cursor.execute(f"DROP TABLE IF EXISTS pg_temp.{name}")
+                    cursor.adbc_ingest(name, load.table(), mode="create", temporary=True)
+            lap("loaded")
+            deleted = 0
+            if replace_all:
+                cursor.execute(f"DELETE FROM {relation}")
+                deleted = max(cursor.rowcount, 0)
+            elif deletes is not None:
+                match = " AND ".join(f"m.{quote(k)} = {deletes.expressions[k]}" for k in net.key_columns)
+                cursor.execute(f"DELETE FROM {relation} AS m USING pg_temp.{_DELETES} AS d WHERE {match}")
+                deleted = max(cursor.rowcount, 0)
+            lap("deleted")
+            upserted = 0
+            if upserts is not None:
+                cursor.execute(self._upsert_sql(relation, upserts.expressions, net.key_columns))
+                upserted = max(cursor.rowcount, 0)
+            lap("upserted")
+            self._write_state(cursor, net.through, epoch, run_id, upserted, deleted)
+            for name, load in ((_UPSERTS, upserts), (_DELETES, deletes)):
+                if load is not None:
+                    cursor.execute(f"DROP TABLE pg_temp.{name}")
+            lap("marked")
+            connection.commit()
+            lap("committed")
+            return ApplyResult(
+                True, "rebuilt" if replace_all else "applied", upserted, deleted, schema, seconds
+            )
+        finally:
+            connection.close()
+
+    def _check_keys(self, net: NetChanges) -> None:
+        for part in (net.upserts, net.deletes):
+            for key in net.key_columns:
+                if part.num_rows and part.column(key).null_count:
+                    raise MirrorKeyError(
+                        f"{part.column(key).null_count} changelog row(s) have null in the key column {key!r}: a "
+                        f"PostgreSQL mirror's primary key cannot hold null. Choose identifier_columns that are "
+                        "never null (Iceberg's identifier fields are required)."
+                    )
+
+    def _compare(
+        self, state: MirrorState | None, base: ChangelogMark | None, through: ChangelogMark, epoch: int
+    ) -> str | None:
+        """None to go on, or why nothing is to be done; MirrorStateError when the plan is stale."""
+        if state is not None and (state.changelog_table, state.source_table) != (self.changelog, self.source):
+            raise MirrorStateError(
+                f"PostgreSQL table {self.table} is the mirror of {state.source_table} (changelog "
+                f"{state.changelog_table}), not of {self.source}: point the mirror at another table, or delete "
+                f"its row from {ddl.state_table(self.table)} (and the table) to reuse the name. Nothing was applied."
+            )
+        current = state.mark if state is not None else None
+        if current == through:
+            return f"already applied: the mirror is at source snapshot {through.source_snapshot_id}"
+        if current != base:
+            raise MirrorStateError(
+                f"the mirror {self.table} moved while this run worked (it is at {current}, the run planned from "
+                f"{base}): another run applied first. Nothing was applied; the next run plans afresh."
+            )
+        if state is not None and state.epoch > epoch:
+            raise MirrorStateError(
+                f"run {state.run_id!r} with lease epoch {state.epoch} wrote the mirror {self.table} after this run "
+                f"(epoch {epoch}) took its lease: this run was overtaken. Nothing was applied."
+            )
+        return None
+
+    def _upsert_sql(self, relation: str, expressions: dict[str, str], key: tuple[str, ...]) -> str:
+        names = list(expressions)
+        columns = ", ".join(quote(n) for n in names)
+        values = ", ".join(expressions[n] for n in names)
+        others = [n for n in names if n not in key]
+        action = (
+            "DO UPDATE SET " + ", ".join(f"{quote(n)} = EXCLUDED.{quote(n)}" for n in others)
+            if others
+            else "DO NOTHING"
+        )
+        conflict = ", ".join(quote(k) for k in key)
+        return f"INSERT INTO {relation} ({columns}) SELECT {values} FROM pg_temp.{_UPSERTS} AS n ON CONFLICT ({conflict}) {action}"
+
+    def _write_state(
+        self, cursor: Any, mark: ChangelogMark, epoch: int, run_id: str, upserted: int, deleted: int
+    ) -> None:
+        cursor.execute(
+            f"INSERT INTO {ddl.state_table(self.table)} AS s (mirror_table, changelog_table, source_table, "
+            "changelog_snapshot_id, source_snapshot_id, change_ordinal, epoch, run_id, applied_at, upserted, deleted) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $9, $10) ON CONFLICT (mirror_table) DO UPDATE SET "
+            "changelog_table = EXCLUDED.changelog_table, source_table = EXCLUDED.source_table, "
+            "changelog_snapshot_id = EXCLUDED.changelog_snapshot_id, source_snapshot_id = EXCLUDED.source_snapshot_id, "
+            "change_ordinal = EXCLUDED.change_ordinal, epoch = GREATEST(s.epoch, EXCLUDED.epoch), "
+            "run_id = EXCLUDED.run_id, applied_at = EXCLUDED.applied_at, upserted = EXCLUDED.upserted, "
+            "deleted = EXCLUDED.deleted",
+            (
+                self.table,
+                self.changelog,
+                self.source,
+                mark.changelog_snapshot_id,
+                mark.source_snapshot_id,
+                mark.ordinal,
+                epoch,
+                run_id,
+                upserted,
+                deleted,
+            ),
+        )
+
+    def read_rows(self) -> pa.Table | None:
+        """Every row of the mirror table, as Arrow (for checks and the demo); None when it does not exist."""
+        connection = connect(self.dsn)
+        try:
+            cursor = connection.cursor()
+            cursor.execute("SELECT to_regclass($1) IS NOT NULL", (qualified(self.table),))
+            if not cursor.fetchone()[0]:
+                return None
+            cursor.execute(f"SELECT * FROM {qualified(self.table)}")
+            return cursor.fetch_arrow_table()
+        finally:
+            connection.close()

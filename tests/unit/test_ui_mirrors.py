@@ -1,0 +1,77 @@
+"""The CDC view's mirror lines: watermark and lag per mirror, errors on the mirror's own line."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from iceberg_cdc.config import parse_config
+from iceberg_cdc.mirror.net_changes import ChangelogMark
+from iceberg_cdc.ui.mirrors import mirror_statuses
+from iceberg_cdc.ui.page import _mirror_fact
+
+CONFIG = parse_config(
+    {
+        "catalog": {"name": "t", "type": "sql", "uri": "sqlite:////tmp/never.db"},
+        "shuffle": {"uri": "s3://shuffle/cdc"},
+        "tables": [
+            {
+                "source": "shop.orders",
+                "sink": "shop.orders_changes",
+                "mirrors": [
+                    {
+                        "type": "postgres",
+                        "dsn": "postgresql://u:pw@h/db",
+                        "table": "public.orders",
+                        "name": "pg",
+                    },
+                    {
+                        "type": "postgres",
+                        "dsn": "postgresql://u:pw@h/db",
+                        "table": "public.orders2",
+                        "name": "down",
+                    },
+                    {"type": "iceberg", "table": "shop.orders_mirror"},
+                ],
+            }
+        ],
+    }
+)
+
+
+def reader(table, mirror):
+    if mirror.name == "down":
+        raise ConnectionError("server at postgresql://u:pw@h/db is down")
+    return ChangelogMark(1, 42, 7) if mirror.name == "pg" else None
+
+
+def test_each_mirror_has_its_watermark_and_lag():
+    table = CONFIG.tables[0]
+    statuses = mirror_statuses(
+        table,
+        reader=reader,
+        changelog_ordinal=9,
+        source_pending=3,
+        source_table=None,
+        redact=lambda s: s.replace("pw", "***"),
+    )
+    pg, down, iceberg = statuses
+    assert (pg.snapshot_id, pg.ordinal, pg.behind_changelog, pg.behind_source, pg.state) == (
+        42,
+        7,
+        2,
+        5,
+        "behind",
+    )
+    assert down.state == "error" and "pw" not in down.error and "down" in down.error
+    assert (
+        iceberg.ordinal is None
+        and iceberg.behind_changelog == 9
+        and iceberg.dag_id == "cdc_mirror__shop__orders__shop__orders_mirror"
+    )
+    assert pg.to_dict()["watermark"]["snapshot_id"] == "42"
+    html = _mirror_fact(pg, datetime.now(UTC))
+    assert "2 changelog snapshot(s) behind" in html and "cdc_mirror__shop__orders__pg" in html
+    caught_up = mirror_statuses(
+        table, reader=reader, changelog_ordinal=7, source_pending=0, source_table=None
+    )[0]
+    assert caught_up.state == "caught-up" and "caught up" in _mirror_fact(caught_up, datetime.now(UTC))
