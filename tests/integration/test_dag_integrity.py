@@ -243,10 +243,18 @@ def test_one_mirror_dag_per_table_and_mirror_scheduled_on_the_changelog_asset():
         assert dag.get_task("mirror_join").is_mapped
         assert dag.get_task("cleanup").is_teardown
         assert [a.name for a in dag.timetable.asset_condition.objects] == ["cdc:shop.orders_changes"]
-    # the asset the table's commit task emits is the one the mirrors are scheduled on
-    table_dag = build_dags(parse_config(MIRRORED))["cdc__shop__orders"]
+    # the asset the table's commit task emits (through its alias, only when it committed rows) is the
+    # one the mirrors are scheduled on
+    from iceberg_cdc.airflow.dag_factory import sink_alias, sink_asset
+
+    config = parse_config(MIRRORED)
+    table_dag = build_dags(config)["cdc__shop__orders"]
     outlets = {o.name for o in table_dag.get_task("commit").outlets}
-    assert outlets == {"cdc:shop.orders_changes"}
+    assert outlets == {sink_alias(config.tables[0]).name}
+    emitted = sink_asset(config, config.tables[0])
+    for dag in dags.values():
+        [scheduled] = dag.timetable.asset_condition.objects
+        assert (scheduled.name, scheduled.uri) == (emitted.name, emitted.uri)
 
 
 def test_the_hook_resolves_aws_connections_for_the_catalog_and_the_shuffle(monkeypatch):
