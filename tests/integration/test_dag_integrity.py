@@ -151,6 +151,8 @@ def test_commit_emits_the_sink_asset_only_through_its_alias():
     outlets = dag.get_task("commit").outlets
     assert outlets and all(isinstance(o, AssetAlias) for o in outlets)
     assert not any(isinstance(o, Asset) for t in dag.tasks for o in t.outlets)
+    # ... while the sink's asset stays known to Airflow (active, on its Assets page): watermark reads it.
+    assert [a.name for a in dag.get_task("watermark").inlets] == ["cdc:shop.orders_changes"]
     assert not sink_changed({"committed": False, "reason": "caught up"})
     assert not sink_changed({"committed": False, "snapshot_id": 5, "reason": "skipped replace snapshot"})
     assert sink_changed({"committed": True, "snapshot_id": 5})

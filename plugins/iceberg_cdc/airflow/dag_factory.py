@@ -263,7 +263,9 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
             committed["snapshot_id"] = snapshot_ids.as_text(committed.get("snapshot_id"))
             return committed
 
-        @task(task_id="watermark")
+        # watermark reads the sink: naming it as an inlet keeps the sink's asset known to Airflow (on its
+        # Assets page, active) although commit emits its events only through the alias.
+        @task(task_id="watermark", inlets=[asset])
         def watermark(detected: dict[str, Any], committed: dict[str, Any]) -> dict[str, Any]:
             mark = steps.watermark(context(), detected)
             emit_safely(emit_lag, source, int(mark.get("remaining") or 0))
