@@ -32,7 +32,6 @@ import json
 import random
 import re
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -206,7 +205,6 @@ def main() -> int:
     parser.add_argument("--commits", type=int, default=10)
     parser.add_argument("--poll-interval", type=float, default=5.0)
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "bench"))
     import shutil
 
     from cdc_devtools.local_s3 import LocalS3Server

@@ -29,7 +29,12 @@ Runs, in this one invocation, all on Spark ``local[2]``:
 * the engine-only figures of ``engine_bench.py``;
 * mirrors (``mirror_bench.py``): 1 M changed rows applied to PostgreSQL against
   ``executemany``, and a mirror 30 changelog snapshots behind caught up in one
-  run against one run per snapshot (``--skip-mirror`` leaves it out).
+  run against one run per snapshot (``--skip-mirror`` leaves it out);
+* an Iceberg mirror (``iceberg_mirror_bench.py``): a 1% update + 0.1% delete
+  of the N-row table applied by the Iceberg mirror target against pyiceberg's
+  own ``Table.upsert`` (seconds, bytes written), and a 30-snapshot catch-up in
+  one apply against one apply per snapshot (``--skip-iceberg-mirror`` leaves
+  it out).
 
 Writes ``bench/results/pipeline.{json,txt,png,md}`` and ends with the lines
 ``bench (warm Spark Connect): pipeline X s, spark-native Y s, ratio=R`` and
@@ -63,6 +68,8 @@ import workload as wl  # noqa: E402
 import yaml  # noqa: E402
 from connect_run import connect_line, run_connect  # noqa: E402
 from freshness import freshness_figures, freshness_lines  # noqa: E402
+from iceberg_mirror_bench import iceberg_mirror_lines  # noqa: E402
+from iceberg_mirror_bench import run as run_iceberg_mirror_bench  # noqa: E402
 from latency import (  # noqa: E402
     compare_modes,
     latency_line,
@@ -383,6 +390,9 @@ def main() -> None:
     parser.add_argument("--skip-airflow", action="store_true", help="leave the one-row Airflow run out")
     parser.add_argument("--skip-mirror", action="store_true", help="leave the mirror figures out")
     parser.add_argument(
+        "--skip-iceberg-mirror", action="store_true", help="leave the Iceberg mirror figures out"
+    )
+    parser.add_argument(
         "--skip-connect", action="store_true", help="leave the warm Spark Connect comparison out"
     )
     parser.add_argument(
@@ -453,6 +463,13 @@ def main() -> None:
     # A quick run must not overwrite the committed figures of a full one.
     out_dir = work / "results" if args.quick else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
+    if not args.skip_iceberg_mirror:
+        log("Iceberg mirror: net changes applied by the mirror target and by pyiceberg's upsert")
+        iceberg = run_iceberg_mirror_bench(rows, work / "iceberg-mirror", 30)
+        results["iceberg_mirror"] = iceberg
+        results["checks"]["iceberg_mirror"] = {"equal": iceberg["equal"]}
+        (out_dir / "iceberg_mirror.json").write_text(json.dumps(iceberg, indent=2) + "\n")
+        (out_dir / "iceberg_mirror.txt").write_text("\n".join(iceberg_mirror_lines(iceberg)) + "\n")
     if not args.skip_engine and not args.quick:
         results["engine"] = run_engine_bench(args.quick, out_dir)
     if not args.skip_mirror:
@@ -475,6 +492,8 @@ def main() -> None:
     if not ok:
         print("bench: CHECK FAILED: the pipeline and a comparison run disagree; see pipeline.json 'checks'")
     print(mor_line(results["merge_on_read"]))
+    if "iceberg_mirror" in results:
+        print("\n".join(iceberg_mirror_lines(results["iceberg_mirror"])))
     print(point_update_line(results["point_update"]))
     if "latency_connect" in results:
         print(latency_line(results["latency"]["wall_seconds"], results["latency_connect"]))

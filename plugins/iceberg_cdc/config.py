@@ -268,6 +268,12 @@ class MirrorConfig(_Strict):
     ``name`` tells two mirrors of one table apart (DAG id, lease, staging); it defaults to the
     table with ``.`` as ``__``. ``exclude_columns`` leaves source columns out of the mirror
     (e.g. a type the target cannot hold); key columns cannot be left out.
+
+    Iceberg only: ``mode`` -- ``merge-on-read`` (default: replaced rows are deleted by position
+    deletes, or deletion vectors on a format-v3 mirror) or ``copy-on-write`` (the data files
+    holding replaced rows are rewritten: for small tables read by engines without delete support);
+    ``format_version`` -- 2 or 3 for a mirror the first run creates (default: the source's, at
+    least 2).
     """
 
     type: Literal["iceberg", "postgres"]
@@ -276,6 +282,8 @@ class MirrorConfig(_Strict):
     dsn: str | None = None
     name: str | None = None
     exclude_columns: list[str] = Field(default_factory=list)
+    mode: Literal["merge-on-read", "copy-on-write"] | None = None
+    format_version: Literal[2, 3] | None = None
 
     @model_validator(mode="after")
     def _target(self) -> MirrorConfig:
@@ -291,6 +299,9 @@ class MirrorConfig(_Strict):
                     "config's catalog: remove them"
                 )
             return self
+        iceberg_only = [key for key in ("mode", "format_version") if getattr(self, key) is not None]
+        if iceberg_only:
+            raise ValueError(f"{', '.join(iceberg_only)} only apply to type: iceberg: remove them")
         parts = self.table.split(".")
         if len(parts) != 2 or not all(_PG_NAME.match(part) for part in parts):
             raise ValueError(

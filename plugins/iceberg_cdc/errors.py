@@ -186,7 +186,11 @@ class MirrorHistoryError(MirrorError):
 
 
 class MirrorStateError(MirrorError, LeaseLostError):
-    """The mirror's watermark moved under this run (another run applied first): nothing was applied.
+    """The mirror moved under this run: nothing was applied.
+
+    Another run applied first (the watermark moved), or an Iceberg mirror got a
+    commit after the one its apply was planned on, or holds files its applies
+    never write (equality deletes): the delete positions found may be stale.
 
     A subclass of :class:`LeaseLostError`: the run stops, and the next run plans afresh.
     """

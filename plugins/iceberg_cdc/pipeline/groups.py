@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.pipeline import executor_tasks
 from iceberg_cdc.pipeline.paths import SnapshotPaths
 from iceberg_cdc.pipeline.plan import SnapshotPlan
@@ -20,15 +21,50 @@ from iceberg_cdc.storage import ObjectStore, get_json_many
 
 UnitFunction = Callable[[SnapshotPlan, Runtime, Any], dict[str, Any]]
 
+
 PHASE_FUNCTIONS: dict[str, UnitFunction] = {
     "write": executor_tasks.run_write_task,
     "read": executor_tasks.run_read_task,
     "insert": executor_tasks.run_insert_task,
 }
+PlanLoader = Callable[[ObjectStore, str], Any]
+_PHASE_PLANS: dict[str, PlanLoader] = {}
 
 
-def units_of(phase: str, plan: SnapshotPlan, group: int, store: ObjectStore) -> list[Any]:
-    """Write/insert groups list task ids (from the plan); read groups list range documents (from coalesce)."""
+def register_phase(phase: str, function: UnitFunction, load_plan: PlanLoader) -> None:
+    """Add a phase of a higher layer (the Iceberg mirror's join): its unit function and plan loader.
+
+    The layers that own such phases register them in the processes that drive
+    a group (:func:`iceberg_cdc.mirror.iceberg.phase.register`: the Airflow
+    adapter, the Spark entry point, in-process runners); this layer never
+    imports theirs. Executors need no registry: the unit function reaches them
+    pickled by reference, and they import its module from the package.
+    """
+    PHASE_FUNCTIONS[phase] = function
+    _PHASE_PLANS[phase] = load_plan
+
+
+def phase_names() -> list[str]:
+    return sorted(PHASE_FUNCTIONS)
+
+
+def load_phase_plan(phase: str, store: ObjectStore, key: str) -> Any:
+    """The plan a phase's group runs from: a snapshot plan, or a registered phase's own (a mirror's apply plan)."""
+    if phase not in PHASE_FUNCTIONS:
+        raise ConfigError(
+            f"unknown phase {phase!r}; known here: {', '.join(phase_names())}. A mirror's phase is known once "
+            "its package registers it (iceberg_cdc.mirror.iceberg.phase.register)"
+        )
+    if phase in _PHASE_PLANS:
+        return _PHASE_PLANS[phase](store, key)
+    return SnapshotPlan.load(store, key)
+
+
+def units_of(phase: str, plan: Any, group: int, store: ObjectStore) -> list[Any]:
+    """Write/insert groups list task ids (from the plan); read groups list range documents (from coalesce);
+    a registered phase's groups list its plan's unit ids."""
+    if phase in _PHASE_PLANS:
+        return list(plan.groups[group])
     if phase in ("write", "insert"):
         return list(plan.groups[group].task_ids)
     paths = plan.paths

@@ -35,15 +35,13 @@ from typing import Any, Protocol
 from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
 from iceberg_cdc.coordination.lease import TableLease
 from iceberg_cdc.error_lines import line_in_text
-from iceberg_cdc.pipeline.groups import record_group, units_of
+from iceberg_cdc.pipeline.groups import load_phase_plan, record_group, units_of
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import Runtime
 from iceberg_cdc.redaction import redact, secret_values
 from iceberg_cdc.storage import ObjectStore
 
 log = logging.getLogger("iceberg_cdc.spark")
-
-PHASES = ("write", "read", "insert")
 
 
 class UnitRunner(Protocol):
@@ -112,11 +110,9 @@ def run_phase_group(
     JVM or open a session). Raises what the units raised (after the failure
     markers), or :class:`~iceberg_cdc.errors.LeaseLostError`.
     """
-    if phase not in PHASES:
-        raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
     store = runtime.store()
-    plan = SnapshotPlan.load(store, plan_key)
-    lease = TableLease(store, plan.source)
+    plan = load_phase_plan(phase, store, plan_key)
+    lease = TableLease(store, plan.lease_name)
     lease.renew(plan.run_id, plan.epoch, plan.lease_ttl_seconds)
     units = units_of(phase, plan, group, store)
     runners: list[UnitRunner] = []

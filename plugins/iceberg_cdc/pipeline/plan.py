@@ -96,6 +96,11 @@ class SnapshotPlan:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def lease_name(self) -> str:
+        """The lease the run holds: its source table's."""
+        return self.source
+
+    @property
     def attempt(self) -> str:
         """The namespace of the run that planned this (its lease epoch): names no other run uses."""
         return attempt_name(self.epoch)

@@ -25,8 +25,12 @@ from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.policy import final_errors
 from iceberg_cdc.config import CdcConfig, load_config
 from iceberg_cdc.errors import CdcError, is_final_line
+from iceberg_cdc.mirror.iceberg import phase as mirror_phase
 from iceberg_cdc.pipeline.pyfiles import package_zip
 from iceberg_cdc.pipeline.submit_conf import submit_conf
+
+# Every phase a mapped Spark task may run is known in this process: the Iceberg mirror's too.
+mirror_phase.register()
 
 _REPO_APPLICATION = Path(__file__).resolve().parents[4] / "spark_jobs" / "cdc_phase.py"
 _PACKAGE_APPLICATION = Path(__file__).resolve().parents[1] / "spark_entry.py"
@@ -146,15 +150,16 @@ def _renewing(application_args: list[str]) -> Iterator[None]:
     """
     from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
     from iceberg_cdc.coordination.lease import TableLease
-    from iceberg_cdc.pipeline.plan import SnapshotPlan
+    from iceberg_cdc.pipeline.groups import load_phase_plan
     from iceberg_cdc.pipeline.spark_app import parse_args
 
     try:
         args = parse_args([str(a) for a in application_args])
         store = CdcHook(load_config(args.config)).runtime().store()
-        plan = SnapshotPlan.load(store, args.plan)
-        beat = LeaseHeartbeat(TableLease(store, plan.source), plan.run_id, plan.epoch, plan.lease_ttl_seconds)
-    except (CdcError, SystemExit, ValueError, KeyError, OSError):
+        plan = load_phase_plan(args.phase, store, args.plan)
+        lease = TableLease(store, plan.lease_name)
+        beat = LeaseHeartbeat(lease, plan.run_id, plan.epoch, plan.lease_ttl_seconds)
+    except (CdcError, SystemExit, ValueError, KeyError, OSError, AttributeError):
         yield
         return
     with beat:

@@ -35,7 +35,7 @@ from urllib.parse import quote
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from iceberg_cdc.error_lines import FailedTask, line_in_log
+from iceberg_cdc.error_lines import FailedTask, line_in_log, line_of
 from iceberg_cdc.redaction import redact
 
 log = logging.getLogger(__name__)
@@ -181,9 +181,7 @@ class AirflowSide:
             self._read_runs(result, base, with_errors=with_errors)
         except Exception as exc:
             log.warning("CDC view: cannot read the runs of %s", dag_id, exc_info=True)
-            result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(
-                ": "
-            )
+            result.error = line_of(exc)
         return result
 
     def _read_runs(self, result: DagRuns, base: str, *, with_errors: bool) -> None:
