@@ -39,11 +39,13 @@ from pydantic import (
 )
 
 from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.redaction import is_secret_key, redact_value
 from iceberg_cdc.units import MiB, format_size, parse_size
+
+__all__ = ["CdcConfig", "ConfigError", "TableConfig", "is_secret_key", "load_config", "parse_config"]
 
 CONFIG_ENV = "CDC_CONFIG"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_SECRET_HINTS = ("secret", "password", "token", "credential", "session")
 _IDENT = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)+$")
 
 
@@ -67,10 +69,6 @@ def parse_duration(value: Any) -> float:
     return seconds
 
 
-def is_secret_key(key: str) -> bool:
-    return any(hint in key.lower() for hint in _SECRET_HINTS)
-
-
 class _Redacting(BaseModel):
     """``repr()`` and ``str()`` (and pydantic's pretty printers) with every secret value replaced.
 
@@ -81,7 +79,11 @@ class _Redacting(BaseModel):
 
     def __repr_args__(self) -> Any:
         for name, value in super().__repr_args__():
-            yield name, _redact(value, name or "")
+            # A nested config model prints itself through this same method; anything else is redacted.
+            nested = isinstance(value, _Redacting) or (
+                isinstance(value, list) and value and all(isinstance(v, _Redacting) for v in value)
+            )
+            yield name, value if nested else redact_value(value, name or "")
 
 
 class _Strict(_Redacting):
@@ -189,7 +191,7 @@ class SparkConfig(_Strict):
             return None
         problem = connect_url_problem(value)
         if problem:
-            raise ValueError(f"{_redact(value)!r} {problem}")
+            raise ValueError(f"{redact_value(value)!r} {problem}")
         return value
 
     @model_validator(mode="after")
@@ -288,7 +290,7 @@ class MirrorConfig(_Strict):
             )
         if self.dsn is not None and not self.dsn.startswith(("postgresql://", "postgres://")):
             raise ValueError(
-                f"dsn {_redact(self.dsn)!r} is not a URL like postgresql://user@host:5432/database"
+                f"dsn {redact_value(self.dsn)!r} is not a URL like postgresql://user@host:5432/database"
             )
         return self
 
@@ -316,6 +318,9 @@ class TableConfig(_Strict):
     start: Literal["earliest", "latest"] = "earliest"
     duplicate_keys: Literal["fail", "emit_unpaired"] = "fail"
     schedule: str | None = "@hourly"
+    # How long a run's hold on the table lasts without renewal (seconds, or "5m"); the environment
+    # variable CDC_LEASE_TTL_SECONDS overrides it. None: 300 s. See iceberg_cdc.run.lease.
+    lease_ttl: float | None = None
     # Keep Iceberg tags on the source that make the watermark's and every pending snapshot
     # survive snapshot expiry (source/protection.py): needs write access to the source.
     protect_pending: bool = False
@@ -328,6 +333,11 @@ class TableConfig(_Strict):
         return parse_duration(value)
 
     mirrors: list[MirrorConfig] = Field(default_factory=list)
+
+    @field_validator("lease_ttl", mode="before")
+    @classmethod
+    def _lease_ttl(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
 
     @field_validator("source", "sink")
     @classmethod
@@ -473,44 +483,7 @@ class CdcConfig(_Strict):
 
     def redacted(self) -> dict[str, Any]:
         """The config as a dict with every secret value replaced, safe to log."""
-        return _redact(self.model_dump(mode="json"))
-
-
-_URL_PASSWORD = re.compile(r"(://[^/:@\s]*:)[^/@\s]+@")
-_URL_TOKEN = re.compile(r"(;\s*token\s*=)[^;\s]+", re.IGNORECASE)  # Spark Connect: sc://host/;token=...
-
-
-def _redact(value: Any, key: str = "") -> Any:
-    """``value`` with secrets replaced: values of secret keys, and passwords inside URLs (``user:pw@host``)."""
-    if isinstance(value, dict):
-        return {k: _redact(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_redact(v, key) for v in value]
-    if value is not None and is_secret_key(key):
-        return "***"
-    if isinstance(value, str):
-        return _URL_TOKEN.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", value))
-    return value
-
-
-def secret_values(config: CdcConfig) -> set[str]:
-    """The config's secret values (of secret keys, and passwords inside URLs), to scrub from messages."""
-    found: set[str] = set()
-
-    def walk(value: Any, key: str) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(v, str(k))
-        elif isinstance(value, list | tuple):
-            for v in value:
-                walk(v, key)
-        elif isinstance(value, str):
-            if is_secret_key(key):
-                found.add(value)
-            found.update(m.group(0)[1:-1] for m in re.finditer(r":[^/:@\s]+@", value) if "://" in value)
-
-    walk(config.model_dump(mode="json"), "")
-    return {value for value in found if value}
+        return redact_value(self.model_dump(mode="json"))
 
 
 def dag_id_for(source: str) -> str:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from iceberg_cdc.config import dag_id_for, load_config, parse_config, parse_size, secret_values
+from iceberg_cdc.config import dag_id_for, load_config, parse_config, parse_size
 from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.redaction import secret_values
 
 GOOD = {
     "catalog": {
@@ -171,7 +172,7 @@ def test_no_secret_in_repr_or_str_of_any_config_object(monkeypatch):
     assert config.shuffle.s3_properties["s3.session-token"] == secret
     # what run notes and error lines are scrubbed of: every secret value, the URL's password included
     raw["catalog"]["uri"] = "postgresql://cdc:url-only-pw@db.internal:5432/catalog"
-    values = secret_values(parse_config(raw))
+    values = secret_values(parse_config(raw).model_dump(mode="json"))
     assert {secret, "url-only-pw"} <= values and "4040" not in values and "cdc" not in values
 
 
@@ -277,7 +278,7 @@ def test_mirrors_load_with_names_and_dag_ids(monkeypatch):
     assert table.mirror_dag_id(table.mirrors[0]) == "cdc_mirror__shop__orders__public__orders"
     assert table.mirror("copy2").conn_id == "pg"
     assert "hunter2" not in repr(config) and "hunter2" not in repr(config.redacted())
-    assert "hunter2" in secret_values(config)
+    assert "hunter2" in secret_values(config.model_dump(mode="json"))
 
 
 @pytest.mark.parametrize(

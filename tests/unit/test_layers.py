@@ -23,6 +23,7 @@ RANKS: list[set[str]] = [
         "retry",
         "redaction",
         "error_lines",
+        "snapshot_ids",
         "pyiceberg_internals",
     },
     {"config", "storage", "lineage"},

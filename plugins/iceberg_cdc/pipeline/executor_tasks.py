@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import resource
 import sys
 import tempfile
@@ -30,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from iceberg_cdc.changelog.merge import CHANGE_TYPE_COLUMN, MergeStats, merge_changes
-from iceberg_cdc.errors import CorruptShuffleError
+from iceberg_cdc.errors import CorruptShuffleError, SourceFileMissingError
 from iceberg_cdc.pipeline.conservation import check_merge, check_written
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import Runtime
@@ -111,6 +112,20 @@ class _InputRows:
         self.masked = {"DELETE": 0, "INSERT": 0}
 
     def batches(self, file: InputFile) -> Iterator[pa.RecordBatch]:
+        """The file's rows that count; a data or delete file gone from storage is a final error."""
+        try:
+            yield from self._batches(file)
+        except FileNotFoundError as exc:
+            named = re.search(r"[A-Za-z][\w+.-]*://[^\s:'\",)]+", str(exc))
+            missing = file.path if file.path in str(exc) or named is None else named.group(0)
+            raise SourceFileMissingError.for_file(
+                missing,
+                self._plan.source,
+                self._plan.snapshot_id,
+                detail=f"a delete file of {file.path}" if missing != file.path else "",
+            ) from exc
+
+    def _batches(self, file: InputFile) -> Iterator[pa.RecordBatch]:
         if not (file.deletes or file.require):
             yield from self._read(file)
             return

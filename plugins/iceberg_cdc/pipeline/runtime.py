@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from iceberg_cdc.config import CdcConfig, is_secret_key
+from iceberg_cdc.config import CdcConfig
 from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.redaction import is_secret_key
 from iceberg_cdc.storage import RETRYING_IO_IMPL, ObjectStore, open_store
 
 PY_IO_IMPL = "py-io-impl"  # pyiceberg.io.PY_IO_IMPL, without importing pyiceberg here

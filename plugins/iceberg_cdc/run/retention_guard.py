@@ -25,8 +25,8 @@ from typing import Any
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 
+from iceberg_cdc.error_lines import line_of
 from iceberg_cdc.run.context import Context
-from iceberg_cdc.run.story import error_line
 from iceberg_cdc.source import protection
 from iceberg_cdc.source.retention import needed_snapshots, outlook
 from iceberg_cdc.watermark import Watermark
@@ -55,7 +55,7 @@ def guard(ctx: Context, source: Table, watermark: Watermark | None, *, catalog: 
                     len(change.removed),
                 )
         except Exception as exc:  # the capture goes on; the note says protection failed
-            line = error_line(type(exc).__name__, str(exc))
+            line = line_of(exc)
             result["protection"] = {"error": line}
             log.warning("protect_pending: could not move the tags on %s: %s", table.source, line)
     elif protection.own_tags(source, table.sink):

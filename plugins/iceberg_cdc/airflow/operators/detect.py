@@ -19,10 +19,12 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
+from iceberg_cdc import snapshot_ids
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.lineage import LineageReporting, changelog_datasets
 from iceberg_cdc.airflow.policy import airflow_holder_state, final_errors
+from iceberg_cdc.config import TableConfig
 from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.run import steps
 from iceberg_cdc.run.context import Context
@@ -43,10 +45,10 @@ def sensor_mode() -> str:
     return os.environ.get(SENSOR_MODE_ENV, "reschedule")
 
 
-def lease_wait_seconds() -> float:
+def lease_wait_seconds(table: TableConfig | None = None) -> float:
     """How long detect waits for another run of the table: two TTLs, so a dead holder is overtaken."""
     raw = os.environ.get(LEASE_WAIT_ENV)
-    return float(raw) if raw else 2 * lease_ttl_seconds()
+    return float(raw) if raw else 2 * lease_ttl_seconds(table)
 
 
 class DetectOperator(LineageReporting, BaseOperator):
@@ -72,6 +74,9 @@ class DetectOperator(LineageReporting, BaseOperator):
             raise AirflowFailException(refusal)
         with final_errors():
             ctx = CdcHook().context(self.source)
+            # Ids as the form sends them (digits) or as API callers may (integers); never a rounded float.
+            requested = snapshot_ids.parse(params.get("snapshot_id"), "snapshot_id")
+            through = snapshot_ids.parse(params.get("through_snapshot_id"), "through_snapshot_id")
         try_started = time.time()
         waiting_since = _first_reschedule(ti, context) or try_started
         reschedule = sensor_mode() != "poke"
@@ -81,11 +86,11 @@ class DetectOperator(LineageReporting, BaseOperator):
                     detected = steps.detect(
                         ctx,
                         context.get("run_id") or "manual",
-                        params.get("snapshot_id"),
+                        requested,
                         dag_id=self.dag_id,
                         try_number=getattr(ti, "try_number", None),
                         holder_state=airflow_holder_state(ti),
-                        through_snapshot_id=params.get("through_snapshot_id"),
+                        through_snapshot_id=through,
                     )
                 log.info("this run: %s", story(detected))
                 emit_safely(emit_retention, self.source, dict(detected.retention))
@@ -93,11 +98,13 @@ class DetectOperator(LineageReporting, BaseOperator):
                 self._lineage_detected = detected.to_xcom()
                 return self._lineage_detected
             except LeaseHeldError as exc:
+                holder_since, holder_expired = _holder(ctx)
                 action, seconds = lease_wait_step(
                     now=time.time(),
                     waiting_since=waiting_since,
-                    holder_since=_holder_since(ctx),
-                    window=lease_wait_seconds(),
+                    holder_since=holder_since,
+                    holder_expired=holder_expired,
+                    window=lease_wait_seconds(ctx.table),
                     try_started=try_started,
                     reschedule=reschedule,
                     # Only a first attempt polls in process (a predecessor finishing its cleanup);
@@ -130,10 +137,12 @@ def _first_reschedule(ti: Any, context: Any) -> float | None:
     return first.timestamp() if first is not None else None
 
 
-def _holder_since(ctx: Context) -> float | None:
-    """When the current holder of the table's lease took it (epoch seconds), if anyone holds it."""
+def _holder(ctx: Context) -> tuple[float | None, bool]:
+    """When the current holder of the table's lease took it (epoch seconds), and whether its lease expired."""
     try:
         current = ctx.lease().current()
     except Exception:  # the wait is then counted from this run's own start
-        return None
-    return current.acquired_at.timestamp() if current is not None and not current.released else None
+        return None, False
+    if current is None or current.released:
+        return None, False
+    return current.acquired_at.timestamp(), current.expired(datetime.now(UTC))
