@@ -57,22 +57,34 @@ from iceberg_cdc.source.deletes import DeleteFileRef
 from iceberg_cdc.source.reading import partition_value_from_json, read_data_file
 
 _cache_lock = threading.Lock()
-_key_cache: dict[str, pa.Table] = {}  # per process: a worker runs many units of one plan
+# per process: a worker runs many units of one plan. Keyed by the object's full URI and the attempt
+# that wrote it, never by the key alone: a warm worker serves many tables, stores and runs, and the
+# mirror DAG's keys live at a path (``<table>/mirror-<name>/epoch-<n>/join/``) another apply reuses
+# once the lease's epochs start again.
+_key_cache: dict[tuple[str, str, int, int, str], pa.Table] = {}
 _KEYS_CACHED = 4
 
 
 def changed_keys(plan: MirrorPlan, runtime: Runtime) -> pa.Table:
-    """The apply's distinct changed keys (upserted or deleted), read once per process."""
+    """The apply's distinct changed keys (upserted or deleted), read once per process and attempt."""
+    store = runtime.store()
     key = plan.paths.keys
+    ident = (store.describe(key), plan.run_id, plan.epoch, plan.changelog_snapshot_id, plan.staging_dir)
     with _cache_lock:
-        cached = _key_cache.get(key)
+        cached = _key_cache.get(ident)
     if cached is not None:
         return cached
-    keys = pq.read_table(io.BytesIO(runtime.store().get(key)))
+    keys = pq.read_table(io.BytesIO(store.get(key)))
+    if keys.num_rows != plan.key_count:
+        raise ConservationError(
+            f"mirror {plan.mirror}: {store.describe(key)} holds {keys.num_rows} changed keys, the apply "
+            f"plan counted {plan.key_count}; another attempt overwrote it. Nothing was committed; the "
+            "next run plans again."
+        )
     with _cache_lock:
         if len(_key_cache) >= _KEYS_CACHED:
             _key_cache.pop(next(iter(_key_cache)))
-        _key_cache[key] = keys
+        _key_cache[ident] = keys
     return keys
 
 
