@@ -10,8 +10,10 @@ STAMP  := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH),)
 # pytest-xdist workers: the Airflow/Spark end-to-end modules run beside the in-process tests.
 TEST_WORKERS ?= 2
+# Random histories per property test in make test-fast (make test runs 200; CDC_HISTORIES sets both).
+FAST_HISTORIES ?= 20
 
-.PHONY: help prereqs setup test demo demo-engine sync airflow lint format bench bench-scale clean
+.PHONY: help prereqs setup test test-fast demo demo-engine sync airflow lint format bench bench-scale clean
 
 help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
@@ -21,6 +23,7 @@ help:
 	@echo "make airflow Airflow on the demo config at http://127.0.0.1:8080 (PORT=...), with the CDC view"
 	@echo "make demo-engine   only the shuffle engine, on one generated snapshot (seconds)"
 	@echo "make test    install into .venv/ when missing, lint, run the test suite"
+	@echo "make test-fast   lint, unit tests and short property runs: no Spark, no Airflow DAG runs (minutes)"
 	@echo "make bench   the pipeline vs a Spark-native job and the floor, memory, S3 requests (QUICK=1: short; SCHEDULER=0: no figures under the scheduler)"
 	@echo "make bench-scale   a 50 M-row copy-on-write snapshot through the pipeline beside a 5 M one (ROWS=...: another size)"
 	@echo "make setup   create .venv/ with everything installed (idempotent)"
@@ -58,6 +61,12 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# The tests that need neither Spark nor Airflow DAG runs, and the property tests on fewer histories.
+test-fast: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	CDC_HISTORIES=$${CDC_HISTORIES:-$(FAST_HISTORIES)} $(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not e2e" tests/unit tests/property $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/python scripts/demo.py $(if $(WRITE_MODE),--write-mode $(WRITE_MODE),)

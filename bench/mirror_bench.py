@@ -35,7 +35,6 @@ import pyarrow as pa
 from pyiceberg.types import DecimalType, LongType, NestedField, StringType, TimestamptzType
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "plugins"), str(ROOT)]
 
 from cdc_devtools.cow import cow_merge  # noqa: E402
 from cdc_devtools.local_postgres import LocalPostgres  # noqa: E402

@@ -23,10 +23,18 @@ Runs, in this one invocation, all on Spark ``local[2]``:
   LocalExecutor with 2 slots; connect mode): one-row latency from the REST
   trigger to success, and a backlog of 30 one-row snapshots caught up by
   chained runs (also with ``--quick``; ``--no-scheduler`` leaves it out);
+* under the scheduler with the event trigger (``freshness.py``): 10 one-row
+  commits at random intervals, nobody triggering: ``freshness: p50 X s, p95 Y s``
+  (source commit to sink commit) and the catalog poll's calls per minute per table;
 * the engine-only figures of ``engine_bench.py``;
 * mirrors (``mirror_bench.py``): 1 M changed rows applied to PostgreSQL against
   ``executemany``, and a mirror 30 changelog snapshots behind caught up in one
-  run against one run per snapshot (``--skip-mirror`` leaves it out).
+  run against one run per snapshot (``--skip-mirror`` leaves it out);
+* an Iceberg mirror (``iceberg_mirror_bench.py``): a 1% update + 0.1% delete
+  of the N-row table applied by the Iceberg mirror target against pyiceberg's
+  own ``Table.upsert`` (seconds, bytes written), and a 30-snapshot catch-up in
+  one apply against one apply per snapshot (``--skip-iceberg-mirror`` leaves
+  it out).
 
 Writes ``bench/results/pipeline.{json,txt,png,md}`` and ends with the lines
 ``bench (warm Spark Connect): pipeline X s, spark-native Y s, ratio=R`` and
@@ -59,6 +67,9 @@ import report  # noqa: E402
 import workload as wl  # noqa: E402
 import yaml  # noqa: E402
 from connect_run import connect_line, run_connect  # noqa: E402
+from freshness import freshness_figures, freshness_lines  # noqa: E402
+from iceberg_mirror_bench import iceberg_mirror_lines  # noqa: E402
+from iceberg_mirror_bench import run as run_iceberg_mirror_bench  # noqa: E402
 from latency import (  # noqa: E402
     compare_modes,
     latency_line,
@@ -359,11 +370,7 @@ def run_latency(bench: Bench, workloads: dict[str, wl.Workload], results: dict[s
     latency = one_row_latency(home, path, "cdc__bench__tiny", bench.logs / "airflow-one-row.log")
     row_changes = sink_changes(bench.catalog, sink, tiny.snapshot_id, wl.COLUMNS)
     latency["changes"] = _by_type(row_changes)
-    latency["commit_summary_seconds"] = {
-        k.removeprefix("cdc.seconds."): float(v)
-        for k, v in _commit_summary(bench, sink, tiny.snapshot_id).items()
-        if k.startswith("cdc.seconds.")
-    }
+    latency["commit_summary_seconds"] = dict(_commit_summary(bench, sink, tiny.snapshot_id).seconds)
     results["latency"] = latency
     log("the same in connect mode: a local Spark Connect server, then two one-row runs on it")
     results["latency_connect"] = compare_modes(
@@ -371,13 +378,18 @@ def run_latency(bench: Bench, workloads: dict[str, wl.Workload], results: dict[s
     )
 
 
-def _commit_summary(bench: Bench, sink: str, snapshot_id: int) -> dict[str, str]:
+def _commit_summary(bench: Bench, sink: str, snapshot_id: int):
+    """The pipeline's record of its commit of ``snapshot_id`` (empty when there is none)."""
+    from iceberg_cdc.sink.summary import CommitSummary
+
     table = bench.catalog.load_table(sink)
     for snapshot in table.snapshots():
-        summary = snapshot.summary.additional_properties if snapshot.summary else {}
-        if summary.get("cdc.source-snapshot-id") == str(snapshot_id):
-            return summary
-    return {}
+        record = CommitSummary.from_summary(
+            snapshot.summary.additional_properties if snapshot.summary else {}
+        )
+        if record.source_snapshot_id == snapshot_id:
+            return record
+    return CommitSummary()
 
 
 def run_engine_bench(quick: bool, out_dir: Path) -> dict[str, Any]:
@@ -398,6 +410,9 @@ def main() -> None:
     parser.add_argument("--skip-engine", action="store_true", help="leave engine_bench.py out (--quick does)")
     parser.add_argument("--skip-airflow", action="store_true", help="leave the one-row Airflow run out")
     parser.add_argument("--skip-mirror", action="store_true", help="leave the mirror figures out")
+    parser.add_argument(
+        "--skip-iceberg-mirror", action="store_true", help="leave the Iceberg mirror figures out"
+    )
     parser.add_argument(
         "--skip-connect", action="store_true", help="leave the warm Spark Connect comparison out"
     )
@@ -461,11 +476,22 @@ def main() -> None:
         if args.scheduler:
             log("under the scheduler: one-row latency, then 30 one-row snapshots caught up by chained runs")
             results["scheduler"] = scheduler_figures(work, bench.s3, bench.logs)
+            log(
+                "under the scheduler with the event trigger: freshness of 10 one-row commits, no manual trigger"
+            )
+            results["freshness"] = freshness_figures(work / "freshness", bench.s3, bench.logs)
     finally:
         bench.s3.stop()
     # A quick run must not overwrite the committed figures of a full one.
     out_dir = work / "results" if args.quick else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
+    if not args.skip_iceberg_mirror:
+        log("Iceberg mirror: net changes applied by the mirror target and by pyiceberg's upsert")
+        iceberg = run_iceberg_mirror_bench(rows, work / "iceberg-mirror", 30)
+        results["iceberg_mirror"] = iceberg
+        results["checks"]["iceberg_mirror"] = {"equal": iceberg["equal"]}
+        (out_dir / "iceberg_mirror.json").write_text(json.dumps(iceberg, indent=2) + "\n")
+        (out_dir / "iceberg_mirror.txt").write_text("\n".join(iceberg_mirror_lines(iceberg)) + "\n")
     if not args.skip_engine and not args.quick:
         results["engine"] = run_engine_bench(args.quick, out_dir)
     if not args.skip_mirror:
@@ -488,6 +514,8 @@ def main() -> None:
     if not ok:
         print("bench: CHECK FAILED: the pipeline and a comparison run disagree; see pipeline.json 'checks'")
     print(mor_line(results["merge_on_read"]))
+    if "iceberg_mirror" in results:
+        print("\n".join(iceberg_mirror_lines(results["iceberg_mirror"])))
     print(point_update_line(results["point_update"]))
     if "latency_connect" in results:
         print(latency_line(results["latency"]["wall_seconds"], results["latency_connect"]))
@@ -495,6 +523,11 @@ def main() -> None:
         print(f"latency: one-row snapshot {results['latency']['wall_seconds']:.1f} s (submit)")
     if "scheduler" in results:
         print("\n".join(scheduler_lines(results["scheduler"])))
+    if "freshness" in results:
+        freshness = freshness_lines(results["freshness"])
+        (out_dir / "freshness.json").write_text(json.dumps(results["freshness"], indent=2) + "\n")
+        (out_dir / "freshness.txt").write_text("\n".join(["# make bench", *freshness]) + "\n")
+        print("\n".join(freshness))
     if "mirror" in results:
         print((out_dir / "mirror.txt").read_text().rstrip())
     print(report.shuffled_line(results))

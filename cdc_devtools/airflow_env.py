@@ -88,3 +88,38 @@ def dags_test(env: dict[str, str], dag_id: str, conf: dict | None = None, log_fi
         command += ["-c", json.dumps(conf)]
     result = subprocess.run(command, env=env, stdout=log_file, stderr=subprocess.STDOUT if log_file else None)
     return result.returncode
+
+
+PASSWORDS_FILE_NAME = "simple_auth_manager_passwords.json.generated"  # Airflow's own name for it
+LOGIN_USER = "admin"
+
+
+def login_env(
+    env: dict[str, str], passwords_file: str | os.PathLike[str], user: str = LOGIN_USER
+) -> dict[str, str]:
+    """Login on: Airflow's simple auth manager with one admin user (``env`` is changed and returned).
+
+    Airflow generates the user's password the first time its API server
+    starts, prints it once and keeps it in ``passwords_file`` (its own JSON
+    file, ``{"admin": "<password>"}``); later starts reuse it. Without a valid
+    token or the UI's cookie, Airflow's API and the CDC view answer 401/403.
+    """
+    env.update(
+        {
+            "AIRFLOW__CORE__AUTH_MANAGER": (
+                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+            ),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{user}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(Path(passwords_file).resolve()),
+        }
+    )
+    return env
+
+
+def login_password(passwords_file: str | os.PathLike[str], user: str = LOGIN_USER) -> str | None:
+    """The user's password from the simple auth manager's file, once Airflow generated it."""
+    try:
+        return json.loads(Path(passwords_file).read_text() or "{}").get(user)
+    except (OSError, ValueError):
+        return None

@@ -67,15 +67,15 @@ from cdc_devtools.format_v3 import (
     as_v3,
     deletion_vector_files,
     is_v3,
+    v3_value,
     writing_v3_metadata,
 )
-from cdc_devtools.mor_state import snapshot_entries
+from cdc_devtools.mor_state import live_files, position_deletes
+from cdc_devtools.reference_manifests import manifest_file_entries
 from cdc_devtools.row_lineage import inherited_first_row_ids, manifest_first_row_ids
-from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
-from iceberg_cdc.source.deletes import POSITION_PATH_FIELD_ID, DeleteIndex, partition_key
-from iceberg_cdc.source.manifests import manifest_entries, v3_field
-from iceberg_cdc.source.reading import read_data_file
 
+# The spec's reserved field ids of a position delete file's columns.
+POSITION_PATH_FIELD_ID = 2147483546
 POSITION_POS_FIELD_ID = 2147483545
 _POSITION_SCHEMA = pa.schema(
     [
@@ -252,7 +252,7 @@ class _RowDelta(_SnapshotProducer["_RowDelta"]):
             else {}
         )
         for manifest in parent.manifests(self._io) if parent else ():
-            entries = manifest_entries(self._io, manifest, metadata.format_version)
+            entries = manifest_file_entries(self._io, manifest, metadata.format_version)
             hit = [e for e in entries if _file_key(e.data_file) in self._remove]
             if not hit:
                 manifests.append(manifest)
@@ -355,7 +355,7 @@ class _RowDelta(_SnapshotProducer["_RowDelta"]):
 
 def _file_key(data_file: DataFile) -> tuple[str, int | None]:
     """A file in a manifest: its path, and for a deletion vector its blob's offset in the Puffin file."""
-    return data_file.file_path, v3_field(data_file, "content_offset")
+    return data_file.file_path, v3_value(data_file, "content_offset")
 
 
 def commit_row_delta(
@@ -391,34 +391,31 @@ class _LiveFile:
 
 
 def _live_files(table: Table) -> list[_LiveFile]:
-    """Each live data file with its rows and which of them are live (the pipeline's own rules)."""
+    """Each live data file with its rows and which of them are live (the reference reader's rules).
+
+    Never the pipeline's delete handling: a bug there must not shape the histories it is tested on.
+    """
     snapshot = table.current_snapshot()
     if snapshot is None:
         return []
-    entries = snapshot_entries(table, snapshot.snapshot_id)
-    schema = table.schema()
-    deletes = [e for e in entries if e.data_file.content != DataFileContent.DATA]
-    index = DeleteIndex(deletes, table.specs(), schema)
-    vectors = {
-        path: e.data_file
-        for e in deletes
-        if (path := v3_field(e.data_file, "referenced_data_file")) is not None
-    }
-    loader = DeleteLoader(table.io, schema, index.refs)
+    deleted = position_deletes(table, snapshot.snapshot_id)
     out = []
-    for entry in entries:
-        path = entry.data_file.file_path
-        if entry.data_file.content != DataFileContent.DATA:
-            continue
-        rows = pa.Table.from_batches(list(read_data_file(table.io, path, schema)), schema=schema.as_arrow())
-        applied = sorted(index.for_data_file(entry))
-        live = LiveRows(loader, path, applied, ())
-        whole = rows.combine_chunks().to_batches()
-        mask = live.emitted(whole[0], 0) if whole else np.zeros(0, dtype=bool)
-        positional = [key for key in applied if index.refs[key].kind != "equality"]
-        vector = vectors.get(path) if any(index.refs[key].kind == "dv" for key in applied) else None
-        out.append(_LiveFile(entry.data_file, rows, mask, loader.positions(positional, path), vector))
+    for entry, rows, live in live_files(table, snapshot.snapshot_id):
+        positions, vector = deleted[entry.file_path]
+        out.append(
+            _LiveFile(
+                entry.data_file,
+                rows,
+                np.asarray(live, dtype=bool),
+                np.asarray(sorted(positions), dtype=np.int64),
+                vector.data_file if vector is not None else None,
+            )
+        )
     return out
+
+
+def _partition_key(data_file: DataFile) -> tuple:
+    return tuple(data_file.partition[i] for i in range(len(data_file.partition)))
 
 
 def mor_merge(
@@ -466,7 +463,7 @@ def mor_merge(
         elif deletes == "position":
             add.append(position_delete_file(table, data_file, np.flatnonzero(hit).tolist()))
         else:
-            slot = by_partition.setdefault((data_file.spec_id, partition_key(data_file)), (data_file, []))
+            slot = by_partition.setdefault((data_file.spec_id, _partition_key(data_file)), (data_file, []))
             slot[1].extend(rows.column(key).filter(pa.array(hit)).to_pylist())
     for data_file, keys in by_partition.values():
         add.append(

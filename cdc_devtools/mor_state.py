@@ -2,9 +2,11 @@
 
 pyiceberg 0.12 applies position deletes in its scans but refuses equality
 deletes, so replay checks on merge-on-read tables (the tests, the demo, the
-bench) need another way to read a snapshot's state. This one is written apart
-from the pipeline's own delete handling (row by row, Python sets, the spec's
-rules stated plainly), so the two can disagree; it is for small tables only:
+bench) need another way to read a snapshot's state. This one shares no code
+with the pipeline's delete handling, so the two can disagree: the manifests
+are read by :mod:`cdc_devtools.reference_manifests` (fastavro, the
+spec's inheritance rules), and the deletes are applied row by row with Python
+sets, by the spec's rules stated plainly. It is for small tables only:
 
 * a position delete ``(file_path, pos)`` with data sequence number >= the
   data file's removes that row;
@@ -15,49 +17,61 @@ rules stated plainly), so the two can disagree; it is for small tables only:
   decoder, not the pipeline's;
 * an equality delete with a data sequence number > the data file's, in an
   unpartitioned spec or in the data file's spec and partition, removes every
-  row whose key columns equal one of its rows (None equals None).
+  row whose values in its ``equality_ids`` columns (matched by field id)
+  equal one of its rows: None equals None, NaN equals NaN, -0.0 differs
+  from 0.0 (the equality of Iceberg's Java readers).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyiceberg.manifest import DataFileContent, FileFormat, ManifestEntry
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.deletion_vector import deletion_vectors_from_puffin_file
 from pyiceberg.table.puffin import PuffinFile
 
-from cdc_devtools.cow import read_task_rows
-from iceberg_cdc.source.manifests import manifest_entries, v3_field
+from cdc_devtools.reference_manifests import (
+    DATA,
+    EQUALITY_DELETES,
+    POSITION_DELETES,
+    RefEntry,
+    snapshot_entries,
+)
+
+__all__ = ["live_files", "live_state", "needs_reference_reader", "position_deletes", "snapshot_entries"]
 
 
-def snapshot_entries(table: Table, snapshot_id: int) -> list[ManifestEntry]:
-    """Every live manifest entry of the snapshot, data and delete files alike."""
-    snapshot = table.snapshot_by_id(snapshot_id)
-    assert snapshot is not None, f"snapshot {snapshot_id} not in {table.name()}"
-    version = table.metadata.format_version
-    return [e for m in snapshot.manifests(table.io) for e in manifest_entries(table.io, m, version)]
-
-
-def _deletion_vector(table: Table, entry: ManifestEntry) -> tuple[str, set[int]]:
+def _deletion_vector(table: Table, entry: RefEntry) -> tuple[str, set[int]]:
     """(referenced data file, positions) of a DV entry, read with pyiceberg's Puffin reader."""
-    delete_file = entry.data_file
-    with table.io.new_input(delete_file.file_path).open() as stream:
+    with table.io.new_input(entry.file_path).open() as stream:
         puffin = PuffinFile(stream.read())
     (vector,) = [
         dv
         for blob, dv in zip(puffin.footer.blobs, deletion_vectors_from_puffin_file(puffin), strict=True)
-        if blob.offset == v3_field(delete_file, "content_offset")
+        if blob.offset == entry.content_offset
     ]
-    assert vector.referenced_data_file == v3_field(delete_file, "referenced_data_file")
+    assert vector.referenced_data_file == entry.referenced_data_file
     return vector.referenced_data_file, set(vector.to_vector().to_pylist())
 
 
-def _partition(entry: ManifestEntry) -> tuple:
-    partition = entry.data_file.partition
-    return tuple(partition[i] for i in range(len(partition)))
+def _file_rows(table: Table, entry: RefEntry) -> pa.Table:
+    """Every row of one data file, in the table's current schema (pyiceberg's reader, no delete applied)."""
+    return ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table(
+        [FileScanTask(entry.data_file)]
+    )
+
+
+def _comparable(value: Any) -> Any:
+    """A value as equality deletes compare it: NaN equals NaN, -0.0 differs from 0.0."""
+    if isinstance(value, float):
+        return ("nan",) if math.isnan(value) else ("float", value, math.copysign(1.0, value))
+    return value
 
 
 def needs_reference_reader(table: Table, snapshot_id: int) -> bool:
@@ -67,10 +81,18 @@ def needs_reference_reader(table: Table, snapshot_id: int) -> bool:
     Puffin file it reads, including DVs the table has since replaced.
     """
     return any(
-        e.data_file.content == DataFileContent.EQUALITY_DELETES
-        or e.data_file.file_format == FileFormat.PUFFIN
-        for e in snapshot_entries(table, snapshot_id)
+        e.content == EQUALITY_DELETES or e.is_deletion_vector for e in snapshot_entries(table, snapshot_id)
     )
+
+
+@dataclass
+class _EqualityDelete:
+    sequence_number: int
+    spec_id: int
+    partition: tuple
+    unpartitioned: bool
+    names: list[str]  # the key columns' names in the table's current schema
+    keys: set[tuple]
 
 
 @dataclass
@@ -78,80 +100,104 @@ class _Deletes:
     """Every delete of one snapshot, as plain Python collections."""
 
     positions: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # data path -> (seq, pos)
-    vectors: dict[str, tuple[int, set[int], ManifestEntry]] = field(default_factory=dict)  # data path -> DV
-    equality: list[tuple] = field(default_factory=list)  # (seq, spec id, partition, global, names, keys)
+    vectors: dict[str, tuple[int, set[int], RefEntry]] = field(default_factory=dict)  # data path -> DV
+    equality: list[_EqualityDelete] = field(default_factory=list)
 
-    def positions_of(self, entry: ManifestEntry) -> tuple[set[int], ManifestEntry | None]:
+    def positions_of(self, entry: RefEntry) -> tuple[set[int], RefEntry | None]:
         """Positions of the data file deleted by a DV or position deletes, and the DV entry if one applies."""
-        data_file, seq = entry.data_file, int(entry.sequence_number or 0)
-        dv_seq, dv, dv_entry = self.vectors.get(data_file.file_path, (-1, set(), None))
-        if dv_seq >= seq:
+        dv_seq, dv, dv_entry = self.vectors.get(entry.file_path, (-1, set(), None))
+        if dv_seq >= entry.sequence_number:
             return dv, dv_entry
         return {
-            pos for delete_seq, pos in self.positions.get(data_file.file_path, ()) if delete_seq >= seq
+            pos
+            for delete_seq, pos in self.positions.get(entry.file_path, ())
+            if delete_seq >= entry.sequence_number
         }, None
 
+    def equality_for(self, entry: RefEntry) -> list[_EqualityDelete]:
+        return [
+            d
+            for d in self.equality
+            if d.sequence_number > entry.sequence_number
+            and (d.unpartitioned or (d.spec_id, d.partition) == (entry.spec_id, entry.partition))
+        ]
 
-def _deletes(table: Table, entries: list[ManifestEntry]) -> _Deletes:
-    deletes = _Deletes()
+
+def _equality_keys(table: Table, entry: RefEntry) -> tuple[list[str], set[tuple]]:
+    """The key columns (current names) and key tuples of an equality delete file, matched by field id."""
+    with table.io.new_input(entry.file_path).open() as stream:
+        rows = pq.read_table(stream)
+    by_id = {
+        int(f.metadata[b"PARQUET:field_id"]): f.name
+        for f in rows.schema
+        if f.metadata and b"PARQUET:field_id" in f.metadata
+    }
     schema = table.schema()
+    names = []
+    for field_id in entry.equality_ids:
+        name = schema.find_column_name(field_id)
+        assert name is not None and field_id in by_id, (
+            f"{entry.file_path}: no column with field id {field_id}"
+        )
+        names.append(name)
+    columns = [rows.column(by_id[i]).to_pylist() for i in entry.equality_ids]
+    return names, {tuple(_comparable(v) for v in key) for key in zip(*columns, strict=True)}
+
+
+def _deletes(table: Table, entries: list[RefEntry]) -> _Deletes:
+    deletes = _Deletes()
     specs = table.specs()
     for entry in entries:
-        delete_file, seq = entry.data_file, int(entry.sequence_number or 0)
-        if delete_file.content == DataFileContent.DATA:
+        if entry.content == DATA:
             continue
-        if delete_file.file_format == FileFormat.PUFFIN:
+        if entry.is_deletion_vector:
             data_path, deleted = _deletion_vector(table, entry)
             assert data_path not in deletes.vectors, f"two deletion vectors for {data_path}"
-            deletes.vectors[data_path] = (seq, deleted, entry)
-            continue
-        with table.io.new_input(delete_file.file_path).open() as stream:
-            if delete_file.content == DataFileContent.POSITION_DELETES:
+            deletes.vectors[data_path] = (entry.sequence_number, deleted, entry)
+        elif entry.content == POSITION_DELETES:
+            with table.io.new_input(entry.file_path).open() as stream:
                 for row in pq.read_table(stream, columns=["file_path", "pos"]).to_pylist():
-                    deletes.positions.setdefault(row["file_path"], []).append((seq, row["pos"]))
-            else:
-                names = [schema.find_column_name(i) for i in delete_file.equality_ids]
-                keys = {tuple(r[n] for n in names) for r in pq.read_table(stream).to_pylist()}
-                unpartitioned = not specs[delete_file.spec_id].fields
-                deletes.equality.append(
-                    (seq, delete_file.spec_id, _partition(entry), unpartitioned, names, keys)
+                    deletes.positions.setdefault(row["file_path"], []).append(
+                        (entry.sequence_number, row["pos"])
+                    )
+        else:
+            names, keys = _equality_keys(table, entry)
+            deletes.equality.append(
+                _EqualityDelete(
+                    entry.sequence_number,
+                    entry.spec_id,
+                    entry.partition,
+                    not specs[entry.spec_id].fields,
+                    names,
+                    keys,
                 )
+            )
     return deletes
 
 
-def position_deletes(table: Table, snapshot_id: int) -> dict[str, tuple[set[int], ManifestEntry | None]]:
+def position_deletes(table: Table, snapshot_id: int) -> dict[str, tuple[set[int], RefEntry | None]]:
     """For each live data file: the positions a DV or position deletes delete, and its DV's entry.
 
     What a format-v3 writer merges into the file's next deletion vector.
     """
     entries = snapshot_entries(table, snapshot_id)
     deletes = _deletes(table, entries)
-    return {
-        e.data_file.file_path: deletes.positions_of(e)
-        for e in entries
-        if e.data_file.content == DataFileContent.DATA
-    }
+    return {e.file_path: deletes.positions_of(e) for e in entries if e.content == DATA}
 
 
-def live_files(table: Table, snapshot_id: int) -> list[tuple[ManifestEntry, pa.Table, list[bool]]]:
+def live_files(table: Table, snapshot_id: int) -> list[tuple[RefEntry, pa.Table, list[bool]]]:
     """Each live data file of the snapshot: its entry, all its rows (current schema), which are live."""
     entries = snapshot_entries(table, snapshot_id)
     deletes = _deletes(table, entries)
     out = []
     for entry in entries:
-        data_file, seq = entry.data_file, int(entry.sequence_number or 0)
-        if data_file.content != DataFileContent.DATA:
+        if entry.content != DATA:
             continue
-        rows = read_task_rows(table, FileScanTask(data_file))
+        rows = _file_rows(table, entry)
         gone, _ = deletes.positions_of(entry)
-        scope = [
-            (names, keys)
-            for delete_seq, spec_id, partition, unpartitioned, names, keys in deletes.equality
-            if delete_seq > seq
-            and (unpartitioned or (spec_id, partition) == (data_file.spec_id, _partition(entry)))
-        ]
+        scope = deletes.equality_for(entry)
         live = [
-            not (i in gone or any(tuple(row[n] for n in names) in keys for names, keys in scope))
+            i not in gone and not any(tuple(_comparable(row[n]) for n in d.names) in d.keys for d in scope)
             for i, row in enumerate(rows.to_pylist())
         ]
         out.append((entry, rows, live))

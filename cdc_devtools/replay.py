@@ -60,6 +60,12 @@ def assert_replay(
     assert snapshot is not None, f"snapshot {snapshot_id} not in the source"
     names = list(names or [f.name for f in source.schema().fields])
     changes = changes_of(sink, snapshot_id)
+    if "_commit_timestamp" in changes.column_names and changes.num_rows:
+        stamps = set(changes.column("_commit_timestamp").cast(pa.int64()).to_pylist())  # microseconds
+        assert stamps == {snapshot.timestamp_ms * 1000}, (
+            f"snapshot {snapshot_id}: _commit_timestamp {stamps} is not the snapshot's commit time "
+            f"{snapshot.timestamp_ms} ms"
+        )
     kind = changes.column("_change_type")
     removed = multiset(changes.filter(pc.is_in(kind, pa.array(REMOVED))), names)
     added = multiset(changes.filter(pc.is_in(kind, pa.array(ADDED))), names)

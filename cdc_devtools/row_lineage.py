@@ -41,7 +41,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import LongType, NestedField
 
-from iceberg_cdc.source.manifests import manifest_entries, v3_field
+from cdc_devtools.format_v3 import v3_value
+from cdc_devtools.reference_manifests import manifest_file_entries
 
 ROW_ID = NestedField(2147483540, "_row_id", LongType(), required=False)
 LAST_UPDATED = NestedField(2147483539, "_last_updated_sequence_number", LongType(), required=False)
@@ -72,8 +73,8 @@ def inherited_first_row_ids(table: Table, snapshot_id: int) -> dict[str, int | N
         if manifest.content != ManifestContent.DATA:
             continue
         next_id = firsts.get(manifest.manifest_path)
-        for entry in manifest_entries(table.io, manifest, table.metadata.format_version):
-            explicit = v3_field(entry.data_file, "first_row_id")
+        for entry in manifest_file_entries(table.io, manifest, table.metadata.format_version):
+            explicit = v3_value(entry.data_file, "first_row_id")
             if explicit is not None:
                 out[entry.data_file.file_path] = int(explicit)
             else:
@@ -102,7 +103,7 @@ def row_lineage(table: Table, snapshot_id: int) -> dict[str, list[Lineage]]:
     for manifest in snapshot.manifests(table.io):
         if manifest.content != ManifestContent.DATA:
             continue
-        for entry in manifest_entries(table.io, manifest, table.metadata.format_version):
+        for entry in manifest_file_entries(table.io, manifest, table.metadata.format_version):
             data_file = entry.data_file
             path, rows = data_file.file_path, int(data_file.record_count)
             ids = _physical(table, path, ROW_ID.field_id) or [None] * rows

@@ -18,8 +18,10 @@ starts them from an Airflow environment (:func:`~cdc_devtools.airflow_env.airflo
   to 127.0.0.1; the API server on a free port unless one is given;
 * a LocalExecutor with ``parallelism`` slots (default 2, for a 2-core
   machine), one DAG-parsing process;
-* every request goes to the REST API v2 with a token from the simple auth
-  manager (every user is admin: a local instance), backfills through the
+* login on, as ``make airflow`` has it: the simple auth manager with one admin
+  user whose password this harness writes to Airflow's passwords file
+  (:func:`~cdc_devtools.airflow_env.login_env`); every request goes to the REST
+  API v2 with that user's token (``POST /auth/token``), backfills through the
   ``airflow backfill create`` CLI as an operator types it;
 * :meth:`stop` (also on ``__exit__``, and at interpreter exit) stops every
   process it started and every process they started, by process group and
@@ -48,7 +50,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from cdc_devtools.airflow_env import VENV_BIN, ensure_airflow_db
+from cdc_devtools.airflow_env import LOGIN_USER, PASSWORDS_FILE_NAME, VENV_BIN, ensure_airflow_db, login_env
 
 HOST = "127.0.0.1"
 FINAL_RUN_STATES = frozenset({"success", "failed"})
@@ -121,7 +123,6 @@ def machine_env(env: dict[str, str], port: int, *, parallelism: int | None = Non
     env.update(
         {
             "CDC_SENSOR_MODE": "reschedule",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__API__HOST": HOST,
             "AIRFLOW__API__PORT": str(port),
             "AIRFLOW__API__WORKERS": "1",
@@ -280,6 +281,11 @@ class LocalAirflow:
         # Every component must sign and check the execution API's tokens with one secret.
         self.env.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_hex(16))
         self.env.setdefault("AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION", "True")
+        # Login on: one admin user with a password only this harness (and the file) knows.
+        self.user = LOGIN_USER
+        self.password = secrets.token_urlsafe(12)
+        self.passwords_file = self.work_dir / PASSWORDS_FILE_NAME
+        login_env(self.env, self.passwords_file, self.user)
         if not log_server:
             self.env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
         self.triggerer = triggerer
@@ -298,6 +304,7 @@ class LocalAirflow:
 
     def start(self, timeout: float = 180.0) -> LocalAirflow:
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.passwords_file.write_text(json.dumps({self.user: self.password}) + "\n")
         ensure_airflow_db(self.env)
         atexit.register(self.stop)
         try:
@@ -347,8 +354,13 @@ class LocalAirflow:
     # --- REST API v2 -----------------------------------------------------------------------------
 
     def token(self) -> str:
+        """The admin user's API token (``POST /auth/token`` with the user's password)."""
         if self._token is None:
-            with _opener().open(f"{self.url}/auth/token", timeout=30) as response:
+            body = json.dumps({"username": self.user, "password": self.password}).encode()
+            request = urllib.request.Request(
+                f"{self.url}/auth/token", data=body, headers={"Content-Type": "application/json"}
+            )
+            with _opener().open(request, timeout=30) as response:
                 self._token = json.loads(response.read())["access_token"]
         return self._token
 

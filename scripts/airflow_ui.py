@@ -16,8 +16,12 @@ but:
   worker.
 
 Open the URL it prints (default http://127.0.0.1:8080; another port:
-``make airflow PORT=8081``). Login is disabled for this local instance (every
-user is admin). "CDC" in the navigation is the change data capture view
+``make airflow PORT=8081``). **Login is on**: Airflow's simple auth manager
+with one user, ``admin``, whose password Airflow generates on the first start,
+prints once and keeps in its own file,
+``.cdc/airflow/simple_auth_manager_passwords.json.generated`` (later starts
+reuse it; delete the file for a new one). Without a login, Airflow's API and the
+CDC view answer 401/403. "CDC" in the navigation is the change data capture view
 (``plugins/cdc_ui_plugin.py``). The DAG ``cdc__shop__orders`` starts paused:
 unpause it, or trigger it, and each run processes the next snapshot; a run
 that leaves more pending starts the next one at once. Ctrl-C stops Airflow and
@@ -39,14 +43,45 @@ from pathlib import Path
 
 from demo import start_demo
 
-from cdc_devtools.airflow_env import airflow_env, ensure_airflow_db
+from cdc_devtools.airflow_env import (
+    LOGIN_USER,
+    PASSWORDS_FILE_NAME,
+    airflow_env,
+    ensure_airflow_db,
+    login_env,
+    login_password,
+)
 from cdc_devtools.connect_server import connect_server_for
 from cdc_devtools.local_s3 import LocalS3Server
 from cdc_devtools.scheduler import HOST, components, healthy, machine_env, port_free, stop_processes
 from iceberg_cdc.config import load_config
 
-WORK = Path(__file__).resolve().parents[1] / ".cdc" / "airflow-ui"
+REPO = Path(__file__).resolve().parents[1]
+WORK = REPO / ".cdc" / "airflow-ui"  # rebuilt on every start
+# Outside WORK, so the password outlives restarts; Airflow's own file name.
+PASSWORDS_FILE = REPO / ".cdc" / "airflow" / PASSWORDS_FILE_NAME
 DEFAULT_PORT = 8080
+
+
+def ui_env(
+    home: Path, config_path: Path | str, port: int, passwords_file: Path = PASSWORDS_FILE
+) -> dict[str, str]:
+    """``make airflow``'s Airflow settings: one small machine on 127.0.0.1, login on."""
+    env = airflow_env(home, config_path)
+    machine_env(env, port)
+    passwords_file.parent.mkdir(parents=True, exist_ok=True)
+    return login_env(env, passwords_file)
+
+
+def login_banner(passwords_file: Path, generated: bool) -> str:
+    """How to log in: the password itself only when Airflow generated it on this start (shown once)."""
+    password = login_password(passwords_file) if generated else None
+    if password:
+        return (
+            f"  Login:      {LOGIN_USER} / {password}  (generated now, shown only this once; "
+            f"kept in {passwords_file})"
+        )
+    return f"  Login:      {LOGIN_USER}, password in {passwords_file}"
 
 
 def _relay(name: str, stream) -> None:
@@ -59,6 +94,8 @@ def run_airflow(env: dict[str, str], port: int) -> int:
     """Start the components, print the URL once the API server answers, run until Ctrl-C or one exits."""
     processes: dict[str, subprocess.Popen] = {}
     url = f"http://{HOST}:{port}"
+    passwords_file = Path(env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"])
+    generated = not login_password(passwords_file)
     try:
         for name, command in components(env, port).items():
             processes[name] = subprocess.Popen(
@@ -74,7 +111,7 @@ def run_airflow(env: dict[str, str], port: int) -> int:
             if not announced and healthy(f"{url}/api/v2/monitor/health"):
                 announced = True
                 print(
-                    f"\n  Airflow UI: {url}  (no login: every user is admin)\n"
+                    f"\n  Airflow UI: {url}\n{login_banner(passwords_file, generated)}\n"
                     f"  CDC view:   {url}/plugin/cdc  (JSON: {url}/cdc/api/tables)\n"
                     f"  Listening on {HOST} only; another port: make airflow PORT=8081. Ctrl-C to stop.\n",
                     flush=True,
@@ -112,9 +149,8 @@ def main() -> int:
     with contextlib.ExitStack() as servers:
         s3 = servers.enter_context(LocalS3Server(log_path=WORK / "s3.log"))
         config_path, _, _ = start_demo(s3, WORK)
-        env = airflow_env(WORK / "airflow", config_path)
+        env = ui_env(WORK / "airflow", config_path, port)
         servers.enter_context(connect_server_for(load_config(config_path), env, WORK / "spark-connect"))
-        machine_env(env, port)
         for name in ("WORKER", "TRIGGER"):
             log_port = int(env[f"AIRFLOW__LOGGING__{name}_LOG_SERVER_PORT"])
             if not port_free(log_port):

@@ -269,26 +269,28 @@ def report_mirrors(config_path: Path, catalog) -> int:
 def report(catalog, history: list[tuple[int, str]]) -> int:
     source = catalog.load_table("shop.orders")
     sink = catalog.load_table("shop.orders_changes")
-    summaries = [s.summary.additional_properties for s in sink.snapshots() if s.summary]
-    commits = {int(p["cdc.source-snapshot-id"]): p for p in summaries if "cdc.source-snapshot-id" in p}
+    from iceberg_cdc.sink.summary import CommitSummary
+
+    records = [
+        CommitSummary.from_summary(s.summary.additional_properties) for s in sink.snapshots() if s.summary
+    ]
+    commits = {r.source_snapshot_id: r for r in records if r.source_snapshot_id is not None}
     changes = sink.scan().to_arrow()
-    header = f"{'snapshot':>20} {'operation':>10} {'INSERT':>7} {'DELETE':>7} {'UPDATE':>7} {'carryover':>10} {'shuffle KB':>10}  seconds per phase"
+    header = f"{'snapshot':>20} {'operation':>10} {'INSERT':>7} {'DELETE':>7} {'UPDATE':>7} {'carryover':>10} {'shuffle KiB':>10}  seconds per phase"
     print(header)
     print("-" * len(header))
     ok = True
     for snapshot_id, _ in history:
-        summary = commits.get(snapshot_id, {})
+        summary = commits.get(snapshot_id, CommitSummary())
         rows = changes.filter(pc.equal(changes.column("_commit_snapshot_id"), snapshot_id))
         kinds = Counter(rows.column("_change_type").to_pylist())
-        seconds = ", ".join(
-            f"{k.removeprefix('cdc.seconds.')} {float(v):.1f}"
-            for k, v in sorted(summary.items())
-            if k.startswith("cdc.seconds.")
-        ) or ("no sink commit: every row was carryover" if rows.num_rows == 0 else "")
+        seconds = ", ".join(f"{phase} {value:.1f}" for phase, value in sorted(summary.seconds.items())) or (
+            "no sink commit: every row was carryover" if rows.num_rows == 0 else ""
+        )
         operation = source.snapshot_by_id(snapshot_id).summary.operation.value
         print(
             f"{snapshot_id:>20} {operation:>10} {kinds['INSERT']:>7,} {kinds['DELETE']:>7,} {kinds['UPDATE_AFTER']:>7,} "
-            f"{int(summary.get('cdc.carryover-rows', 0)):>10,} {int(summary.get('cdc.shuffle-bytes', 0)) / 1024:>10.0f}  {seconds}"
+            f"{summary.carryover_rows or 0:>10,} {(summary.shuffle_bytes or 0) / 1024:>10.0f}  {seconds}"
         )
         ok &= replay_holds(source, snapshot_id, rows)
     moves = partition_moves(changes)

@@ -3,13 +3,14 @@
 The file follows the public contract (``../shared/design/README.md``)::
 
     catalog:   {name: ..., <pyiceberg catalog properties>}
-    shuffle:   {uri: ..., partitions: 64, target_partition_size: 64MB, retain_files: false, s3.*: ...}
+    shuffle:   {uri: ..., partitions: 64, target_partition_size: 64MiB, retain_files: false, s3.*: ...}
     tables:    [{source: ns.table, sink: ns.table_changes, identifier_columns: [id],
                  mirrors: [{type: postgres, dsn: postgresql://..., table: public.orders}, ...]}, ...]
 
 plus optional knobs with defaults (``shuffle.write_task_size``, ``spark.*``,
-per-table ``start``, ``duplicate_keys``, ``schedule``). ``CDC_CONFIG`` names
-the file for the DAG files.
+``events.*``, per-table ``start``, ``duplicate_keys``, ``schedule``,
+``protect_pending``, ``retention_warning``). ``CDC_CONFIG`` names the file for
+the DAG files (and for the event trigger, in the triggerer).
 
 Secrets need not be in the file: any string value may be ``${ENV_VAR}``
 (expanded at load; a missing variable is an error naming it), S3 and catalog
@@ -38,41 +39,34 @@ from pydantic import (
 )
 
 from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.redaction import is_secret_key, redact_value
+from iceberg_cdc.units import MiB, format_size, parse_size
+
+__all__ = ["CdcConfig", "ConfigError", "TableConfig", "is_secret_key", "load_config", "parse_config"]
 
 CONFIG_ENV = "CDC_CONFIG"
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_SECRET_HINTS = ("secret", "password", "token", "credential", "session")
 _IDENT = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)+$")
 
 
-def parse_size(value: Any) -> int:
-    """Bytes from ``64MB`` / ``512 KiB`` / ``1GB`` / an int. Units are binary, as in Spark."""
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``24h`` / ``90min`` / ``3d`` / ``500ms`` / a number of seconds."""
     if isinstance(value, bool):
-        raise ValueError("expected a size such as 64MB")
-    if isinstance(value, int):
-        size = value
+        raise ValueError("expected a duration such as 24h")
+    if isinstance(value, int | float):
+        seconds = float(value)
     else:
-        match = _SIZE.match(str(value))
+        match = _DURATION.match(str(value))
         if not match:
-            raise ValueError(f"{value!r} is not a size; write e.g. 64MB, 512KB or 1GB")
-        size = int(float(match.group(1)) * _UNITS[match.group(2)[:1].lower()])
-    if size <= 0:
-        raise ValueError(f"size must be positive, got {value!r}")
-    return size
-
-
-def format_size(size: int) -> str:
-    """``67108864`` -> ``64MB``: the largest binary unit that divides it, as :func:`parse_size` reads it."""
-    for suffix, unit in (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if size >= unit and size % unit == 0:
-            return f"{size // unit}{suffix}"
-    return f"{size} bytes"
-
-
-def is_secret_key(key: str) -> bool:
-    return any(hint in key.lower() for hint in _SECRET_HINTS)
+            raise ValueError(f"{value!r} is not a duration; write e.g. 30s, 15min, 24h or 3d")
+        seconds = float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "").lower()]
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive, got {value!r}")
+    return seconds
 
 
 class _Redacting(BaseModel):
@@ -85,7 +79,11 @@ class _Redacting(BaseModel):
 
     def __repr_args__(self) -> Any:
         for name, value in super().__repr_args__():
-            yield name, _redact(value, name or "")
+            # A nested config model prints itself through this same method; anything else is redacted.
+            nested = isinstance(value, _Redacting) or (
+                isinstance(value, list) and value and all(isinstance(v, _Redacting) for v in value)
+            )
+            yield name, value if nested else redact_value(value, name or "")
 
 
 class _Strict(_Redacting):
@@ -110,9 +108,9 @@ class ShuffleConfig(_Redacting):
 
     uri: str
     partitions: int = Field(64, ge=1, le=65536)
-    target_partition_size: int = 64 << 20
+    target_partition_size: int = 64 * MiB
     min_partition_size: int | None = None
-    write_task_size: int = 256 << 20  # bytes of input files bin-packed into one write task
+    write_task_size: int = 256 * MiB  # bytes of input files bin-packed into one write task
     retain_files: bool = False
     airflow_conn_id: str | None = None
     # Carryover cancelled in the write tasks (a partition's removed and added files in one task).
@@ -211,7 +209,7 @@ class SparkConfig(_Strict):
             return None
         problem = connect_url_problem(value)
         if problem:
-            raise ValueError(f"{_redact(value)!r} {problem}")
+            raise ValueError(f"{redact_value(value)!r} {problem}")
         return value
 
     @model_validator(mode="after")
@@ -263,6 +261,12 @@ class MirrorConfig(_Strict):
     ``name`` tells two mirrors of one table apart (DAG id, lease, staging); it defaults to the
     table with ``.`` as ``__``. ``exclude_columns`` leaves source columns out of the mirror
     (e.g. a type the target cannot hold); key columns cannot be left out.
+
+    Iceberg only: ``mode`` -- ``merge-on-read`` (default: replaced rows are deleted by position
+    deletes, or deletion vectors on a format-v3 mirror) or ``copy-on-write`` (the data files
+    holding replaced rows are rewritten: for small tables read by engines without delete support);
+    ``format_version`` -- 2 or 3 for a mirror the first run creates (default: the source's, at
+    least 2).
     """
 
     type: Literal["iceberg", "postgres"]
@@ -271,6 +275,8 @@ class MirrorConfig(_Strict):
     dsn: str | None = None
     name: str | None = None
     exclude_columns: list[str] = Field(default_factory=list)
+    mode: Literal["merge-on-read", "copy-on-write"] | None = None
+    format_version: Literal[2, 3] | None = None
 
     @model_validator(mode="after")
     def _target(self) -> MirrorConfig:
@@ -286,6 +292,9 @@ class MirrorConfig(_Strict):
                     "config's catalog: remove them"
                 )
             return self
+        iceberg_only = [key for key in ("mode", "format_version") if getattr(self, key) is not None]
+        if iceberg_only:
+            raise ValueError(f"{', '.join(iceberg_only)} only apply to type: iceberg: remove them")
         parts = self.table.split(".")
         if len(parts) != 2 or not all(_PG_NAME.match(part) for part in parts):
             raise ValueError(
@@ -299,7 +308,7 @@ class MirrorConfig(_Strict):
             )
         if self.dsn is not None and not self.dsn.startswith(("postgresql://", "postgres://")):
             raise ValueError(
-                f"dsn {_redact(self.dsn)!r} is not a URL like postgresql://user@host:5432/database"
+                f"dsn {redact_value(self.dsn)!r} is not a URL like postgresql://user@host:5432/database"
             )
         return self
 
@@ -327,7 +336,26 @@ class TableConfig(_Strict):
     start: Literal["earliest", "latest"] = "earliest"
     duplicate_keys: Literal["fail", "emit_unpaired"] = "fail"
     schedule: str | None = "@hourly"
+    # How long a run's hold on the table lasts without renewal (seconds, or "5m"); the environment
+    # variable CDC_LEASE_TTL_SECONDS overrides it. None: 300 s. See iceberg_cdc.run.lease.
+    lease_ttl: float | None = None
+    # Keep Iceberg tags on the source that make the watermark's and every pending snapshot
+    # survive snapshot expiry (source/protection.py): needs write access to the source.
+    protect_pending: bool = False
+    # The run's note warns when a snapshot the sink needs may be expired within this time.
+    retention_warning: float = 24 * 3600.0
+
+    @field_validator("retention_warning", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return parse_duration(value)
+
     mirrors: list[MirrorConfig] = Field(default_factory=list)
+
+    @field_validator("lease_ttl", mode="before")
+    @classmethod
+    def _lease_ttl(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
 
     @field_validator("source", "sink")
     @classmethod
@@ -398,11 +426,38 @@ class TableConfig(_Strict):
         return mirror_dag_id_for(self.source, mirror.mirror_name)
 
 
+class EventsConfig(_Strict):
+    """Event-driven runs: a trigger polls the catalog and starts a table's run on a new source snapshot.
+
+    ``trigger: catalog`` (default) is the pipeline's own trigger: one poll per
+    catalog shared by all its tables, one catalog call per poll for SQL and
+    Glue catalogs (:mod:`iceberg_cdc.airflow.triggers.catalog_snapshots`).
+    ``trigger: provider`` uses the Apache Iceberg provider's
+    ``IcebergTableSnapshotTrigger`` through the Airflow connection
+    ``iceberg_conn_id`` (one table load per table per poll). The table's
+    ``schedule`` stays as the fallback clock.
+    """
+
+    enabled: bool = True
+    trigger: Literal["catalog", "provider"] = "catalog"
+    poll_interval: float = 10.0
+    iceberg_conn_id: str = "iceberg_default"
+
+    @field_validator("poll_interval", mode="before")
+    @classmethod
+    def _interval(cls, value: Any) -> float:
+        seconds = parse_duration(value)
+        if seconds < 1:
+            raise ValueError(f"poll_interval {value!r} is below one second: a catalog is not a busy loop")
+        return seconds
+
+
 class CdcConfig(_Strict):
     catalog: CatalogConfig
     shuffle: ShuffleConfig
     tables: list[TableConfig] = Field(min_length=1)
     spark: SparkConfig = Field(default_factory=SparkConfig)
+    events: EventsConfig = Field(default_factory=EventsConfig)
 
     @model_validator(mode="after")
     def _distinct(self) -> CdcConfig:
@@ -446,44 +501,7 @@ class CdcConfig(_Strict):
 
     def redacted(self) -> dict[str, Any]:
         """The config as a dict with every secret value replaced, safe to log."""
-        return _redact(self.model_dump(mode="json"))
-
-
-_URL_PASSWORD = re.compile(r"(://[^/:@\s]*:)[^/@\s]+@")
-_URL_TOKEN = re.compile(r"(;\s*token\s*=)[^;\s]+", re.IGNORECASE)  # Spark Connect: sc://host/;token=...
-
-
-def _redact(value: Any, key: str = "") -> Any:
-    """``value`` with secrets replaced: values of secret keys, and passwords inside URLs (``user:pw@host``)."""
-    if isinstance(value, dict):
-        return {k: _redact(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_redact(v, key) for v in value]
-    if value is not None and is_secret_key(key):
-        return "***"
-    if isinstance(value, str):
-        return _URL_TOKEN.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", value))
-    return value
-
-
-def secret_values(config: CdcConfig) -> set[str]:
-    """The config's secret values (of secret keys, and passwords inside URLs), to scrub from messages."""
-    found: set[str] = set()
-
-    def walk(value: Any, key: str) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(v, str(k))
-        elif isinstance(value, list | tuple):
-            for v in value:
-                walk(v, key)
-        elif isinstance(value, str):
-            if is_secret_key(key):
-                found.add(value)
-            found.update(m.group(0)[1:-1] for m in re.finditer(r":[^/:@\s]+@", value) if "://" in value)
-
-    walk(config.model_dump(mode="json"), "")
-    return {value for value in found if value}
+        return redact_value(self.model_dump(mode="json"))
 
 
 def dag_id_for(source: str) -> str:

@@ -3,13 +3,25 @@
 Every error raised by the engine derives from :class:`CdcError`, so callers
 (Airflow tasks, Spark jobs) can tell a data or configuration problem from a
 bug and report it as such.
+
+**Final errors.** A class whose ``final`` is true names a problem no retry of
+the same task can fix (bad config or history, a damaged or missing file, a lost
+lease, rows that do not add up): the task fails at once instead of retrying
+for minutes. It is the one classification every place uses -- the Airflow
+tasks (:func:`is_final`) and the Spark operators, which only have the error's
+line (:func:`is_final_line`).
 """
 
 from __future__ import annotations
 
+import re
+from typing import ClassVar
+
 
 class CdcError(Exception):
     """Base class of every error the engine raises on purpose."""
+
+    final: ClassVar[bool] = False  # True: no retry of the same task can fix it; fail at once
 
 
 class StorageError(CdcError):
@@ -39,6 +51,8 @@ class CorruptShuffleError(CdcError):
     that a retry is safe and what it does (:data:`SHUFFLE_RETRY_HINT`).
     """
 
+    final = True
+
     def __str__(self) -> str:
         message = super().__str__()
         return message if SHUFFLE_RETRY_HINT in message else f"{message} {SHUFFLE_RETRY_HINT}"
@@ -47,9 +61,13 @@ class CorruptShuffleError(CdcError):
 class AmbiguousUpdateError(CdcError):
     """Update pairing is ambiguous: one key has several DELETEs or several INSERTs left."""
 
+    final = True
+
 
 class ConfigError(CdcError):
     """A configuration value is missing or invalid."""
+
+    final = True
 
 
 class SourceHistoryError(CdcError):
@@ -59,9 +77,20 @@ class SourceHistoryError(CdcError):
     current ancestry (rollback), or the table was dropped and recreated.
     """
 
+    final = True
+
 
 class UnsupportedSnapshotError(CdcError):
-    """A snapshot uses a table feature the pipeline does not handle (e.g. delete files)."""
+    """A snapshot uses a table feature the pipeline does not handle.
+
+    Position and equality delete files in Parquet and deletion vectors are
+    handled; delete files in ORC or Avro, a data file with two live deletion
+    vectors, and an equality delete on a column the schema has dropped are
+    not. The message names the snapshot or file and the ways out (compact the
+    table, roll the snapshot back, or restart the sink from a compacted state).
+    """
+
+    final = True
 
 
 class CorruptDeleteFileError(CdcError):
@@ -73,9 +102,21 @@ class CorruptDeleteFileError(CdcError):
     snapshot that added it.
     """
 
+    final = True
+
+
+class UnsupportedDependencyError(CdcError):
+    """An installed library is outside the version range the pipeline is built and tested for.
+
+    The message names the library, the installed and the supported versions,
+    and how to install a supported one.
+    """
+
 
 class SinkSchemaError(CdcError):
     """The sink table's schema conflicts with the source's."""
+
+    final = True
 
 
 class LeaseHeldError(CdcError):
@@ -89,6 +130,8 @@ class LeaseLostError(LeaseHeldError):
     holder, or the next run, processes the snapshot.
     """
 
+    final = True
+
 
 class ConservationError(CdcError):
     """Rows do not add up between the snapshot's files, the shuffle and the staged changes.
@@ -96,6 +139,8 @@ class ConservationError(CdcError):
     Raised before anything is committed; the message names the stage, the
     object or task and both counts.
     """
+
+    final = True
 
 
 class TransientStorageError(StorageError):
@@ -136,9 +181,13 @@ class MirrorConfigError(MirrorError, ConfigError):
 class MirrorSchemaError(MirrorError):
     """The mirror's target cannot hold the changelog's columns: an unmappable type, a conflicting column."""
 
+    final = True
+
 
 class MirrorKeyError(MirrorError):
     """The changelog does not give one row per key (a key twice in one snapshot, a null key)."""
+
+    final = True
 
 
 class MirrorHistoryError(MirrorError):
@@ -148,9 +197,15 @@ class MirrorHistoryError(MirrorError):
     expired past a reprocess the mirror must compare; the fix is a rebuild.
     """
 
+    final = True
+
 
 class MirrorStateError(MirrorError, LeaseLostError):
-    """The mirror's watermark moved under this run (another run applied first): nothing was applied.
+    """The mirror moved under this run: nothing was applied.
+
+    Another run applied first (the watermark moved), or an Iceberg mirror got a
+    commit after the one its apply was planned on, or holds files its applies
+    never write (equality deletes): the delete positions found may be stale.
 
     A subclass of :class:`LeaseLostError`: the run stops, and the next run plans afresh.
     """
@@ -160,19 +215,46 @@ class MirrorUnavailableError(MirrorError, ConfigError):
     """A mirror type whose implementation is not part of this installation."""
 
 
-# Errors no retry of the same task can fix: the run stops at once (the next run starts afresh from
-# detect, or the user fixes config or data). Transient storage errors are not among them.
-FINAL_ERRORS: tuple[type[CdcError], ...] = (
-    LeaseLostError,
-    ConservationError,
-    CorruptShuffleError,
-    ConfigError,
-    SourceHistoryError,
-    AmbiguousUpdateError,
-    SinkSchemaError,
-    UnsupportedSnapshotError,
-    MirrorConfigError,
-    MirrorSchemaError,
-    MirrorKeyError,
-    MirrorHistoryError,
-)
+class SourceFileMissingError(CdcError):
+    """A file of the source table that a snapshot needs (a data or delete file) is gone from storage.
+
+    A retry reads the same missing object again, so the task fails at once.
+    The message names the file, the table and the snapshot, and the fixes:
+    restore the file, or roll the source back past the snapshot.
+    """
+
+    final = True
+
+    @classmethod
+    def for_file(
+        cls, path: str, table: str, snapshot_id: int | str, detail: str = ""
+    ) -> SourceFileMissingError:
+        return cls(
+            f"file {path} of source table {table}, needed to process snapshot {snapshot_id}, does not exist"
+            f"{f' ({detail})' if detail else ''}: it was deleted or moved outside Iceberg (an orphan-file "
+            "cleanup with too short an age, a lifecycle rule, a manual delete). Retrying cannot help. "
+            f"Restore the file, or roll the source back past snapshot {snapshot_id} (the sink's watermark "
+            "stays where it is, so nothing is lost or duplicated)."
+        )
+
+
+def is_final(error: BaseException | type[BaseException]) -> bool:
+    """Whether no retry of the same task can fix ``error`` (its class's ``final`` flag)."""
+    cls = error if isinstance(error, type) else type(error)
+    return bool(getattr(cls, "final", False)) and issubclass(cls, CdcError)
+
+
+_LINE_NAME = re.compile(r"^\s*(?:iceberg_cdc\.errors\.)?([A-Z]\w*)\s*:")
+
+
+def error_class(name: str) -> type[CdcError] | None:
+    """The pipeline's error class called ``name``, if there is one."""
+    found = globals().get(name)
+    return found if isinstance(found, type) and issubclass(found, CdcError) else None
+
+
+def is_final_line(line: str) -> bool:
+    """Whether an error line (``Type: message``, e.g. from a Spark driver) names a final pipeline error."""
+    match = _LINE_NAME.match(line or "")
+    cls = error_class(match.group(1)) if match else None
+    return cls is not None and cls.final

@@ -46,8 +46,11 @@ from cdc_devtools.replay import assert_replay, changes_of
 from cdc_devtools.scheduler import LocalAirflow, alive
 from tests.support.airflow_pipeline import DAG_ID, AirflowPipeline
 from tests.support.fault_runs import verdict
+from tests.support.scenario import Scenario
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
+# Each test continues the history of the one before it (the module docstring lists them in order).
+HISTORY = Scenario(__name__)
 
 RUN_TIMEOUT = 600.0
 
@@ -101,7 +104,11 @@ def new_runs(airflow: LocalAirflow, state: SimpleNamespace) -> list[dict]:
 
 
 def detected(airflow: LocalAirflow, run: dict) -> dict:
-    return airflow.xcom(DAG_ID, run["dag_run_id"], "detect")
+    """Detect's XCom, with its snapshot id back as an int (the XCom carries it as a string of digits)."""
+    found = airflow.xcom(DAG_ID, run["dag_run_id"], "detect")
+    if found.get("snapshot_id") is not None:
+        found["snapshot_id"] = int(found["snapshot_id"])
+    return found
 
 
 def stamp(value: str) -> float:
@@ -116,6 +123,7 @@ def work_interval(airflow: LocalAirflow, run: dict) -> tuple[float, float]:
     return min(starts), stamp(commit["end_date"])
 
 
+@HISTORY.step("unpause")
 def test_unpausing_runs_the_first_snapshot(pipeline: AirflowPipeline, airflow: LocalAirflow, state):
     pipeline.source.append(rows(range(0, 40), "us"))
     first = pipeline.source.current_snapshot().snapshot_id
@@ -131,6 +139,7 @@ def test_unpausing_runs_the_first_snapshot(pipeline: AirflowPipeline, airflow: L
     assert assert_replay(pipeline.source, pipeline.sink(), first, ["id"]) == Counter({"INSERT": 40})
 
 
+@HISTORY.step("backfill", after=("unpause",))
 def test_backfill_processes_every_pending_snapshot_once_in_order(
     pipeline: AirflowPipeline, airflow: LocalAirflow, state
 ):
@@ -177,6 +186,7 @@ def test_backfill_processes_every_pending_snapshot_once_in_order(
     assert [d for d in pipeline.shuffle_objects()] == [] and not pipeline.lease_exists()
 
 
+@HISTORY.step("refused backfill", after=("backfill",))
 def test_backfill_with_a_snapshot_id_is_refused(pipeline: AirflowPipeline, airflow: LocalAirflow, state):
     sink_snapshots = len(pipeline.sink().snapshots())
     mark = pipeline.watermark()
@@ -193,6 +203,7 @@ def test_backfill_with_a_snapshot_id_is_refused(pipeline: AirflowPipeline, airfl
     assert len(pipeline.sink().snapshots()) == sink_snapshots and pipeline.watermark() == mark
 
 
+@HISTORY.step("manual run", after=("refused backfill",))
 def test_manual_run_reprocesses_a_past_snapshot_without_chaining(
     pipeline: AirflowPipeline, airflow: LocalAirflow, state
 ):
@@ -219,6 +230,7 @@ def test_manual_run_reprocesses_a_past_snapshot_without_chaining(
     assert result.exact and max(result.commits.values()) == 1, result
 
 
+@HISTORY.step("range reprocess", after=("manual run",))
 def test_range_reprocess_runs_one_chained_run_per_snapshot(
     pipeline: AirflowPipeline, airflow: LocalAirflow, state
 ):

@@ -40,9 +40,11 @@ from iceberg_cdc.errors import (
     CorruptDeleteFileError,
     CorruptShuffleError,
     SinkSchemaError,
+    SourceFileMissingError,
     SourceHistoryError,
     StorageError,
     UnsupportedSnapshotError,
+    is_final,
 )
 from iceberg_cdc.pipeline import executor_tasks
 from iceberg_cdc.pipeline.plan import SnapshotPlan
@@ -231,6 +233,27 @@ def test_a_damaged_deletion_vector_fails_naming_it_until_restored(tmp_path):
     local.write_bytes(intact)
     assert [r.snapshot_id for r in pipeline.catch_up()] == [deleted]
     assert processed_once(pipeline, deleted) == Counter({"DELETE": 2})
+
+
+@pytest.mark.parametrize("which", ["added", "removed"])
+def test_a_missing_source_data_file_names_the_file_and_the_fix(tmp_path, which):
+    """An added file, or a removed file the MERGE's DELETE rows are read from, gone from storage."""
+    pipeline = InlinePipeline(tmp_path)
+    started(pipeline)
+    before = {f.file_path for f in live_files(pipeline.source)}
+    merge = cow_merge(pipeline.source, upserts=rows([1, 2], "shipped"), delete_keys=[5])
+    after = {f.file_path for f in live_files(pipeline.source)}
+    [path] = sorted(after - before) if which == "added" else sorted(before - after)
+    local = Path(path.removeprefix("file://"))
+    kept = local.read_bytes()
+    local.unlink()
+    message = fails_cleanly(pipeline, SourceFileMissingError)
+    assert path in message and SOURCE in message
+    assert f"restore the file, or roll the source back past snapshot {merge}" in message.lower()
+    assert is_final(SourceFileMissingError(message))  # no retry: it cannot bring the file back
+    local.write_bytes(kept)  # the fix the message names
+    assert [r.snapshot_id for r in pipeline.catch_up()] == [merge]
+    assert processed_once(pipeline, merge) == Counter({"UPDATE_BEFORE": 2, "UPDATE_AFTER": 2, "DELETE": 1})
 
 
 def test_initial_load_over_live_delete_files_loads_the_live_rows(tmp_path):
@@ -592,7 +615,7 @@ BAD_CONFIGS: dict[str, tuple[Callable[[dict[str, Any]], Any], list[str]]] = {
     ),
     "size that is not a size": (
         lambda c: c["shuffle"].update(target_partition_size="lots"),
-        ["shuffle.target_partition_size", "'lots' is not a size", "64MB"],
+        ["shuffle.target_partition_size", "'lots' is not a size", "64MiB"],
     ),
     "bad shuffle uri": (
         lambda c: c["shuffle"].update(uri="http://bucket/x"),

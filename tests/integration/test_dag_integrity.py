@@ -25,7 +25,9 @@ def upstream(dag, task_id: str) -> set[str]:
 def test_one_dag_per_table_with_contract_ids():
     dags = build_dags(parse_config(CONFIG))
     assert set(dags) == {"cdc__shop__orders", "cdc__crm__accounts"}
-    assert dags["cdc__crm__accounts"].schedule == "@daily" or str(dags["cdc__crm__accounts"].timetable)
+    # each table's own schedule, and the default where the config gives none
+    assert dags["cdc__crm__accounts"].schedule == "@daily"
+    assert dags["cdc__shop__orders"].schedule == "@hourly"
 
 
 def test_task_graph():
@@ -107,10 +109,60 @@ def test_cleanup_is_a_teardown_that_keeps_failures():
 
 def test_guards_and_params():
     dag = build_dags(parse_config(CONFIG))["cdc__shop__orders"]
-    assert dag.max_active_runs == 1
+    # The lease serializes a table's runs; Airflow must let a run start while another one's task is
+    # dead, or that run would wait for Airflow's 300 s task heartbeat timeout, not for the lease.
+    assert dag.max_active_runs > 1
     assert dag.catchup is False
     assert set(dag.params) == {"snapshot_id", "through_snapshot_id", "trigger_next"}
     assert dag.params["snapshot_id"] is None
+    assert dag.params["trigger_next"] == "auto"  # what the form shows is what happens by default
+
+
+def test_snapshot_ids_in_params_are_exact():
+    """The Trigger form and JSON editor send text; API callers may send integers; both arrive exact."""
+    from airflow.sdk.definitions.param import ParamsDict
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = build_dags(parse_config(CONFIG))["cdc__shop__orders"]
+    big = 5200992516889735211  # above 2**53: a browser's number would round it
+    for given in (str(big), big, f" {big} "):
+        params = ParamsDict(dict(dag.params.items()))
+        params["snapshot_id"] = given
+        params["through_snapshot_id"] = given
+        params.validate()
+    for bad in ("5.2e18", "52009925168897352110", "abc", 1.5):
+        params = ParamsDict(dict(dag.params.items()))
+        with pytest.raises(ParamValidationError, match="Invalid input for param snapshot_id"):
+            params["snapshot_id"] = bad
+            params.validate()
+    for choice in ("auto", "yes", "no", True, False, None):
+        params = ParamsDict(dict(dag.params.items()))
+        params["trigger_next"] = choice
+        params.validate()
+
+
+def test_commit_emits_the_sink_asset_only_through_its_alias():
+    """A declared Asset outlet gets an event on every success (an idle run's too): commit declares an alias."""
+    from airflow.sdk import Asset, AssetAlias
+
+    from iceberg_cdc.airflow.dag_factory import asset_extra, sink_changed
+
+    dag = build_dags(parse_config(CONFIG))["cdc__shop__orders"]
+    outlets = dag.get_task("commit").outlets
+    assert outlets and all(isinstance(o, AssetAlias) for o in outlets)
+    assert not any(isinstance(o, Asset) for t in dag.tasks for o in t.outlets)
+    # ... while the sink's asset stays known to Airflow (active, on its Assets page): watermark reads it.
+    assert [a.name for a in dag.get_task("watermark").inlets] == ["cdc:shop.orders_changes"]
+    assert not sink_changed({"committed": False, "reason": "caught up"})
+    assert not sink_changed({"committed": False, "snapshot_id": 5, "reason": "skipped replace snapshot"})
+    assert sink_changed({"committed": True, "snapshot_id": 5})
+    extra = asset_extra(
+        "shop.orders",
+        {"snapshot_id": 5200992516889735211, "ordinal": 7, "operation": "overwrite"},
+        {"committed": True, "inserts": 3, "deletes": 1, "updates": 2, "story": "snapshot ..."},
+    )
+    assert extra["snapshot_id"] == "5200992516889735211" and extra["ordinal"] == 7
+    assert (extra["inserts"], extra["deletes"], extra["updates"]) == (3, 1, 2)
 
 
 def test_dag_file_imports_through_the_dag_bag(tmp_path, monkeypatch):
@@ -146,7 +198,11 @@ def test_every_task_records_its_error_and_the_chained_runs_note_is_rendered():
     class Ti:
         @staticmethod
         def xcom_pull(task_ids):
-            return {"remaining": 3, "chained_run_id": "chained__s7__x"}
+            return {
+                "remaining": 3,
+                "chained_run_id": "chained__s7__x",
+                "chained_note": "chained: 3 snapshot(s) pending",
+            }
 
     assert trigger.render_template(trigger.note, {"ti": Ti()}) == "chained: 3 snapshot(s) pending"
 
@@ -189,10 +245,18 @@ def test_one_mirror_dag_per_table_and_mirror_scheduled_on_the_changelog_asset():
         assert dag.get_task("mirror_join").is_mapped
         assert dag.get_task("cleanup").is_teardown
         assert [a.name for a in dag.timetable.asset_condition.objects] == ["cdc:shop.orders_changes"]
-    # the asset the table's commit task emits is the one the mirrors are scheduled on
-    table_dag = build_dags(parse_config(MIRRORED))["cdc__shop__orders"]
+    # the asset the table's commit task emits (through its alias, only when it committed rows) is the
+    # one the mirrors are scheduled on
+    from iceberg_cdc.airflow.dag_factory import sink_alias, sink_asset
+
+    config = parse_config(MIRRORED)
+    table_dag = build_dags(config)["cdc__shop__orders"]
     outlets = {o.name for o in table_dag.get_task("commit").outlets}
-    assert outlets == {"cdc:shop.orders_changes"}
+    assert outlets == {sink_alias(config.tables[0]).name}
+    emitted = sink_asset(config, config.tables[0])
+    for dag in dags.values():
+        [scheduled] = dag.timetable.asset_condition.objects
+        assert (scheduled.name, scheduled.uri) == (emitted.name, emitted.uri)
 
 
 def test_the_hook_resolves_aws_connections_for_the_catalog_and_the_shuffle(monkeypatch):

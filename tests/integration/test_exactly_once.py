@@ -7,9 +7,11 @@ commit whose outcome is unknown, manual runs on a fresh sink, on an initial
 load and twice with one run id, two runs at once -- and then judges the table
 (:func:`tests.support.fault_runs.verdict`): every snapshot replays exactly,
 the whole sink folded from empty equals the source, and no source snapshot is
-committed twice. Each case's outcome (rows lost, duplicated, commits per
-snapshot, seconds the table was blocked) goes to ``.cdc/fault-report.jsonl``;
-the README's fault table is that report.
+committed twice. Each case fails on its own when a row was lost or
+duplicated; its outcome (rows lost, duplicated, commits per snapshot, seconds
+the table was blocked) is also recorded, and when the module is done the
+cases that ran are written as ``.cdc/fault-report.md``, the README's fault
+table (:mod:`tests.support.fault_report`). No case reads that file.
 
 Runs in process (the DAG's step functions and the Spark units' functions) on a
 SQLite catalog and file:// storage, with a lease TTL of about a second
@@ -47,18 +49,21 @@ from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.writer import MapOutputWriter
 from iceberg_cdc.sink.staging import list_staged
 from iceberg_cdc.source.reading import output_schema
+from tests.support.fault_report import CaseOutcome, FaultReport
 from tests.support.fault_runs import POINTS, Crash, RunState, run_steps, verdict
 from tests.support.inline_pipeline import SOURCE, InlinePipeline
 
-REPORT = Path(__file__).resolve().parents[2] / ".cdc" / "fault-report.jsonl"
+REPORT = Path(__file__).resolve().parents[2] / ".cdc" / "fault-report.md"
 TTL = 1.0
+OUTCOMES = FaultReport(ttl_seconds=TTL)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _fresh_report():
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text("")
+def _write_report():
+    """After the module: the table of the cases that ran (an output only; no case reads it)."""
+    OUTCOMES.outcomes.clear()
     yield
+    OUTCOMES.write(REPORT)
 
 
 @pytest.fixture
@@ -85,7 +90,7 @@ def merge(p: InlinePipeline, round_: int) -> int:
     return snapshot
 
 
-def finish(p: InlinePipeline, case: str, *, blocked: float = 0.0, **extra) -> None:
+def finish(p: InlinePipeline, case: str, *, blocked: float = 0.0) -> None:
     """Catch up, judge the table, record the case's outcome; the case fails unless exact."""
     deadline = time.monotonic() + 30
     while True:
@@ -97,15 +102,14 @@ def finish(p: InlinePipeline, case: str, *, blocked: float = 0.0, **extra) -> No
                 raise
             time.sleep(0.2)
     result = verdict(p)
-    outcome = {
-        "lost": result.lost,
-        "duplicated": result.duplicated,
-        "max_commits_per_snapshot": max(result.commits.values(), default=0),
-        "blocked_seconds": round(blocked, 1),
-        **extra,
-    }
-    with REPORT.open("a") as out:
-        out.write(json.dumps({"case": case, **outcome}) + "\n")
+    outcome = CaseOutcome(
+        case=case,
+        lost=result.lost,
+        duplicated=result.duplicated,
+        max_commits_per_snapshot=max(result.commits.values(), default=0),
+        blocked_seconds=round(blocked, 1),
+    )
+    OUTCOMES.record(outcome)
     assert result.exact, outcome
     assert p.watermark().snapshot_id == result.snapshots[-1]
 
@@ -218,9 +222,12 @@ def _damage_and_expect(pipeline, point, damage, error, match, case):
         if at == point:
             damage(ctx, state)
 
+    mark = pipeline.watermark()
+    commits = len(pipeline.sink.snapshots())
     with pytest.raises(error, match=match):
         run_steps(ctx, "damaged-run", hook=meddle)
-    assert pipeline.sink is not None
+    assert pipeline.watermark() == mark, "a damaged run moved the watermark"
+    assert len(pipeline.sink.snapshots()) == commits, "a damaged run committed"
     finish(pipeline, case)
 
 
@@ -333,8 +340,9 @@ def test_a_commit_whose_answer_was_lost_keeps_its_files(pipeline, monkeypatch):
     ctx = steps.Context.of(pipeline.config, SOURCE)
     with pytest.raises(ConnectionResetError):
         run_steps(ctx, "lost-answer")
-    sink = pipeline.sink
-    for task in sink.scan().plan_files():
+    tasks = list(pipeline.sink.scan().plan_files())
+    assert len(tasks) >= 2, "the fixture's append and the lost commit's files are live"
+    for task in tasks:
         assert Path(task.file.file_path.removeprefix("file://")).exists(), "a committed file was deleted"
     finish(pipeline, "commit outcome unknown (answer lost)")
     # Within the grace after the commit began, the next runs' sweeps keep the attempt's files ...
@@ -401,19 +409,7 @@ def verdict_of_current_state(p: InlinePipeline) -> tuple[int, int]:
 
 
 def record_case(case: str, lost_duplicated: tuple[int, int]) -> None:
-    with REPORT.open("a") as out:
-        out.write(
-            json.dumps(
-                {
-                    "case": case,
-                    "lost": lost_duplicated[0],
-                    "duplicated": lost_duplicated[1],
-                    "max_commits_per_snapshot": 1,
-                    "blocked_seconds": 0.0,
-                }
-            )
-            + "\n"
-        )
+    OUTCOMES.record(CaseOutcome(case, *lost_duplicated, max_commits_per_snapshot=1))
 
 
 def test_reprocess_twice_with_one_run_id_never_rewrites_a_committed_file(pipeline):
@@ -443,19 +439,3 @@ def test_a_live_run_renewing_its_lease_is_never_overtaken(pipeline):
 
     run_steps(ctx, "long-run", hook=long_phase)
     finish(pipeline, "live run with a renewed lease (intruders refused)")
-
-
-def test_report_is_complete():
-    """Runs last in the module: every case above reported its outcome."""
-    cases = [json.loads(line) for line in REPORT.read_text().splitlines() if line.strip()]
-    assert cases and all(c["lost"] == 0 and c["duplicated"] == 0 for c in cases)
-    lines = [
-        "| fault or operator action | rows lost | rows duplicated | commits per snapshot | table blocked |",
-        "|---|---:|---:|---:|---|",
-    ]
-    for c in cases:
-        blocked = f"{c['blocked_seconds']:.1f} s (TTL {TTL:.0f} s)" if c["blocked_seconds"] else "no"
-        lines.append(
-            f"| {c['case']} | {c['lost']} | {c['duplicated']} | {c['max_commits_per_snapshot']} | {blocked} |"
-        )
-    REPORT.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -34,8 +34,11 @@ from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.replay import assert_replay
 from tests.support.airflow_pipeline import AirflowPipeline
 from tests.support.iceberg_tables import cow_rewrite, live_files
+from tests.support.scenario import Scenario
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
+# The unit-error run continues the table the insert-and-merge runs built.
+HISTORY = Scenario(__name__)
 
 # moto takes any key: a distinctive one, to look for in every log and page the run leaves.
 SECRET = "cdc-connect-secret-4f1c9a7e"
@@ -77,6 +80,7 @@ def server_pages(server: LocalSparkConnectServer) -> str:
     return "\n".join(pages)
 
 
+@HISTORY.step("insert and merge")
 def test_insert_only_and_merge_through_spark_connect(pipeline: AirflowPipeline, server):
     source = pipeline.source
     source.append(rows(range(0, 60), "us"))
@@ -104,6 +108,7 @@ def test_insert_only_and_merge_through_spark_connect(pipeline: AirflowPipeline, 
     assert SECRET not in pages, "the secret shows in the Spark Connect server's UI"
 
 
+@HISTORY.step("unit error", after=("insert and merge",))
 def test_unit_error_shows_the_pipelines_message_first(pipeline: AirflowPipeline):
     source = pipeline.source
     mark = pipeline.watermark()
@@ -119,7 +124,8 @@ def test_unit_error_shows_the_pipelines_message_first(pipeline: AirflowPipeline)
     snapshot = cow_rewrite(source, live_files(source), after.cast(before.schema))
     code = pipeline.run()
     log = pipeline.last_log.read_text()
-    assert code != 0 or "failed" in log.lower()
+    assert code != 0, log[-3000:]
+    assert "DagRun failed" in log, log[-3000:]
     assert pipeline.watermark() == mark, "a failed run must not move the watermark"
     assert pipeline.shuffle_objects() == [] and not pipeline.lease_exists(), "cleanup ran"
     message = re.search(r"AmbiguousUpdateError: (.*)", log)

@@ -24,7 +24,7 @@ import yaml
 
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.spark_cluster import SPARK_HOME
-from iceberg_cdc.airflow.dag_factory import spark_application
+from iceberg_cdc.airflow.operators.spark import spark_application
 from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.pipeline.pyfiles import package_zip
 from iceberg_cdc.pipeline.submit_conf import submit_conf

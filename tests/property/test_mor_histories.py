@@ -13,7 +13,8 @@ DV, dangling or removed when a rewrite drops their file) and row lineage
 lineage before the shuffle; rows from before the upgrade fall back to values),
 whichever way carryover is cancelled before the shuffle. The states the
 replay checks against come from the tests' own merge-on-read reader
-(:mod:`cdc_devtools.mor_state`), not the pipeline's.
+(:mod:`cdc_devtools.mor_state`, with its own manifest reading and delete
+application), not the pipeline's; the histories pick live rows with it too.
 """
 
 from __future__ import annotations
@@ -169,3 +170,43 @@ MorRandomHistory.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestMorRandomHistories = MorRandomHistory.TestCase
+
+
+def test_rows_deleted_before_their_manifest_was_rewritten_are_not_removed_again(tmp_path):
+    """A kept file's entry carried into a rewritten manifest keeps its old sequence number.
+
+    Deterministic, as the random histories reach it only rarely: a position
+    delete of row 2, then a rewrite of the *other* file of the same manifest
+    (the kept file's entry becomes EXISTING in a new manifest), then a delete
+    naming rows 2 (again, as Spark may) and 3. Only row 3 is a change: a
+    reader that gave the EXISTING entry the new manifest's sequence number
+    would find the old delete no longer applying and remove row 2 twice.
+    """
+    from pyiceberg.table.snapshots import Operation
+
+    from cdc_devtools.cow import cow_merge
+    from cdc_devtools.mor import commit_row_delta, mor_merge, position_delete_file
+    from cdc_devtools.mor_state import live_files
+    from cdc_devtools.orders import BY_REGION, SCHEMA, rows
+
+    pipeline = InlinePipeline(tmp_path)
+    source = pipeline.create_source(SCHEMA, partition_spec=BY_REGION, properties={"format-version": "2"})
+    source.append(pa.concat_tables([rows(range(10), "us"), rows(range(10, 20), "eu")]))
+    mor_merge(source, delete_keys=[2], deletes="position")
+    cow_merge(source, upserts=rows([10], "eu", status="changed"))  # rewrites the eu file only
+    (us,) = [
+        (e, r)
+        for e, r, _ in live_files(source, source.current_snapshot().snapshot_id)
+        if 0 in r["id"].to_pylist()
+    ]
+    entry, file_rows = us
+    assert entry.status == 0, "the us file is an EXISTING entry of the rewritten manifest"
+    ids = file_rows.column("id").to_pylist()
+    again = commit_row_delta(
+        source,
+        add=[position_delete_file(source, entry.data_file, [ids.index(2), ids.index(3)])],
+        operation=Operation.DELETE,
+    )
+    for run in pipeline.catch_up():
+        assert_replay(source, pipeline.sink, run.snapshot_id, ["id"])
+    assert assert_replay(source, pipeline.sink, again, ["id"]) == Counter({"DELETE": 1})

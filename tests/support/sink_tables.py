@@ -40,7 +40,8 @@ from pyiceberg.types import (
 )
 
 from iceberg_cdc.sink.commit import CommitResult, commit_changes
-from iceberg_cdc.sink.schema import COMMIT_SNAPSHOT_ID, to_sink_arrow
+from iceberg_cdc.sink.rows import to_sink_arrow
+from iceberg_cdc.sink.schema import COMMIT_SNAPSHOT_ID
 from iceberg_cdc.sink.staging import staged_file_path, write_staged_file
 
 SOURCE = "shop.orders"
@@ -173,6 +174,15 @@ def change_rows(ids: Sequence[int], *, nulls: bool = True) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=source_arrow_schema())
 
 
+# A fixed epoch for the test snapshots' commit times (2023-11-14T22:13:20Z).
+TS = 1_700_000_000_000
+
+
+def commit_timestamp_ms(snapshot_id: int) -> int:
+    """The ``_commit_timestamp`` (ms) the helpers give a test snapshot: distinct per snapshot id."""
+    return TS + snapshot_id * 1000
+
+
 def stage(
     sink_table: Table, snapshot_id: int, ordinal: int, parts: Sequence[pa.Table], prefix: str = "run1"
 ) -> list[str]:
@@ -180,7 +190,11 @@ def stage(
     paths = []
     for index, part in enumerate(parts):
         path = staged_file_path(sink_table.location(), snapshot_id, f"{prefix}-task{index}")
-        write_staged_file(sink_table.io, path, to_sink_arrow(part, sink_table.schema(), ordinal, snapshot_id))
+        write_staged_file(
+            sink_table.io,
+            path,
+            to_sink_arrow(part, sink_table.schema(), ordinal, snapshot_id, commit_timestamp_ms(snapshot_id)),
+        )
         paths.append(path)
     return paths
 

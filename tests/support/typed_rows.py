@@ -131,10 +131,11 @@ def assert_sink_types_follow(source_schema: Schema, sink_schema: Schema) -> None
         assert name in sink, f"source column {name!r} missing from the sink ({list(sink)})"
         assert sink[name] == source_shape, f"column {name!r}: sink {sink[name]} != source {source_shape}"
     names = [f.name for f in sink_schema.fields]
-    assert tuple(names[-3:]) == CHANGE_COLUMNS, f"change columns are not last: {names}"
+    assert tuple(names[-len(CHANGE_COLUMNS) :]) == CHANGE_COLUMNS, f"change columns are not last: {names}"
     assert str(sink_schema.find_type("_change_type")) == "string"
     assert str(sink_schema.find_type("_change_ordinal")) == "int"
     assert str(sink_schema.find_type("_commit_snapshot_id")) == "long"
+    assert str(sink_schema.find_type("_commit_timestamp")) == "timestamptz"
 
 
 # ----------------------------------------------------------------------------- every type

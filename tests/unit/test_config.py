@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from iceberg_cdc.config import dag_id_for, load_config, parse_config, parse_size, secret_values
+from iceberg_cdc.config import dag_id_for, load_config, parse_config, parse_size
 from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.redaction import secret_values
 
 GOOD = {
     "catalog": {
@@ -142,8 +143,8 @@ def test_min_partition_size_above_half_the_target_is_refused_at_load(monkeypatch
     with pytest.raises(ConfigError) as raised:
         parse_config(config)
     message = str(raised.value)
-    assert "shuffle: min_partition_size (40MB) is above half of target_partition_size (64MB)" in message
-    assert "at most 32MB" in message
+    assert "shuffle: min_partition_size (40MiB) is above half of target_partition_size (64MiB)" in message
+    assert "at most 32MiB" in message
     config["shuffle"]["min_partition_size"] = "32MB"  # exactly half is fine
     assert parse_config(config).shuffle.min_partition_size == 32 * 2**20
 
@@ -171,7 +172,7 @@ def test_no_secret_in_repr_or_str_of_any_config_object(monkeypatch):
     assert config.shuffle.s3_properties["s3.session-token"] == secret
     # what run notes and error lines are scrubbed of: every secret value, the URL's password included
     raw["catalog"]["uri"] = "postgresql://cdc:url-only-pw@db.internal:5432/catalog"
-    values = secret_values(parse_config(raw))
+    values = secret_values(parse_config(raw).model_dump(mode="json"))
     assert {secret, "url-only-pw"} <= values and "4040" not in values and "cdc" not in values
 
 
@@ -220,6 +221,38 @@ def test_a_connect_token_is_never_shown(monkeypatch):
     assert "tok3n-value" not in str(raised.value) and "token=***" in str(raised.value)
 
 
+def test_durations_and_the_event_and_retention_knobs():
+    from iceberg_cdc.config import parse_duration
+
+    assert parse_duration("24h") == 86400 and parse_duration("90min") == 5400 and parse_duration(5) == 5
+    assert parse_duration("500ms") == 0.5 and parse_duration("3d") == 3 * 86400
+    for bad in ("soon", "-1h", 0, True):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    raw = {
+        "catalog": {"name": "c", "type": "sql", "uri": "sqlite:////tmp/c.db"},
+        "shuffle": {"uri": "file:///tmp/s"},
+        "tables": [{"source": "a.b", "sink": "a.c", "protect_pending": True, "retention_warning": "2h"}],
+        "events": {"poll_interval": "5s", "trigger": "provider", "iceberg_conn_id": "lake"},
+    }
+    config = parse_config(raw)
+    assert config.tables[0].protect_pending and config.tables[0].retention_warning == 7200
+    assert (config.events.poll_interval, config.events.trigger, config.events.iceberg_conn_id) == (
+        5,
+        "provider",
+        "lake",
+    )
+    default = parse_config({**raw, "events": {}, "tables": [{"source": "a.b", "sink": "a.c"}]})
+    assert (
+        default.events.enabled and default.events.trigger == "catalog" and default.events.poll_interval == 10
+    )
+    assert not default.tables[0].protect_pending and default.tables[0].retention_warning == 86400
+    with pytest.raises(ConfigError, match="poll_interval"):
+        parse_config({**raw, "events": {"poll_interval": "200ms"}})
+    with pytest.raises(ConfigError, match="retention_warning"):
+        parse_config({**raw, "tables": [{"source": "a.b", "sink": "a.c", "retention_warning": "soon"}]})
+
+
 # ---------------------------------------------------------------------------------------- mirrors
 
 PG = {"type": "postgres", "dsn": "postgresql://cdc:hunter2@127.0.0.1:5432/app", "table": "public.orders"}
@@ -245,7 +278,7 @@ def test_mirrors_load_with_names_and_dag_ids(monkeypatch):
     assert table.mirror_dag_id(table.mirrors[0]) == "cdc_mirror__shop__orders__public__orders"
     assert table.mirror("copy2").conn_id == "pg"
     assert "hunter2" not in repr(config) and "hunter2" not in repr(config.redacted())
-    assert "hunter2" in secret_values(config)
+    assert "hunter2" in secret_values(config.model_dump(mode="json"))
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pyarrow as pa
+from pyiceberg.schema import Schema
 
 from cdc_devtools.cow import cow_merge
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
@@ -30,3 +31,15 @@ def test_history_through_every_path(tmp_path):
     assert runs[1].committed["carryover_rows"] == 2 * (100 - 12)
     assert runs[1].cleanup["lease_released"] and runs[1].cleanup["shuffle_objects_deleted"] > 0
     assert pipeline.run().action == "caught_up"
+
+
+def test_a_table_without_identifier_columns_runs_in_whole_row_mode(tmp_path):
+    """No identifier fields and none configured: the whole row is the key (DELETE / INSERT only)."""
+    pipeline = InlinePipeline(tmp_path)
+    schema = Schema(*SCHEMA.fields)  # the same columns, no identifier fields
+    source = pipeline.create_source(schema, partition_spec=BY_REGION)
+    source.append(rows(range(20), "us"))
+    merge = cow_merge(source, upserts=rows(range(3), "us", "shipped"), delete_keys=[7])
+    runs = pipeline.catch_up()
+    assert [r.action for r in runs] == ["insert", "shuffle"]
+    assert assert_replay(pipeline.source, pipeline.sink, merge, []) == Counter({"DELETE": 4, "INSERT": 3})

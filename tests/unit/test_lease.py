@@ -255,6 +255,45 @@ def test_takeover_asks_airflow_about_the_holder(store):
     )
 
 
+def test_a_holder_whose_task_died_is_taken_over_at_expiry(store):
+    """Airflow shows a task of the holder's run running while its lease expired: that task stopped
+    renewing (every task renews while it runs), so the table is taken at expiry, not one TTL later."""
+    TableLease(store, "t", clock=at(0)).acquire(RUN_A, 60, dag_id="cdc__t")
+    working = lambda info: "working"  # noqa: E731
+    with pytest.raises(LeaseHeldError):  # alive until its lease expires
+        TableLease(store, "t", clock=at(59)).acquire(RUN_B, 60, holder_state=working)
+    taken = TableLease(store, "t", clock=at(61)).acquire(RUN_B, 60, holder_state=working)
+    assert taken.owner == RUN_B and taken.epoch == 2
+    # Between tasks (queued for a slot) it would still have had one more TTL.
+    TableLease(store, "u", clock=at(0)).acquire(RUN_A, 60, dag_id="cdc__u")
+    with pytest.raises(LeaseHeldError, match="one more TTL of grace"):
+        TableLease(store, "u", clock=at(61)).acquire(RUN_B, 60, holder_state=lambda info: "running")
+
+
+def test_a_lost_lease_names_the_knob_the_config_accepts(store):
+    """The message names tables[].lease_ttl (a key the config takes) and the environment override."""
+    from iceberg_cdc.config import parse_config
+
+    TableLease(store, "t", clock=at(0)).acquire(RUN_A, 60)
+    TableLease(store, "t", clock=at(200)).acquire(RUN_B, 60)
+    with pytest.raises(LeaseLostError) as lost:
+        TableLease(store, "t", clock=at(201)).renew(RUN_A, 1, 60)
+    message = str(lost.value)
+    assert "tables[].lease_ttl" in message and "CDC_LEASE_TTL_SECONDS" in message
+    assert "shuffle.lease_ttl" not in message
+    config = parse_config(
+        {
+            "catalog": {"name": "c"},
+            "shuffle": {"uri": "s3://b/p"},
+            "tables": [
+                {"source": "a.b", "sink": "a.c", "lease_ttl": "90s"},
+                {"source": "a.d", "sink": "a.e"},
+            ],
+        }
+    )
+    assert config.tables[0].lease_ttl == 90.0 and config.tables[1].lease_ttl is None
+
+
 def test_release_by_a_non_owner_does_not_release(store):
     lease = TableLease(store, "t")
     held = lease.acquire(RUN_A, 60)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from cdc_devtools.oracle import Ambiguous, actual_changes, expected_changes, freeze
 from iceberg_cdc.changelog.merge import merge_changes
-from iceberg_cdc.errors import AmbiguousUpdateError
+from iceberg_cdc.errors import AmbiguousUpdateError, ConfigError
 from iceberg_cdc.shuffle.rows import OP_COLUMN
 
 D, I = "DELETE", "INSERT"  # noqa: E741 - the names Iceberg's tests use
@@ -384,7 +384,7 @@ def test_column_named_with_a_dot_wins_over_a_path():
 
 
 def test_missing_nested_identifier_is_named():
-    with pytest.raises(KeyError, match=r"k\.nope"):
+    with pytest.raises(ConfigError, match=r"k\.nope"):
         merge_changes(struct_keyed([("a", 1, "x", D)]), ["k.nope"])
 
 

@@ -58,3 +58,18 @@ def test_a_caught_up_run_counts_no_snapshot():
         stats, "shop.orders", {"committed": False, "snapshot_id": 7, "reason": "skipped replace snapshot"}
     )
     assert stats.calls == [("incr", "cdc.shop__orders.snapshots.uncommitted", None, {"table": "shop.orders"})]
+
+
+def test_retention_gauges_say_how_long_until_a_needed_snapshot_may_go():
+    from iceberg_cdc.run.metrics import emit_retention
+
+    stats = Recorder()
+    emit_retention(stats, "shop.orders", {"seconds_left": 5400.0, "protected": False})
+    emit_retention(stats, "shop.orders", {"seconds_left": None, "protected": True})
+    emit_retention(stats, "shop.orders", None)
+    tags = {"table": "shop.orders"}
+    assert stats.calls == [
+        ("gauge", "cdc.shop__orders.retention.seconds_left", 5400.0, tags),
+        ("gauge", "cdc.shop__orders.retention.protected", 0.0, tags),
+        ("gauge", "cdc.shop__orders.retention.protected", 1.0, tags),
+    ]

@@ -121,3 +121,21 @@ def test_error_line_finds_the_pipeline_error_inside_a_jvm_traceback():
     )
     assert error_line(AmbiguousUpdateError("key 3")) == "AmbiguousUpdateError: key 3"
     assert error_line(OSError("disk full")) == "OSError: disk full"
+
+
+def test_a_spark_error_never_carries_the_runtimes_secrets():
+    """The line recorded for the Airflow task goes through the one redaction module (iceberg_cdc.redaction)."""
+    from iceberg_cdc.pipeline.phase_driver import error_line
+    from iceberg_cdc.pipeline.runtime import Runtime
+
+    secret = "sk-" + "0123456789abcdef"
+    runtime = Runtime(
+        "file:///tmp/x", {"s3.secret-access-key": secret}, {"s3.session-token": "tok-" + "998877"}
+    )
+    wrapped = RuntimeError(
+        "org.apache.spark.api.python.PythonException: Traceback\n"
+        f"iceberg_cdc.errors.StorageError: s3://bucket refused key {secret} with tok-998877\n"
+    )
+    line = error_line(wrapped, runtime)
+    assert secret not in line and "tok-998877" not in line
+    assert line.startswith("StorageError: s3://bucket refused key ***")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import pickle
@@ -20,22 +21,20 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from cdc_devtools.fault_proxy import FaultProxy
 from cdc_devtools.local_s3 import LocalS3Server
-from iceberg_cdc.errors import StorageError, TransientStorageError
+from iceberg_cdc.errors import ConfigError, StorageError, TransientStorageError
 from iceberg_cdc.pipeline import runtime as runtime_module
 from iceberg_cdc.pipeline.runtime import Runtime, with_retrying_io
 from iceberg_cdc.sink.staging import write_staged_file
+from iceberg_cdc.storage import RETRYING_IO_IMPL
 from iceberg_cdc.storage.retrying_io import (
     PATIENT_S3_RETRY_STRATEGY_IMPL,
     RETRY_ATTEMPTS,
     RETRY_BASE_DELAY_MS,
     RETRY_MAX_DELAY_MS,
-    RETRYING_IO_IMPL,
-    ResumableInputStream,
     RetryingPyArrowFileIO,
-    RetryingUploadStream,
-    RetryPolicy,
-    is_transient,
+    policy_from_properties,
 )
+from iceberg_cdc.storage.retrying_streams import ResumableInputStream, RetryingUploadStream, is_transient
 from tests.support.auth_s3 import auth_s3_server
 
 pytestmark = pytest.mark.s3
@@ -325,12 +324,15 @@ def test_policy_properties_and_pickling(proxy, s3_properties, files):
     path, (_, raw) = next(iter(files.items()))
     with copy.new_input(path).open() as stream:
         assert isinstance(stream, ResumableInputStream) and stream.read() == raw
-    with pytest.raises(ValueError, match=RETRY_ATTEMPTS):
-        RetryPolicy.from_properties({RETRY_ATTEMPTS: "0"})
+    for bad in ({RETRY_ATTEMPTS: "0"}, {RETRY_ATTEMPTS: "many"}, {RETRY_MAX_DELAY_MS: "-1"}):
+        with pytest.raises(ConfigError, match=RETRY_ATTEMPTS):
+            policy_from_properties(bad)
 
 
 def test_runtime_and_catalog_use_the_retrying_fileio(tmp_path):
-    assert runtime_module.RETRYING_IO_IMPL == RETRYING_IO_IMPL
+    module, _, name = RETRYING_IO_IMPL.rpartition(".")
+    assert getattr(importlib.import_module(module), name) is RetryingPyArrowFileIO
+    assert runtime_module.RETRYING_IO_IMPL is RETRYING_IO_IMPL
     assert with_retrying_io({"a": "b"}) == {"a": "b", "py-io-impl": RETRYING_IO_IMPL}
     assert with_retrying_io({"py-io-impl": "my.FileIO"}) == {"py-io-impl": "my.FileIO"}
     runtime = Runtime("file:///tmp/shuffle", {}, {"s3.secret-access-key": SECRET})

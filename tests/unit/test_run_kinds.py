@@ -6,7 +6,8 @@ import enum
 
 import pytest
 
-from iceberg_cdc.run.kinds import backfill_refusal, is_backfill, should_chain
+from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.run.kinds import backfill_refusal, is_backfill, should_chain, trigger_next_choice
 from iceberg_cdc.run.lease import RESCHEDULE_SECONDS, lease_wait_step
 
 
@@ -51,11 +52,21 @@ def test_when_a_run_chains(mark, params, backfill, chains):
     assert should_chain(mark, params, backfill=backfill) is chains
 
 
-def step(now, *, waiting_since=0.0, holder_since=None, try_started=0.0, reschedule=True, in_process=5.0):
+def step(
+    now,
+    *,
+    waiting_since=0.0,
+    holder_since=None,
+    try_started=0.0,
+    reschedule=True,
+    in_process=5.0,
+    expired=False,
+):
     return lease_wait_step(
         now=now,
         waiting_since=waiting_since,
         holder_since=holder_since,
+        holder_expired=expired,
         window=600.0,
         try_started=try_started,
         reschedule=reschedule,
@@ -81,3 +92,50 @@ def test_the_wait_is_bounded_per_holder():
     # the table changed hands (a queue moving on): the clock starts again
     assert step(900.0, holder_since=400.0, try_started=890.0)[0] == "reschedule"
     assert step(1000.0, holder_since=400.0) == ("fail", 0.0)
+
+
+def test_a_waiter_does_not_give_up_on_a_holder_whose_lease_expired():
+    """A dead holder's lease expired: the takeover is at most one TTL away, so the waiter stays."""
+    assert step(600.0) == ("fail", 0.0)
+    assert step(600.0, expired=True) == ("reschedule", 1.0)
+    assert step(700.0, holder_since=-50.0, expired=True)[0] == "reschedule"
+
+
+@pytest.mark.parametrize(
+    ("given", "choice"),
+    [(None, None), ("auto", None), ("", None), ("yes", True), ("no", False), (True, True), (False, False)],
+)
+def test_trigger_next_as_the_form_and_api_callers_give_it(given, choice):
+    assert trigger_next_choice(given) is choice
+
+
+def test_a_bad_trigger_next_is_a_config_error():
+    with pytest.raises(ConfigError, match="auto, yes or no"):
+        trigger_next_choice("maybe")
+
+
+def test_airflow_tells_a_dead_task_from_a_run_between_tasks():
+    """A task Airflow shows running while its lease expired stopped renewing: 'working' (taken at expiry)."""
+    from iceberg_cdc.airflow.policy import airflow_holder_state
+    from iceberg_cdc.coordination.lease import LeaseInfo
+
+    class Ti:
+        def __init__(self, run_state, task_states):
+            self.run_state, self.task_states = run_state, task_states
+
+        def get_dagrun_state(self, dag_id, run_id):
+            return self.run_state
+
+        def get_task_states(self, dag_id, run_ids):
+            return {run_ids[0]: self.task_states}
+
+    holder = LeaseInfo(
+        table="t", owner="r1", acquired_at=None, expires_at=None, host="h", pid=1, token="x", version="",
+        uri="u", dag_id="cdc__t",
+    )  # fmt: skip
+    assert (
+        airflow_holder_state(Ti("running", {"commit": "running", "detect": "success"}))(holder) == "working"
+    )
+    assert airflow_holder_state(Ti("running", {"commit": "queued", "detect": "success"}))(holder) == "running"
+    assert airflow_holder_state(Ti("success", {}))(holder) == "finished"
+    assert airflow_holder_state(Ti("running", None))(holder) == "running"

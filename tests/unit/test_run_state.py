@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.run.state import Detected, snapshot_id_or_none
 
 RUN = {"source": "shop.orders", "sink": "shop.orders_changes", "run_id": "r1", "epoch": 3, "lease_ttl": 60.0}
@@ -41,9 +42,12 @@ def test_of_accepts_the_record_and_ignores_unknown_keys():
 def test_bad_values_are_refused_by_name():
     with pytest.raises(ValueError, match="unknown action 'maybe'"):
         Detected(action="maybe", **RUN)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="'12ab' is not a snapshot id"):
+    # The pipeline's own error, naming the value and the fix (a user typed it).
+    with pytest.raises(ConfigError, match="'12ab' is not a snapshot id"):
         snapshot_id_or_none("12ab")
-    with pytest.raises(ValueError, match="not a snapshot id"):
+    with pytest.raises(ConfigError, match="is a boolean"):
         snapshot_id_or_none(True)
+    with pytest.raises(ConfigError, match="floating-point"):
+        snapshot_id_or_none(5.200992516889735e18)
     assert snapshot_id_or_none(" 5200992516889735211 ") == 5200992516889735211
     assert snapshot_id_or_none("") is None and snapshot_id_or_none(None) is None

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from iceberg_cdc.run.story import (
+    AFTER_CLEAR,
     NOTE_LIMIT,
     FailedTask,
+    chained_note,
     chained_run_id,
-    error_line,
+    merged_note,
     run_note,
-    scrub,
     story,
 )
 
@@ -28,7 +29,7 @@ def test_a_shuffled_snapshot_says_what_changed_and_where_time_went():
         "seconds": {"write": 4.31, "read": 3.38, "detect": 0.5},
     }
     assert story(DETECTED, committed) == (
-        "snapshot 42 (overwrite, #7): +300 -100 ±1,000 updates, carryover 37,800, 794.0 KB shuffled, "
+        "snapshot 42 (overwrite, #7): +300 -100 ±1,000 updates, carryover 37,800, 794.0 KiB shuffled, "
         "write 4.3 s / read 3.4 s"
     )
 
@@ -56,7 +57,7 @@ def test_skew_is_named_in_the_story():
         "skew_max_ratio": 41.3,
     }
     assert story(DETECTED, committed) == (
-        "snapshot 42 (overwrite, #7): +1 -0 ±0 updates, 2.0 KB shuffled, 2 skewed partitions, largest 41x the median"
+        "snapshot 42 (overwrite, #7): +1 -0 ±0 updates, 2.0 KiB shuffled, 2 skewed partitions, largest 41x the median"
     )
 
 
@@ -161,22 +162,12 @@ def test_notes_carry_no_secrets_and_fit_airflows_column():
     for secret in ("hunter2", "abcd1234", "p4ss word", "tok123", FAKE_KEY_ID):
         assert secret not in note, note
     assert "s3.secret-access-key=***" in note and "://key:***@bucket" in note
-    assert scrub("config value s3cr3t-value leaked", ["s3cr3t-value"]) == "config value *** leaked"
-    long = run_note("failed", failed=[FailedTask("detect", -1, "x" * 5000)])
-    assert len(long) == NOTE_LIMIT and long.endswith("…")
-
-
-def test_error_lines_name_the_pipelines_error_first():
+    long = run_note("failed", failed=[FailedTask("detect", -1, "x" * 3000 + " FIX: set the thing")])
+    # Cut in the middle: the start and the fix at the end stay.
     assert (
-        error_line("AirflowFailException", "LeaseHeldError: held by run r1\nmore")
-        == "LeaseHeldError: held by run r1"
-    )
-    assert error_line("AirflowException", "Cannot execute: spark-submit --master local") == (
-        "AirflowException: Cannot execute: spark-submit --master local"
-    )
-    assert error_line("ValueError", "") == "ValueError"
-    assert error_line("SourceHistoryError", "snapshot 1 is not in the ancestry") == (
-        "SourceHistoryError: snapshot 1 is not in the ancestry"
+        len(long) == NOTE_LIMIT
+        and long.startswith("failed at detect: xxx")
+        and long.endswith("set the thing")
     )
 
 
@@ -190,7 +181,7 @@ def test_the_failure_callback_records_a_scrubbed_error_line(monkeypatch):
         def xcom_push(self, key, value):
             self.pushed[key] = value
 
-    monkeypatch.setattr(task_policy, "_config_secrets", lambda: {"catalog-secret-value"})
+    monkeypatch.setattr(task_policy, "known_secrets", lambda: {"catalog-secret-value"})
     ti = Ti()
     error = RuntimeError("cannot reach catalog with catalog-secret-value\ntraceback follows")
     task_policy.record_error({"exception": error, "ti": ti})
@@ -204,3 +195,100 @@ def test_the_failure_callback_records_a_scrubbed_error_line(monkeypatch):
             raise ConnectionError("API server gone")
 
     task_policy.record_error({"exception": error, "ti": Broken()})  # logged, never raised
+
+
+# ---------------------------------------------------------------- history that stays true
+
+
+def test_a_cleared_run_keeps_its_first_story_and_appends_the_new_one():
+    committed = "snapshot 42 (overwrite, #7): +300 -100 ±1,000 updates"
+    # The run was cleared and ran again: detect found nothing left, the note must not forget the commit.
+    again = merged_note(committed, "caught up")
+    assert again == committed + AFTER_CLEAR + "caught up"
+    # Cleared twice: each outcome appended, the first story intact.
+    twice = merged_note(again, "snapshot 42 (overwrite, #7): already committed")
+    assert twice.startswith(committed + AFTER_CLEAR + "caught up" + AFTER_CLEAR)
+    # The same outcome again (the listener called twice) changes nothing.
+    assert merged_note(twice, "snapshot 42 (overwrite, #7): already committed") == twice
+    # A provisional note from the predecessor that queued the run is replaced, not kept.
+    assert merged_note("chained: 3 snapshot(s) pending", committed) == committed
+    assert (
+        merged_note(
+            "queued: reprocess of snapshot 5 through 9 (2 left in the range, this one included)", committed
+        )
+        == committed
+    )
+    assert merged_note(None, committed) == committed
+    # Many clears: the note fits Airflow's column, keeping the first story and the latest outcome.
+    note = committed
+    for attempt in range(60):
+        note = merged_note(note, f"failed at commit: LeaseLostError: attempt {attempt}")
+    assert len(note) <= NOTE_LIMIT
+    assert note.startswith(committed) and note.endswith("attempt 59")
+
+
+def test_range_reprocess_notes_name_the_range_and_what_remains():
+    ranged = {**DETECTED, "manual": True, "through_snapshot_id": 99, "range_left": 2}
+    assert story(ranged, {"committed": True, "inserts": 1}).startswith(
+        "snapshot 42 (overwrite, #7, reprocess of 42 through 99, 2 more after this one): +1"
+    )
+    last = {**ranged, "snapshot_id": 99, "range_left": 0}
+    assert "reprocess of 99 through 99, the last one" in story(last, {"committed": True})
+    # The watermark's pending count is not the range's: no "0 more pending" in a range's note.
+    note = run_note("success", detected=ranged, committed={"committed": True}, mark={"remaining": 0})
+    assert "2 more after this one" in note and "pending" not in note
+    # The note a chained run of the range starts with names the range and what is left of it.
+    mark = {"remaining": 0, "next_conf": {"snapshot_id": "57", "through_snapshot_id": "99"}, "range_left": 2}
+    assert (
+        chained_note(mark)
+        == "queued: reprocess of snapshot 57 through 99 (2 left in the range, this one included)"
+    )
+    assert chained_note({"remaining": 3, "next_conf": {}}) == "chained: 3 snapshot(s) pending"
+
+
+def test_detect_warnings_reach_the_story():
+    warned = {**DETECTED, "warnings": ["sink shop.changes has 1 snapshot(s) the pipeline did not write"]}
+    assert story(warned, {"committed": True, "inserts": 1}).endswith(
+        "; ⚠ sink shop.changes has 1 snapshot(s) the pipeline did not write"
+    )
+    caught_up = {**DETECTED, "action": "caught_up", "snapshot_id": None}
+    caught_up["warnings"] = ["sink x has 2 snapshot(s) the pipeline did not write"]
+    assert story(caught_up) == "caught up; ⚠ sink x has 2 snapshot(s) the pipeline did not write"
+
+
+def test_the_failure_callback_knows_the_secrets_an_airflow_connection_supplies(tmp_path, monkeypatch):
+    """Without Airflow's private masker: the connections the config names are read through the hook."""
+    import json
+
+    import yaml
+
+    from iceberg_cdc.airflow import policy
+
+    config = {
+        "catalog": {
+            "name": "c",
+            "type": "sql",
+            "uri": "sqlite:////never/opened.db",
+            "airflow_conn_id": "aws_x",
+        },
+        "shuffle": {"uri": "s3://b/p"},
+        "tables": [{"source": "a.b", "sink": "a.c"}],
+    }
+    (tmp_path / "cdc.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("CDC_CONFIG", str(tmp_path / "cdc.yaml"))
+    password = "conn-secret-" + "pw-4711"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_X", json.dumps({"conn_type": "aws", "login": "u", "password": password})
+    )
+    assert password in policy.known_secrets()
+
+    class Ti:
+        def __init__(self):
+            self.pushed = {}
+
+        def xcom_push(self, key, value):
+            self.pushed[key] = value
+
+    ti = Ti()
+    policy.record_error({"exception": RuntimeError(f"S3 refused {password}"), "ti": ti})
+    assert password not in ti.pushed[policy.ERROR_XCOM_KEY] and "***" in ti.pushed[policy.ERROR_XCOM_KEY]

@@ -33,6 +33,7 @@ from tests.support.sink_tables import (
     SOURCE,
     SOURCE_UUID,
     change_rows,
+    commit_timestamp_ms,
     make_catalog,
     sink_rows,
     source_schema,
@@ -69,7 +70,9 @@ def _commit(table, paths, snapshot_id, ordinal, **kwargs):
 
 
 def _expected(ids, snapshot_id, ordinal, schema):
-    rows = to_sink_arrow(change_rows(ids), schema, ordinal, snapshot_id).to_pylist()
+    rows = to_sink_arrow(
+        change_rows(ids), schema, ordinal, snapshot_id, commit_timestamp_ms(snapshot_id)
+    ).to_pylist()
     return sorted(rows, key=lambda r: (r[COMMIT_SNAPSHOT_ID], r["id"], r["_change_type"]))
 
 
@@ -361,7 +364,7 @@ def test_commit_gives_up_after_max_attempts(catalog, sink, monkeypatch):
 
 def test_staged_file_without_field_ids_is_refused(sink):
     path = staged_file_path(sink.location(), 1001, "plain")
-    plain = to_sink_arrow(change_rows([1]), sink.schema(), 1, 1001)
+    plain = to_sink_arrow(change_rows([1]), sink.schema(), 1, 1001, commit_timestamp_ms(1001))
     stripped = pa.Table.from_arrays(plain.columns, names=plain.column_names)  # no field metadata
     write_staged_file(sink.io, path, stripped.cast(pa.schema([f.remove_metadata() for f in plain.schema])))
     with pytest.raises(SinkSchemaError, match="without Iceberg field ids"):
@@ -371,7 +374,9 @@ def test_staged_file_without_field_ids_is_refused(sink):
 
 def test_staged_file_for_another_schema_is_refused(catalog, sink):
     path = staged_file_path(sink.location(), 1001, "old")
-    write_staged_file(sink.io, path, to_sink_arrow(change_rows([1]), sink.schema(), 1, 1001))
+    write_staged_file(
+        sink.io, path, to_sink_arrow(change_rows([1]), sink.schema(), 1, 1001, commit_timestamp_ms(1001))
+    )
     with sink.update_schema() as update:  # the sink changes between staging and commit
         update.update_column("qty", field_type=sink.schema().find_field("id").field_type)
     with pytest.raises(SinkSchemaError, match=r"column 'qty' is int in the file, long in the sink"):

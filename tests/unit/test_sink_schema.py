@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import decimal
 import io
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -30,6 +31,7 @@ from iceberg_cdc.sink.schema import (
     CHANGE_TYPE,
     CHANGE_TYPES,
     COMMIT_SNAPSHOT_ID,
+    COMMIT_TIMESTAMP,
     evolve_sink_schema,
     plan_sink_evolution,
     sink_arrow_schema,
@@ -39,14 +41,16 @@ from iceberg_cdc.sink.schema import (
 from iceberg_cdc.sink.table import ensure_sink_table
 from tests.support.sink_tables import (
     SINK,
+    TS,
     change_rows,
+    commit_timestamp_ms,
     make_catalog,
     sink_rows,
     source_schema,
     stage_and_commit,
 )
 
-CHANGE_COLUMNS = [CHANGE_TYPE, CHANGE_ORDINAL, COMMIT_SNAPSHOT_ID]
+CHANGE_COLUMNS = [CHANGE_TYPE, CHANGE_ORDINAL, COMMIT_SNAPSHOT_ID, COMMIT_TIMESTAMP]
 
 
 @pytest.fixture
@@ -142,7 +146,7 @@ def test_added_columns_join_the_sink_before_the_change_columns_and_old_rows_read
     changes = evolve_sink_schema(table, evolved)
     assert changes.added == ["address.zip", "coupon"]
     names = [f.name for f in table.schema().fields]
-    assert names[-4:] == ["coupon", *CHANGE_COLUMNS]
+    assert names[-5:] == ["coupon", *CHANGE_COLUMNS]
     coupon = table.schema().find_field("coupon")
     assert coupon.optional and coupon.doc == "new"  # optional: the old rows have no value
     assert table.schema().find_field("address.zip").optional
@@ -184,7 +188,7 @@ def test_sink_already_wider_stays_and_rows_are_cast_up(catalog):
             CHANGE_TYPE: ["INSERT"],
         }
     )
-    out = to_sink_arrow(changes, table.schema(), 3, 99)
+    out = to_sink_arrow(changes, table.schema(), 3, 99, TS)
     assert out.schema.field("qty").type == pa.int64()
     assert out.column("qty").to_pylist() == [7]
 
@@ -261,7 +265,9 @@ def test_dropped_columns_stay_and_become_optional(catalog):
     assert schema.find_field("addr").optional
     # the change columns are never touched
     assert all(schema.find_field(n).required for n in CHANGE_COLUMNS)
-    out = to_sink_arrow(pa.table({"id": pa.array([5], pa.int64()), CHANGE_TYPE: ["DELETE"]}), schema, 1, 2)
+    out = to_sink_arrow(
+        pa.table({"id": pa.array([5], pa.int64()), CHANGE_TYPE: ["DELETE"]}), schema, 1, 2, TS
+    )
     assert out.column("qty").to_pylist() == [None]
     assert out.column("addr").to_pylist() == [None]
 
@@ -302,7 +308,7 @@ def test_sink_without_change_columns_is_refused(catalog):
 
 def test_to_sink_arrow_gives_exactly_the_sink_schema_with_field_ids_everywhere():
     sink = sink_schema_for(source_schema())
-    out = to_sink_arrow(change_rows(range(12)), sink, 7, 123456789012)
+    out = to_sink_arrow(change_rows(range(12)), sink, 7, 123456789012, TS)
     expected = sink_arrow_schema(sink)
     assert out.schema.equals(expected, check_metadata=True)
     for column, field in zip(out.columns, expected, strict=True):
@@ -316,7 +322,7 @@ def test_to_sink_arrow_gives_exactly_the_sink_schema_with_field_ids_everywhere()
 def test_to_sink_arrow_round_trips_every_type_through_parquet(tmp_path):
     sink = sink_schema_for(source_schema())
     source = change_rows(range(30))
-    out = to_sink_arrow(source, sink, 1, 5)
+    out = to_sink_arrow(source, sink, 1, 5, TS)
     path = tmp_path / "f.parquet"
     pq.write_table(out, path, compression="zstd", store_decimal_as_integer=True)
     back = pq.read_table(path)
@@ -354,10 +360,10 @@ def test_to_sink_arrow_handles_empty_and_dictionary_input():
             CHANGE_TYPE: pa.array(["INSERT", "UPDATE_AFTER"]).dictionary_encode(),
         }
     )
-    out = to_sink_arrow(changes, sink, 2, 3)
+    out = to_sink_arrow(changes, sink, 2, 3, TS)
     assert out.column("s").to_pylist() == ["a", None]
     assert out.column("d").to_pylist() == [decimal.Decimal("1.500"), None]
-    empty = to_sink_arrow(changes.slice(0, 0), sink, 2, 3)
+    empty = to_sink_arrow(changes.slice(0, 0), sink, 2, 3, TS)
     assert empty.num_rows == 0 and empty.schema.equals(sink_arrow_schema(sink), check_metadata=True)
 
 
@@ -416,7 +422,7 @@ def test_to_sink_arrow_refuses_rows_the_sink_cannot_take(changes, error, message
         )
     )
     with pytest.raises(error, match=message):
-        to_sink_arrow(changes, sink, 1, 1)
+        to_sink_arrow(changes, sink, 1, 1, TS)
 
 
 def test_required_sink_column_missing_from_changes_is_an_error():
@@ -424,7 +430,7 @@ def test_required_sink_column_missing_from_changes_is_an_error():
     with pytest.raises(
         SinkSchemaError, match=r"sink column 'qty' is required but the changes do not have it"
     ):
-        to_sink_arrow(pa.table({"id": pa.array([1], pa.int64()), CHANGE_TYPE: ["INSERT"]}), sink, 1, 1)
+        to_sink_arrow(pa.table({"id": pa.array([1], pa.int64()), CHANGE_TYPE: ["INSERT"]}), sink, 1, 1, TS)
 
 
 def test_to_sink_arrow_matches_nested_fields_by_name_and_fills_missing_ones():
@@ -444,7 +450,7 @@ def test_to_sink_arrow_matches_nested_fields_by_name_and_fills_missing_ones():
             CHANGE_TYPE: ["INSERT", "DELETE"],
         }
     )
-    out = to_sink_arrow(changes, sink, 1, 1)
+    out = to_sink_arrow(changes, sink, 1, 1, TS)
     assert out.column("addr").to_pylist() == [{"city": None, "zip": 75001}, None]
 
 
@@ -481,7 +487,7 @@ def test_to_sink_arrow_keeps_every_value_through_parquet(rows, chunks):
     table = pa.Table.from_pylist([dict(zip(schema.names, row, strict=True)) for row in rows], schema=schema)
     step = max(1, len(rows) // chunks)
     chunked = pa.concat_tables([table.slice(i, step) for i in range(0, max(len(rows), 1), step)])
-    out = to_sink_arrow(chunked, _SMALL_SINK, 9, 77)
+    out = to_sink_arrow(chunked, _SMALL_SINK, 9, 77, TS)
     buffer = io.BytesIO()
     pq.write_table(out, buffer, compression="zstd", store_decimal_as_integer=True)
     back = pq.read_table(io.BytesIO(buffer.getvalue())).to_pylist()
@@ -495,6 +501,7 @@ def test_to_sink_arrow_keeps_every_value_through_parquet(rows, chunks):
             CHANGE_TYPE: r[4],
             CHANGE_ORDINAL: 9,
             COMMIT_SNAPSHOT_ID: 77,
+            COMMIT_TIMESTAMP: datetime.fromtimestamp(TS / 1000, UTC),
         }
         for r in rows
     ]
@@ -535,3 +542,67 @@ def test_evolution_reaches_into_lists_and_maps(catalog):
     assert isinstance(m, MapType) and m.value_type == LongType() and not m.value_required
     assert schema.find_field("ls.element.b").optional
     assert not evolve_sink_schema(table, evolved).changed
+
+
+# ----------------------------------------------------------------------------- _commit_timestamp
+
+
+def _legacy_sink_schema(source: Schema) -> Schema:
+    """A sink as created before ``_commit_timestamp`` joined the contract: three change columns."""
+    return Schema(*sink_schema_for(source).fields[:-1], schema_id=0, identifier_field_ids=[])
+
+
+def test_new_sinks_end_with_a_required_commit_timestamp():
+    sink = sink_schema_for(source_schema())
+    last = sink.fields[-1]
+    assert (last.name, str(last.field_type), last.required) == (COMMIT_TIMESTAMP, "timestamptz", True)
+
+
+def test_an_older_sink_gains_commit_timestamp_last_and_its_old_rows_read_null(catalog):
+    catalog.create_namespace("shop")
+    table = catalog.create_table(SINK, schema=_legacy_sink_schema(source_schema()))
+    assert COMMIT_TIMESTAMP not in [f.name for f in table.schema().fields]
+    old = to_sink_arrow(change_rows([1, 2]), table.schema(), 1, 1001)  # no timestamp column: none needed
+    assert COMMIT_TIMESTAMP not in old.column_names
+    stage_and_commit(table, 1001, 1, [1, 2])
+
+    assert plan_sink_evolution(table.schema(), source_schema()).added == [COMMIT_TIMESTAMP]
+    table = ensure_sink_table(catalog, SINK, source_schema())  # what detect does on every run
+    assert not plan_sink_evolution(table.schema(), source_schema()).changed  # once is enough
+    names = [f.name for f in table.schema().fields]
+    assert names[-4:] == CHANGE_COLUMNS
+    added = table.schema().find_field(COMMIT_TIMESTAMP)
+    assert added.optional and str(added.field_type) == "timestamptz"  # old rows cannot have a value
+
+    stage_and_commit(table, 1002, 2, [3])
+    rows = sink_rows(table)
+    stamps = {r[COMMIT_SNAPSHOT_ID]: r[COMMIT_TIMESTAMP] for r in rows}
+    assert stamps[1001] is None
+    assert stamps[1002] == datetime.fromtimestamp(commit_timestamp_ms(1002) / 1000, UTC)
+
+
+def test_to_sink_arrow_needs_the_commit_time_when_the_sink_has_the_column():
+    sink = sink_schema_for(_small_source())
+    changes = pa.table(
+        {"id": pa.array([1], pa.int64()), "qty": pa.array([1], pa.int32()), CHANGE_TYPE: ["INSERT"]}
+    )
+    with pytest.raises(ValueError, match="commit_timestamp_ms"):
+        to_sink_arrow(changes, sink, 1, 1)
+    stamped = changes.append_column(COMMIT_TIMESTAMP, pa.array([0], pa.int64()))
+    with pytest.raises(ValueError, match="must not carry '_commit_timestamp'"):
+        to_sink_arrow(stamped, sink, 1, 1, TS)
+    out = to_sink_arrow(changes, sink, 1, 1, 1_700_000_000_123)
+    assert out.schema.field(COMMIT_TIMESTAMP).type == pa.timestamp("us", tz="UTC")
+    assert out.column(COMMIT_TIMESTAMP).cast(pa.int64()).to_pylist() == [1_700_000_000_123_000]
+
+
+def test_a_source_column_named_commit_timestamp_is_refused():
+    with pytest.raises(SinkSchemaError, match="_commit_timestamp"):
+        sink_schema_for(_small_source(NestedField(9, COMMIT_TIMESTAMP, LongType())))
+
+
+def test_the_sink_checks_the_change_types_the_merge_writes():
+    from iceberg_cdc.changelog import merge
+
+    assert CHANGE_TYPE is merge.CHANGE_TYPE_COLUMN == "_change_type"
+    assert sorted(CHANGE_TYPES) == sorted(t.name for t in merge.ChangeType)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
@@ -21,6 +20,7 @@ from tests.support.sink_tables import (
     SINK,
     SOURCE,
     SOURCE_UUID,
+    TS,
     change_rows,
     make_catalog,
     sink_rows,
@@ -41,7 +41,7 @@ def sink(catalog):
 
 
 def _sink_rows_arrow(ids, snapshot_id=1001):
-    return to_sink_arrow(change_rows(ids), sink_schema_for(source_schema()), 1, snapshot_id)
+    return to_sink_arrow(change_rows(ids), sink_schema_for(source_schema()), 1, snapshot_id, TS)
 
 
 def test_staged_file_path_is_deterministic_under_the_data_location():
@@ -175,12 +175,16 @@ def test_staging_commit_and_cleanup_on_s3(tmp_path, s3_bucket, s3_properties):
     # an executor only has FileIO properties, no catalog
     executor_io = PyArrowFileIO(properties=s3_properties)
     extra = staged_file_path(sink.location(), 1001, "executor")
-    write_staged_file(executor_io, extra, to_sink_arrow(change_rows([11]), sink.schema(), 1, 1001))
+    write_staged_file(executor_io, extra, to_sink_arrow(change_rows([11]), sink.schema(), 1, 1001, TS))
 
     assert sorted(delete_uncommitted_staged(sink, 1001)) == sorted([*leftover, extra])
     assert [f.path for f in list_staged(sink.location(), 1001, properties=s3_properties)] == committed
-    assert len(sink_rows(sink)) == 6
-    assert isinstance(sink.scan().to_arrow(), pa.Table)
+    # read back over S3: exactly the committed rows, and the swept files are gone from the bucket
+    read = [(r["id"], r["name"], r["_change_type"], r["_commit_snapshot_id"]) for r in sink_rows(sink)]
+    staged = change_rows(range(6)).to_pylist()
+    assert read == [(r["id"], r["name"], r["_change_type"], 1001) for r in staged]
+    assert not any(executor_io.new_input(path).exists() for path in [*leftover, extra])
+    assert all(executor_io.new_input(path).exists() for path in committed)
 
 
 def test_cleanup_never_deletes_a_committed_file_whose_name_extends_a_deleted_ones(sink):
@@ -194,7 +198,7 @@ def test_cleanup_never_deletes_a_committed_file_whose_name_extends_a_deleted_one
         ordinal=1,
     )
     path = staged_file_path(sink.location(), 1001, "a")  # .../a.parquet: a prefix of the kept key
-    write_staged_file(sink.io, path, to_sink_arrow(change_rows([2]), sink.schema(), 1, 1001))
+    write_staged_file(sink.io, path, to_sink_arrow(change_rows([2]), sink.schema(), 1, 1001, TS))
     assert delete_uncommitted_staged(sink, 1001) == [path]
     assert [f.path for f in list_staged(sink.location(), 1001)] == keep
     assert [r["id"] for r in sink_rows(sink)] == [1]

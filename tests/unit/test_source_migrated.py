@@ -261,7 +261,7 @@ def test_partition_values_fill_only_columns_the_file_lacks(table, tmp_path):
     assert batch.column("region").to_pylist() == [None]
     # ... and without the name mapping, the error says what to set.
     with pytest.raises(
-        ValueError,
+        ConfigError,
         match=r"without Parquet field ids.*schema\.name-mapping\.default property, and none was given",
     ):
         list(read_data_file(io, path, table.schema()))

@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.types import DoubleType, LongType, StringType
 
+from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.source.changes import initial_load_changes, snapshot_changes
 from iceberg_cdc.source.reading import (
     file_io,
@@ -212,7 +213,7 @@ def test_files_without_field_ids_need_the_name_mapping(catalog, tmp_path):
     path = str(tmp_path / "plain.parquet")
     pq.write_table(pa.table({"id": pa.array([5, 6], pa.int64())}), path)
     schema = table.schema()
-    with pytest.raises(ValueError, match=r"plain\.parquet"):
+    with pytest.raises(ConfigError, match=r"plain\.parquet.*set it on the table"):
         read_all(table.io, path, schema)
     mapped = read_all(table.io, path, schema, name_mapping=schema.name_mapping)
     assert mapped.column("id").to_pylist() == [5, 6]

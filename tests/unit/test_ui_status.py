@@ -21,18 +21,15 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from cdc_devtools.orders import SCHEMA, rows
-from iceberg_cdc.airflow.views.airflow_side import (
-    DagRuns,
-    FailedTask,
-    RunInfo,
-    authenticated_user,
-    first_error_line,
-)
+from iceberg_cdc.airflow.views.airflow_side import DagRuns, RunInfo, authenticated_user
 from iceberg_cdc.airflow.views.app import create_app
 from iceberg_cdc.config import parse_config
+from iceberg_cdc.error_lines import ERROR_LIMIT, FailedTask
+from iceberg_cdc.error_lines import line_in_log as first_error_line
 from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.sink.table import watermark_property_names
-from iceberg_cdc.ui.status import collect_status, processed_snapshot, skew_warnings
+from iceberg_cdc.ui.sink_history import processed_snapshot, skew_warnings
+from iceberg_cdc.ui.status import collect_status
 from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
 from tests.support.ui_history import processed_history
 
@@ -306,7 +303,7 @@ def test_first_error_line_of_a_task_log():
     assert first_error_line(log[:3]) is None
     objects = [SimpleNamespace(event="boom", level="critical", error_detail=None)]
     assert first_error_line(objects) == "boom"
-    assert len(first_error_line([{"level": "error", "event": "x" * 5000}])) == 400
+    assert len(first_error_line([{"level": "error", "event": "x" * 5000}])) == ERROR_LIMIT
 
 
 def test_tokens_are_checked_by_airflows_auth_manager(history, monkeypatch):
@@ -367,10 +364,9 @@ class FakeAirflow:
                 FailedTask(
                     "detect",
                     -1,
-                    1,
-                    None,
                     "SourceHistoryError: <script>alert(1)</script> not in history" if with_errors else None,
-                    f"{url}/tasks/detect",
+                    try_number=1,
+                    url=f"{url}/tasks/detect",
                 )
             ],
             note="failed at detect: SourceHistoryError: snapshot 123 is not in the ancestry",
@@ -384,7 +380,7 @@ class FakeAirflow:
             ended_at=datetime(2026, 1, 2, 3, 1, 0, tzinfo=UTC),
             snapshot_id=None,
             url=f"{base}/dags/{dag_id}/runs/chained__s42__20260102T030000",
-            note="snapshot 42 (overwrite, #3): +0 -1 ±2 updates, carryover 14, 1.2 KB shuffled",
+            note="snapshot 42 (overwrite, #3): +0 -1 ±2 updates, carryover 14, 1.2 KiB shuffled",
         )
         return DagRuns(dag_id, f"{base}/dags/{dag_id}", True, False, failed, [failed], [failed, done])
 
@@ -407,7 +403,9 @@ def test_without_credentials_the_app_refuses(history):
         assert response.status_code == 401, path
         assert SINK not in response.text
     page = client.get("/", follow_redirects=False)
-    assert page.status_code == 303 and page.headers["location"].startswith("/auth/login?next=")
+    # 401 like the API (never a 2xx or 3xx a script could take for success); the browser is sent on.
+    assert page.status_code == 401 and SINK not in page.text
+    assert '<meta http-equiv="refresh" content="0; url=/auth/login?next=' in page.text
     assert airflow.asked == []  # nothing was read for nobody
     assert client.get("/icon.svg").status_code == 200  # the nav icon shows nothing
 
@@ -481,7 +479,7 @@ def test_the_page(history):
     assert 'data-field="latest-note">failed at detect: SourceHistoryError: snapshot 123' in page
     # Recent runs, each with its note (Airflow's own Runs list shows no notes)
     assert 'data-field="recent-runs"' in page
-    assert "snapshot 42 (overwrite, #3): +0 -1 ±2 updates, carryover 14, 1.2 KB shuffled" in page
+    assert "snapshot 42 (overwrite, #3): +0 -1 ±2 updates, carryover 14, 1.2 KiB shuffled" in page
 
 
 def test_links_follow_the_mount_and_airflow_base_path(history):
@@ -518,3 +516,85 @@ def test_the_airflow_plugin_module():
     [view] = plugin.external_views
     assert view["destination"] == "nav" and view["url_route"] == "cdc"
     assert view["href"] == "cdc/"  # relative to Airflow's base URL
+
+
+def test_the_retention_guard_on_the_status_and_the_page(tmp_path):
+    from iceberg_cdc.source.retention import MAX_SNAPSHOT_AGE_PROPERTY
+    from iceberg_cdc.ui.page import PageModel, render_page
+
+    pipeline = InlinePipeline(tmp_path, table={"retention_warning": "2h"})
+    source = pipeline.create_source(SCHEMA, properties={MAX_SNAPSHOT_AGE_PROPERTY: str(3 * 3600 * 1000)})
+    source.append(rows(range(3)))
+    pipeline.catch_up()
+    mark = pipeline.watermark().snapshot_id
+    source.append(rows(range(3, 6)))
+    made = datetime.fromtimestamp(source.metadata.snapshot_by_id(mark).timestamp_ms / 1000, UTC)
+
+    calm = _one(SimpleNamespace(config=pipeline.config), now=made)
+    assert (
+        calm.retention["first"]["snapshot_id"] == str(mark) and calm.retention["first"]["role"] == "watermark"
+    )
+    assert calm.retention["seconds_left"] == pytest.approx(3 * 3600, abs=1)
+    assert calm.retention_warning is None
+    page = render_page(PageModel(generated_at=made, statuses=[calm]))
+    assert (
+        'data-field="retention"' in page
+        and "may be expired in 3 h" in page
+        and "⚠" not in page.split("Expiry")[1][:300]
+    )
+
+    late = _one(SimpleNamespace(config=pipeline.config), now=made + timedelta(hours=2, minutes=30))
+    assert late.retention_warning and f"snapshot {mark} may be expired in 30 min" in late.retention_warning
+    assert late.to_dict()["retention"]["seconds_left"] == pytest.approx(1800, abs=1)
+    page = render_page(PageModel(generated_at=made, statuses=[late]))
+    assert 'class="warn" data-field="retention"' in page
+
+
+# ---------------------------------------------------------------- a history that stays true
+
+
+def test_a_replaced_commit_is_marked_and_a_foreign_writer_is_named(tmp_path):
+    from iceberg_cdc.run.story import story
+
+    pipeline = InlinePipeline(tmp_path)
+    source = pipeline.create_source(SCHEMA)
+    source.append(rows(range(5)))
+    source.append(rows(range(5, 8)))
+    pipeline.catch_up()
+    first, second = (s.snapshot_id for s in pipeline.source.snapshots())
+    pipeline.run(snapshot_id=first)  # a reprocess: the first commit's rows are deleted and written again
+    [status] = collect_status(pipeline.config)
+    assert [(s.source_snapshot_id, s.replaced) for s in status.recent] == [
+        (first, False),
+        (second, False),
+        (first, True),
+    ]
+    newest, _, old = status.recent
+    assert old.replaced_by == newest.sink_snapshot_id and old.replaced_at == newest.committed_at
+    assert status.foreign == [] and status.warnings == []
+    raw = status.to_dict()["recent"][2]
+    assert raw["replaced"] is True and raw["replaced_by"] == str(newest.sink_snapshot_id)
+
+    # Another writer appends rows to the changelog: the view and the next run's note say so.
+    sink = pipeline.sink
+    sink.append(sink.scan(limit=2).to_arrow())
+    foreign = pipeline.sink.current_snapshot().snapshot_id
+    [status] = collect_status(pipeline.config)
+    assert [f.snapshot_id for f in status.foreign] == [foreign]
+    assert status.foreign[0].operation == "append" and status.foreign[0].added_records == 2
+    [warning] = status.warnings
+    assert f"snapshot {foreign} (append, +2 rows" in warning
+    assert status.to_dict()["foreign_commits"][0]["snapshot_id"] == str(foreign)
+    source = pipeline.source
+    source.append(rows(range(8, 9)))
+    run = pipeline.run()
+    [detected_warning] = run.detected.warnings
+    assert f"snapshot {foreign}" in detected_warning and "did not write" in detected_warning
+    assert "⚠ sink shop.orders_changes has 1 snapshot(s) the pipeline did not write" in story(
+        run.detected, run.committed
+    )
+
+    client, _ = _client(SimpleNamespace(config=pipeline.config))
+    page = client.get("/").text
+    assert page.count('data-replaced="true"') == 1 and "replaced by a reprocess" in page
+    assert 'data-field="warning">⚠ the sink has 1 snapshot(s) the pipeline did not write' in page

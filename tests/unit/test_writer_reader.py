@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from iceberg_cdc.errors import SinkSchemaError
 from iceberg_cdc.shuffle.layout import data_key, index_key
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.reader import read_index, read_partitions, read_range
@@ -474,7 +475,7 @@ def test_writer_accepts_tables_and_reordered_columns(local_store, tmp_path):
 
 
 def test_op_column_name_is_reserved():
-    with pytest.raises(ValueError, match="reserved"):
+    with pytest.raises(SinkSchemaError, match=r"reserves.*rename the source column"):
         shuffle_schema(pa.schema([(OP_COLUMN, pa.int8())]))
 
 

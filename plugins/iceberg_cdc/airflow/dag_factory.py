@@ -25,25 +25,35 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Asset, Param, TriggerRule, task
+from airflow.sdk import DAG, Asset, AssetAlias, Param, TriggerRule, task
 
+from iceberg_cdc import snapshot_ids
+from iceberg_cdc.airflow.events import schedule_for
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.detect import DetectOperator, sensor_mode
+from iceberg_cdc.airflow.operators.lineage import lineage_task
 from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
 from iceberg_cdc.airflow.policy import final_errors, record_error, task_retries
 from iceberg_cdc.airflow.sensors.barrier import MapOutputBarrierSensor
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
 from iceberg_cdc.run import steps
 from iceberg_cdc.run.kinds import is_backfill, should_chain
+from iceberg_cdc.run.lease import kept_alive
 from iceberg_cdc.run.metrics import emit_commit, emit_lag
-from iceberg_cdc.run.story import chained_run_id, story
+from iceberg_cdc.run.story import chained_note, chained_run_id, story
 
 log = logging.getLogger("iceberg_cdc")
+
+# Runs of one table never overlap: the table's lease serializes them, and a run waiting for it gives its
+# worker slot back. So Airflow may start a run while another is active -- with max_active_runs=1 a run
+# whose task died would hold every later run back until Airflow's task heartbeat timeout (300 s), not
+# the lease's two TTLs.
+MAX_ACTIVE_RUNS = 16
 
 
 def sink_asset(config: CdcConfig, table: TableConfig) -> Asset:
@@ -53,6 +63,37 @@ def sink_asset(config: CdcConfig, table: TableConfig) -> Asset:
         uri=f"iceberg://{config.catalog.name}/{table.sink.replace('.', '/')}",
         group="cdc",
     )
+
+
+def sink_alias(table: TableConfig) -> AssetAlias:
+    """Commit's outlet: an alias through which it emits the sink asset's event only when the sink changed.
+
+    A task's declared Asset outlet gets an event on every success -- an idle
+    run's too -- so commit declares this alias and adds the sink asset to it
+    when it committed rows (Airflow's way to emit conditionally).
+    """
+    return AssetAlias(name=f"cdc:{table.sink}:commits", group="cdc")
+
+
+def asset_extra(source: str, detected: dict[str, Any], committed: dict[str, Any]) -> dict[str, Any]:
+    """The sink asset event's extra: the snapshot (id as a string: browsers round 19 digits), ordinal, counts."""
+    extra: dict[str, Any] = {
+        "source": source,
+        "snapshot_id": snapshot_ids.as_text(detected.get("snapshot_id")),
+        "ordinal": detected.get("ordinal"),
+        "operation": detected.get("operation"),
+        "reprocess": bool(detected.get("manual")),
+    }
+    for key in ("inserts", "deletes", "updates", "carryover_rows", "shuffle_bytes", "files"):
+        if isinstance(committed.get(key), int):
+            extra[key] = committed[key]
+    extra["story"] = committed.get("story")
+    return extra
+
+
+def sink_changed(committed: dict[str, Any]) -> bool:
+    """Whether commit added rows to the sink (an idle, skipped or all-carryover run did not)."""
+    return bool(committed.get("committed"))
 
 
 DOC = """
@@ -96,7 +137,7 @@ and `through_snapshot_id` (reprocess with a manual run instead).
 """
 
 
-def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
+def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = None) -> DAG:
     source = table.source
     operator, spark = phase_operator(config)
 
@@ -112,27 +153,45 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
 
     with DAG(
         dag_id=table.dag_id,
-        schedule=table.schedule,
+        # The source's new snapshots (an AssetWatcher's event) or the table's clock (airflow/events.py).
+        schedule=schedule_for(config, table, config_path),
         start_date=datetime(2024, 1, 1),
         catchup=False,
-        max_active_runs=1,
+        max_active_runs=MAX_ACTIVE_RUNS,
         tags=["cdc", source],
         doc_md=DOC.format(source=source, sink=table.sink),
         params={
+            # Ids as text: the form and its JSON editor round numbers above 2**53 (snapshot_ids). API
+            # callers may send an integer too; ``examples`` makes Airflow's form show a plain text field
+            # for that type list (without it, a JSON field that parses the digits into a rounded number).
             "snapshot_id": Param(
                 None,
-                type=["null", "integer"],
-                description="Reprocess this snapshot of the current history (replacing its rows in the sink).",
+                type=["null", "string", "integer"],
+                pattern=snapshot_ids.PATTERN,
+                examples=[],
+                title="snapshot_id",
+                description="Reprocess this snapshot of the current history (replacing its rows in the sink). "
+                "Type the id's digits as Iceberg shows them; leave empty for the next pending snapshot.",
             ),
             "trigger_next": Param(
-                None,
-                type=["null", "boolean"],
-                description="Start the next run at once when more snapshots are pending "
-                "(default: yes, except for a reprocess of one snapshot_id).",
+                "auto",
+                type=["string", "boolean", "null"],
+                enum=["auto", "yes", "no", True, False, None],
+                values_display={
+                    "auto": "auto: yes, except after a reprocess of one snapshot",
+                    "yes": "yes: start the next run at once",
+                    "no": "no: stop after this run",
+                },
+                title="trigger_next",
+                description="Start the next run at once when more snapshots are pending (or, in a range "
+                "reprocess, the next snapshot of the range).",
             ),
             "through_snapshot_id": Param(
                 None,
-                type=["null", "integer"],
+                type=["null", "string", "integer"],
+                pattern=snapshot_ids.PATTERN,
+                examples=[],
+                title="through_snapshot_id",
                 description="With snapshot_id: reprocess every snapshot from snapshot_id through this one, "
                 "one run per snapshot, in order.",
             ),
@@ -172,8 +231,9 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
 
         @task(task_id="coalesce")
         def coalesce(detected: dict[str, Any]) -> list[list[str]]:
-            with final_errors():
-                return steps.coalesce(context(), detected)
+            ctx = context()
+            with final_errors(), kept_alive(ctx, detected):
+                return steps.coalesce(ctx, detected)
 
         ranges = coalesce(detected)
 
@@ -182,37 +242,40 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
         changelog_insert = spark_task("changelog_insert", "insert").expand(application_args=insert_jobs)
 
         asset = sink_asset(config, table)
+        alias = sink_alias(table)
 
-        @task(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, outlets=[asset])
+        @lineage_task(
+            task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, outlets=[alias], lineage="changelog"
+        )
         def commit(ti=None, outlet_events=None) -> dict[str, Any]:
             # Pulled, not passed: an argument would make commit a direct downstream of the
             # setup task, which Airflow allows only with trigger rule ALL_SUCCESS.
             detected = ti.xcom_pull(task_ids="detect")
-            with final_errors():
-                committed = steps.commit(context(), detected)
+            ctx = context()
+            with final_errors(), kept_alive(ctx, detected):
+                committed = steps.commit(ctx, detected)
             committed["story"] = story(detected, committed)
             log.info("this run: %s", committed["story"])
             emit_safely(emit_commit, source, committed)
-            if outlet_events is not None:
-                figures = {k: v for k, v in committed.items() if isinstance(v, int | str | float)}
-                outlet_events[asset].extra = {
-                    "source": source,
-                    "snapshot_id": detected.get("snapshot_id"),  # a string of digits in the XCom form
-                    **figures,
-                }
+            if outlet_events is not None and sink_changed(committed):
+                # The sink's event only when rows were committed: an idle run must not wake its consumers.
+                outlet_events[alias].add(asset, extra=asset_extra(source, detected, committed))
+            committed["snapshot_id"] = snapshot_ids.as_text(committed.get("snapshot_id"))
             return committed
 
-        @task(task_id="watermark")
-        def watermark(
-            detected: dict[str, Any], committed: dict[str, Any], ts_nodash: str | None = None
-        ) -> dict[str, Any]:
+        # watermark reads the sink: naming it as an inlet keeps the sink's asset known to Airflow (on its
+        # Assets page, active) although commit emits its events only through the alias.
+        @task(task_id="watermark", inlets=[asset])
+        def watermark(detected: dict[str, Any], committed: dict[str, Any]) -> dict[str, Any]:
             mark = steps.watermark(context(), detected)
             emit_safely(emit_lag, source, int(mark.get("remaining") or 0))
-            stamp = f"{ts_nodash or datetime.now().strftime('%Y%m%dT%H%M%S')}_{time.time_ns() % 10**6}"
+            # When the chained run is started, not this run's logical date (a backfill's or a past tick's).
+            stamp = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}_{time.time_ns() % 10**6:06d}"
             if mark.get("next_conf"):
                 mark["chained_run_id"] = chained_run_id(mark["next_conf"]["snapshot_id"], stamp, "reprocess")
             else:
                 mark["chained_run_id"] = chained_run_id(mark.get("next_snapshot_id"), stamp)
+            mark["chained_note"] = chained_note(mark)
             return mark
 
         @task.short_circuit(task_id="more_pending")
@@ -233,7 +296,7 @@ def build_dag(config: CdcConfig, table: TableConfig) -> DAG:
             trigger_run_id="{{ ti.xcom_pull(task_ids='watermark')['chained_run_id'] }}",
             # {} for an ordinary chain; the next snapshot of the range for a range reprocess.
             conf="{{ ti.xcom_pull(task_ids='watermark').get('next_conf', {}) | tojson }}",
-            note="chained: {{ ti.xcom_pull(task_ids='watermark')['remaining'] }} snapshot(s) pending",
+            note="{{ ti.xcom_pull(task_ids='watermark')['chained_note'] }}",
         )
 
         @task(task_id="cleanup")
@@ -260,6 +323,7 @@ class ChainRunOperator(TriggerDagRunOperator):
     template_fields = (*TriggerDagRunOperator.template_fields, "note")
 
 
-def build_dags(config: CdcConfig | None = None) -> dict[str, DAG]:
-    config = config or load_config()
-    return {table.dag_id: build_dag(config, table) for table in config.tables}
+def build_dags(config: CdcConfig | None = None, config_path: str | None = None) -> dict[str, DAG]:
+    """One DAG per table; ``config_path`` (default: ``CDC_CONFIG``) is what the event triggers read."""
+    config = config or load_config(config_path)
+    return {table.dag_id: build_dag(config, table, config_path) for table in config.tables}

@@ -156,9 +156,10 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
                 return steps.apply(ctx, mine, detected, planned)
 
         @task(task_id="cleanup")
-        def cleanup(detected: dict[str, Any], run_id: str | None = None) -> dict[str, Any]:
+        def cleanup(detected: dict[str, Any], run_id: str | None = None, ti=None) -> dict[str, Any]:
             ctx, mine = context()
-            return steps.cleanup(ctx, mine, detected, run_id or "manual")
+            planned = ti.xcom_pull(task_ids="plan_apply") if ti is not None else None
+            return steps.cleanup(ctx, mine, detected, run_id or "manual", planned)
 
         applied = apply()
         mirror_join >> applied

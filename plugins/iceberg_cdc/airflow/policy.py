@@ -16,8 +16,8 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowFailException
 
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
-from iceberg_cdc.errors import FINAL_ERRORS
-from iceberg_cdc.run.story import error_line, scrub
+from iceberg_cdc.error_lines import line_of
+from iceberg_cdc.errors import CdcError, is_final
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -35,24 +35,57 @@ def final_errors() -> Iterator[None]:
     """Turn errors no retry can fix into AirflowFailException (no retries), message first."""
     try:
         yield
-    except FINAL_ERRORS as exc:
-        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+    except CdcError as exc:
+        if is_final(exc):
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+        raise
 
 
 def airflow_holder_state(ti: Any) -> Callable[[LeaseInfo], HolderState] | None:
-    """Ask Airflow whether a lease holder's DAG run is still running (for a faster, safer takeover)."""
+    """Ask Airflow about a lease holder's run: finished, working (a task running) or between tasks.
+
+    Every pipeline task renews the lease while it runs, so Airflow showing a
+    task of the holder's run *running* while the lease has expired means that
+    task stopped renewing: it died (its worker killed) or hangs, and the lease
+    is taken over at expiry instead of after Airflow's task heartbeat timeout.
+    """
     if ti is None or not hasattr(ti, "get_dagrun_state"):
         return None
 
     def state(holder: LeaseInfo) -> HolderState:
         if not holder.dag_id:
             return "unknown"
-        value = str(ti.get_dagrun_state(holder.dag_id, holder.owner)).lower().rsplit(".", 1)[-1]
+        value = _state_name(ti.get_dagrun_state(holder.dag_id, holder.owner))
         if value in ("success", "failed"):
             return "finished"
-        return "running" if value in ("running", "queued") else "unknown"
+        if value not in ("running", "queued"):
+            return "unknown"
+        try:
+            found = ti.get_task_states(dag_id=holder.dag_id, run_ids=[holder.owner])
+        except Exception:  # an older task SDK, or the API unreachable: the run's state is all we know
+            return "running"
+        return "working" if "running" in _task_state_names(found) else "running"
 
     return state
+
+
+def _state_name(value: Any) -> str:
+    return str(getattr(value, "value", value)).lower().rsplit(".", 1)[-1]
+
+
+def _task_state_names(found: Any) -> set[str]:
+    """Every task state in the Task SDK's answer (``{run_id: {task_id: state}}``, nested or flat)."""
+    names: set[str] = set()
+    todo = [found]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, list | tuple):
+            todo.extend(item)
+        elif item is not None:
+            names.add(_state_name(item))
+    return names
 
 
 def record_error(context: Any) -> None:
@@ -60,36 +93,39 @@ def record_error(context: Any) -> None:
 
     A task cannot write its DAG run's note (the Task SDK has no call for
     it); the plugin's listener does when the run ends, in the scheduler, and
-    reads this line for a failed run. Secrets are scrubbed here, where
-    Airflow's masker knows the task's connections and the config is at hand.
-    Runs only when the task failed for good (not before a retry). Never
-    raises: a failure callback must not hide the task's own error.
+    reads this line for a failed run. Secrets are removed here
+    (:mod:`iceberg_cdc.redaction`), where the config and the credentials its
+    Airflow connections supply are at hand. Runs only when the task failed for
+    good (not before a retry). Never raises: a failure callback must not hide
+    the task's own error.
     """
     exc = context.get("exception")
     ti = context.get("ti")
     if exc is None or ti is None:  # e.g. a task the scheduler found dead: no exception to tell
         return
     try:
-        line = error_line(type(exc).__name__, str(exc))
-        ti.xcom_push(key=ERROR_XCOM_KEY, value=scrub(_masked(line), _config_secrets()))
+        ti.xcom_push(key=ERROR_XCOM_KEY, value=line_of(exc, secrets=known_secrets()))
     except Exception as problem:
-        log.warning("the error line of %s was not recorded for the run's note: %s", ti, problem)
+        log.warning(
+            "the error line of %s was not recorded for the run's note: %s", ti, type(problem).__name__
+        )
 
 
-def _masked(text: str) -> str:
-    """``text`` through Airflow's secrets masker (connection passwords, sensitive variables)."""
+def known_secrets() -> set[str]:
+    """The secrets this process knows: the config's, and those its Airflow connections supply."""
+    from iceberg_cdc.airflow.hooks.cdc import CdcHook
+    from iceberg_cdc.config import load_config
+    from iceberg_cdc.redaction import secret_values
+
+    found: set[str] = set()
     try:
-        from airflow.sdk._shared.secrets_masker import redact
-
-        return str(redact(text))
-    except Exception:
-        return text
-
-
-def _config_secrets() -> set[str]:
-    from iceberg_cdc.config import load_config, secret_values
-
-    try:
-        return secret_values(load_config())
+        config = load_config()
     except Exception:  # a broken config may be the very error being recorded
-        return set()
+        return found
+    found |= secret_values(config.model_dump(mode="json"))
+    try:
+        runtime = CdcHook(config).runtime()
+        found |= secret_values({**runtime.shuffle_properties, **runtime.io_properties})
+    except Exception:  # a connection that cannot be read supplied nothing to hide
+        log.debug("the config's connections could not be read for redaction", exc_info=True)
+    return found

@@ -19,8 +19,10 @@ def airflow_connection(conn_id: str) -> dict[str, str]:
 
 
 def run(argv: list[str] | None = None) -> int:
+    from iceberg_cdc.mirror.iceberg import phase
     from iceberg_cdc.pipeline.spark_app import main
 
+    phase.register()  # the Iceberg mirror's mirror_join, beside the shuffle's phases
     return main(argv, connections=airflow_connection)
 
 

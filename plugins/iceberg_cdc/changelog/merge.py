@@ -25,7 +25,6 @@ several rows of one kind go through full-row grouping.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,19 +33,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from iceberg_cdc import canonical
+from iceberg_cdc.changelog.change_types import CHANGE_TYPE_COLUMN, ChangeType
 from iceberg_cdc.errors import AmbiguousUpdateError
 from iceberg_cdc.shuffle.partitioner import key_columns
 from iceberg_cdc.shuffle.rows import OP_COLUMN, Op
-
-CHANGE_TYPE_COLUMN = "_change_type"
-
-
-class ChangeType(enum.IntEnum):
-    DELETE = 0
-    INSERT = 1
-    UPDATE_BEFORE = 2
-    UPDATE_AFTER = 3
-
 
 _CHANGE_NAMES = pa.array([t.name for t in ChangeType], pa.string())
 

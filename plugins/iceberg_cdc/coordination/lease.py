@@ -37,10 +37,15 @@ stale version can never match a later write (no A-B-A), and a write whose
 answer was lost (retried after a dropped connection) is recognised as ours.
 
 **Dead holders.** A holder that stops renewing is presumed dead once its
-lease expires (default TTL: minutes, see the config's ``lease_ttl``). Where
-the caller can ask Airflow (``holder_state``), a holder whose run is known to
-be finished is taken over at once, and one whose run Airflow still shows as
-running gets one more TTL of grace before it is taken over.
+lease expires (default TTL: minutes, the config's ``tables[].lease_ttl``). Every
+task of a run that holds the lease renews it from a heartbeat thread while it
+works, so the lease mirrors Airflow's own view of the task: where the caller
+can ask Airflow (``holder_state``), a holder whose run is finished is taken over
+at once; one with a task Airflow shows *running* while the lease expired
+(``"working"``: the task stopped renewing, it is dead or hung) is taken over at
+expiry; one whose run is running between tasks (queued for a slot) gets one
+more TTL of grace. A dead task therefore blocks its table for at most two
+TTLs, whatever Airflow's own task heartbeat timeout (300 s by default) says.
 
 Limits: expiry is judged by the reader's clock, so hosts' clocks must agree
 to well within the TTL (NTP). ``file://`` stores coordinate one machine only.
@@ -259,8 +264,13 @@ class TableLease:
             return f"Airflow reports its run {current.owner!r} finished"
         if not current.expired(now):
             return None
+        if state == "working":
+            return (
+                f"its lease expired at {_iso(current.expires_at)} ({_duration(now - current.expires_at)} ago) "
+                "while Airflow shows a task of its run running: that task stopped renewing (dead or hung)"
+            )
         if state == "running" and now < current.expires_at + timedelta(seconds=ttl_seconds):
-            return None  # alive in Airflow's eyes: one more TTL before it is presumed stuck
+            return None  # between tasks in Airflow's eyes: one more TTL before it is presumed stuck
         return (
             f"its lease expired at {_iso(current.expires_at)} ({_duration(now - current.expires_at)} ago) "
             "without renewal"

@@ -46,6 +46,7 @@ def lost_message(table: str, uri: str, owner: str, epoch: int | None, current: L
         f"run {owner!r} (epoch {epoch}) has lost the lease of table {table!r} ({uri}): {what}. "
         "Another run took over the table, so this run stops without committing or deleting anything "
         "the other run uses; nothing is lost, the holder (or the next run) processes the snapshot. "
-        "If this happens often, the run stalls longer than the lease TTL between renewals "
-        "(tables[].lease_ttl / shuffle.lease_ttl)."
+        "If this happens often, the run stalls longer than the lease TTL between renewals: raise "
+        "tables[].lease_ttl in the config (or the environment variable CDC_LEASE_TTL_SECONDS, which "
+        "overrides it)."
     )

@@ -60,7 +60,9 @@ def _duration(delta: timedelta) -> str:
     return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
 
 
-HolderState = str  # "running", "finished" or "unknown": what Airflow says of a holder's run
+# What Airflow says of a holder's run: "working" (one of its tasks is running), "running" (the run is,
+# between tasks), "finished", or "unknown".
+HolderState = str
 
 
 @dataclass(frozen=True)

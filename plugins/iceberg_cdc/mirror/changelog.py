@@ -53,12 +53,8 @@ from iceberg_cdc.changelog.merge import group_ids
 from iceberg_cdc.errors import MirrorHistoryError
 from iceberg_cdc.mirror.net_changes import ChangelogMark, NetChanges, net_changes
 from iceberg_cdc.sink.schema import CHANGE_COLUMNS, CHANGE_ORDINAL, COMMIT_SNAPSHOT_ID
-from iceberg_cdc.sink.table import (
-    REPLACED_SNAPSHOT_ID_KEY,
-    SOURCE_TABLE_KEY,
-    read_watermark,
-    summary_properties,
-)
+from iceberg_cdc.sink.summary import CommitSummary
+from iceberg_cdc.sink.table import read_watermark, summary_properties
 
 NO_SNAPSHOT = 0  # a changelog that has a watermark but no snapshot yet (nothing but skipped snapshots)
 
@@ -129,9 +125,9 @@ def _replaced_since(changelog: Table, source: str, base: ChangelogMark, mirror_n
     for snapshot in ancestors_of(head, changelog.metadata):
         if snapshot.snapshot_id == base.changelog_snapshot_id:
             return list(dict.fromkeys(reversed(replaced)))
-        summary = summary_properties(snapshot)
-        if summary.get(SOURCE_TABLE_KEY) == source and REPLACED_SNAPSHOT_ID_KEY in summary:
-            replaced.append(int(summary[REPLACED_SNAPSHOT_ID_KEY]))
+        record = CommitSummary.from_summary(summary_properties(snapshot))
+        if record.source_table == source and record.replaced_snapshot_id is not None:
+            replaced.append(record.replaced_snapshot_id)
     if base.changelog_snapshot_id == NO_SNAPSHOT:
         return list(dict.fromkeys(reversed(replaced)))
     raise MirrorHistoryError(

@@ -15,6 +15,7 @@ from typing import Any
 from iceberg_cdc.config import CdcConfig
 from iceberg_cdc.mirror import steps
 from iceberg_cdc.mirror.postgres.target import Hook
+from iceberg_cdc.mirror.targets import iceberg_steps
 from iceberg_cdc.run.context import Context
 
 
@@ -57,11 +58,12 @@ def run_mirror(
     try:
         run.planned = steps.plan_apply(ctx, mirror, detected)
         lap("plan_apply")
-        if run.planned.get("join_args"):
-            raise NotImplementedError("the Iceberg target's join tasks have no in-process runner here")
+        if run.planned.get("join_args"):  # the Iceberg target's Spark tasks, as plain functions
+            iceberg_steps(mirror).run_units_inline(ctx.runtime, run.planned)
+            lap("mirror_join")
         run.applied = steps.apply(ctx, mirror, detected, run.planned, hook=hook)
         lap("apply")
     finally:
-        run.cleanup = steps.cleanup(ctx, mirror, detected, run_id)
+        run.cleanup = steps.cleanup(ctx, mirror, detected, run_id, run.planned)
         lap("cleanup")
     return run

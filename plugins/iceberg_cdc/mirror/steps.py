@@ -271,12 +271,27 @@ def apply(
 
 
 def cleanup(
-    ctx: Context, mirror: MirrorConfig, detected: dict[str, Any] | None, run_id: str
+    ctx: Context,
+    mirror: MirrorConfig,
+    detected: dict[str, Any] | None,
+    run_id: str,
+    planned: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Release the run's lease, then delete its namespace (unless ``shuffle.retain_files``)."""
+    """Release the run's lease, then delete its namespace (unless ``shuffle.retain_files``).
+
+    An Iceberg mirror's target first deletes the data and delete files its
+    join tasks staged in the mirror's location that no commit references
+    (``planned``: plan_apply's answer; kept while a commit's outcome is unknown).
+    """
     released = False
     removed = 0
+    target: dict[str, Any] = {}
     epoch = int(detected["epoch"]) if detected and detected.get("epoch") is not None else None
+    if epoch is not None and mirror.type == "iceberg" and planned and planned.get("action") == "apply":
+        try:
+            target = iceberg_steps(mirror).cleanup(ctx, mirror, planned)
+        except Exception:  # a teardown: the run's own error (if any) matters more
+            log.exception("run %r could not clean up the staged files of %s", run_id, mirror.describe())
     if epoch is not None:
         try:
             released = mirror_lease(ctx, mirror).release(run_id, epoch)
@@ -285,4 +300,8 @@ def cleanup(
         if not ctx.config.shuffle.retain_files:
             paths = MirrorPaths.of(ctx.table.source, mirror.mirror_name, epoch)
             removed = ctx.runtime.store().delete_prefix(paths.prefix)
-    return {"objects_deleted": removed, "lease_released": released}
+    return {
+        "objects_deleted": removed,
+        "lease_released": released,
+        **{f"target_{k}": v for k, v in target.items()},
+    }

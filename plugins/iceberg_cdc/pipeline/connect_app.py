@@ -39,17 +39,18 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from iceberg_cdc.error_lines import line_of
 from iceberg_cdc.pipeline import worker_heap
 from iceberg_cdc.pipeline.connect_errors import (
     MARKER,
     TRACE_MARKER,
     ConnectJobError,
     UnitFailed,
-    _without_url_secrets,
     describe,
     job_error,
     unit_error,
     unit_failure,
+    url_secrets,
 )
 from iceberg_cdc.pipeline.connect_sessions import (
     close_sessions,
@@ -171,7 +172,7 @@ def run_group(
         try:
             spark = session(url, package_zip(), package_digest())
         except Exception as exc:
-            first = _without_url_secrets((str(exc).strip().splitlines() or [type(exc).__name__])[0])
+            first = line_of(exc, secrets=url_secrets(url))
             raise ConnectJobError(
                 f"cannot open a Spark Connect session on {describe(url)}: {first}"
             ) from None

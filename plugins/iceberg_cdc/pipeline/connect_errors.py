@@ -15,12 +15,13 @@ from typing import Any
 from urllib.parse import urlparse
 
 from iceberg_cdc import errors
+from iceberg_cdc.error_lines import line_in_text
+from iceberg_cdc.redaction import secret_values
 
 MARKER = "CDC-UNIT-FAILED "
 TRACE_MARKER = "CDC-UNIT-TRACEBACK "
 _MARKED = re.compile(re.escape(MARKER) + r"(\{.*\})\s*$", re.MULTILINE)
 _TRACED = re.compile(re.escape(TRACE_MARKER) + r'(".*")\s*$', re.MULTILINE)
-_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.+)$", re.MULTILINE)
 
 
 class UnitFailed(Exception):
@@ -51,19 +52,17 @@ def unit_failure(exc: BaseException) -> dict[str, Any] | None:
 
 def unit_error(info: dict[str, Any]) -> Exception:
     """The pipeline's own exception again (same class, same message), from a unit's marker."""
-    cls = getattr(errors, info["type"], None) if info.get("module") == errors.__name__ else None
-    if isinstance(cls, type) and issubclass(cls, errors.CdcError):
+    cls = errors.error_class(info["type"]) if info.get("module") == errors.__name__ else None
+    if cls is not None:
         with contextlib.suppress(Exception):
             return cls(info["message"])
     return ConnectJobError(f"{info['type']}: {info['message']}")
 
 
-_URL_PARAMETER = re.compile(r"(token|user_id)\s*=\s*[^;\s'\"]+", re.IGNORECASE)
-
-
-def _without_url_secrets(text: str) -> str:
-    """``text`` with Spark Connect URL parameter values (a token) blanked: pyspark quotes them in errors."""
-    return _URL_PARAMETER.sub(lambda m: f"{m.group(1)}=***", text)
+def url_secrets(url: str) -> set[str]:
+    """The values of a Spark Connect URL's secret parameters (``;token=...``), to hide wherever quoted."""
+    params = dict(part.partition("=")[::2] for part in url.split(";")[1:] if "=" in part)
+    return secret_values(params)
 
 
 def job_error(exc: BaseException, phase: str, group: int, url: str) -> Exception:
@@ -71,10 +70,8 @@ def job_error(exc: BaseException, phase: str, group: int, url: str) -> Exception
     info = unit_failure(exc)
     if info is not None:
         return unit_error(info)
-    text = str(exc).strip()
-    lines = _ERROR_LINE.findall(text)
-    summary = f"{lines[-1][0]}: {lines[-1][1]}" if lines else (text.splitlines() or [type(exc).__name__])[0]
-    summary = _without_url_secrets(summary)
+    # pyspark quotes the server's URL in its errors: its token goes (iceberg_cdc.redaction).
+    summary = line_in_text(exc, secrets=url_secrets(url))
     return ConnectJobError(
         f"{phase} group {group + 1} failed on the Spark Connect server {describe(url)}: {summary}"
     )

@@ -100,16 +100,19 @@ class Conservation:
         """Carryover in all: cancelled before the shuffle and removed after it."""
         return self.cancelled_rows + self.carryover_rows
 
-    def summary(self) -> dict[str, str]:
-        """input = masked + cancelled + shuffled; shuffled = read; read = carryover + changes."""
+    def rows(self) -> dict[str, int]:
+        """The figures by stage, as the commit summary records them (``cdc.rows.<stage>``).
+
+        input = masked + cancelled + shuffled; shuffled = read; read = carryover + changes.
+        """
         return {
-            "cdc.rows.input": str(self.input_rows),
-            "cdc.rows.masked": str(self.masked_rows),
-            "cdc.rows.cancelled": str(self.cancelled_rows),
-            "cdc.rows.shuffled": str(self.shuffled_rows),
-            "cdc.rows.read": str(self.read_rows),
-            "cdc.rows.carryover": str(self.carryover_rows),
-            "cdc.rows.changes": str(self.change_rows),
+            "input": self.input_rows,
+            "masked": self.masked_rows,
+            "cancelled": self.cancelled_rows,
+            "shuffled": self.shuffled_rows,
+            "read": self.read_rows,
+            "carryover": self.carryover_rows,
+            "changes": self.change_rows,
         }
 
 

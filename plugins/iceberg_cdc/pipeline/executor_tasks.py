@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import re
 import resource
 import sys
 import tempfile
@@ -31,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from iceberg_cdc.changelog.merge import CHANGE_TYPE_COLUMN, MergeStats, merge_changes
-from iceberg_cdc.errors import CorruptShuffleError
+from iceberg_cdc.errors import CorruptShuffleError, SourceFileMissingError
 from iceberg_cdc.pipeline.conservation import check_merge, check_written
 from iceberg_cdc.pipeline.map_cancel import CancelBuffer, CancelStats, file_groups
 from iceberg_cdc.pipeline.plan import SnapshotPlan
@@ -41,7 +42,7 @@ from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.range_reader import DEFAULT_MERGE_BYTES, FetchedRange
 from iceberg_cdc.shuffle.rows import Op, shuffle_schema
 from iceberg_cdc.shuffle.writer import MapOutputWriter
-from iceberg_cdc.sink.schema import sink_arrow_schema, to_sink_arrow
+from iceberg_cdc.sink.rows import sink_arrow_schema, to_sink_arrow
 from iceberg_cdc.sink.staging import staged_file_path, write_staged_file
 from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
 from iceberg_cdc.source.lineage import LineageFiller, with_lineage
@@ -118,7 +119,23 @@ class _InputRows:
         self.masked = {"DELETE": 0, "INSERT": 0}
 
     def batches(self, file: InputFile, lineage: bool = False) -> Iterator[pa.RecordBatch]:
-        """The file's rows that count; with ``lineage``, plus the two row-lineage columns, inherited."""
+        """The file's rows that count; with ``lineage``, plus the two row-lineage columns, inherited.
+
+        A data or delete file gone from storage is a final error.
+        """
+        try:
+            yield from self._batches(file, lineage)
+        except FileNotFoundError as exc:
+            named = re.search(r"[A-Za-z][\w+.-]*://[^\s:'\",)]+", str(exc))
+            missing = file.path if file.path in str(exc) or named is None else named.group(0)
+            raise SourceFileMissingError.for_file(
+                missing,
+                self._plan.source,
+                self._plan.snapshot_id,
+                detail=f"a delete file of {file.path}" if missing != file.path else "",
+            ) from exc
+
+    def _batches(self, file: InputFile, lineage: bool) -> Iterator[pa.RecordBatch]:
         if not (file.deletes or file.require):
             yield from self._read(file, lineage=lineage)
             return
@@ -310,7 +327,7 @@ def run_read_task(plan: SnapshotPlan, runtime: Runtime, range_doc: dict[str, Any
                 clock["merge"] += done - merging
                 if changes.num_rows:
                     yield from to_sink_arrow(
-                        changes, sink_schema, plan.ordinal, plan.snapshot_id
+                        changes, sink_schema, plan.ordinal, plan.snapshot_id, plan.snapshot_timestamp_ms
                     ).to_batches()
 
         batches = sink_batches()
@@ -359,7 +376,9 @@ def run_insert_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[
                 inserts = pa.Table.from_batches([batch]).append_column(
                     change_type, pa.repeat(pa.scalar("INSERT", pa.string()), batch.num_rows)
                 )
-                yield from to_sink_arrow(inserts, sink_schema, plan.ordinal, plan.snapshot_id).to_batches()
+                yield from to_sink_arrow(
+                    inserts, sink_schema, plan.ordinal, plan.snapshot_id, plan.snapshot_timestamp_ms
+                ).to_batches()
 
     part = f"insert-{task_id}"
     staged = write_staged_file(

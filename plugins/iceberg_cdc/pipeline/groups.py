@@ -12,23 +12,60 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.pipeline import executor_tasks
 from iceberg_cdc.pipeline.paths import SnapshotPaths
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import Runtime
+from iceberg_cdc.sink.summary import SKEW_LISTED, Skew
 from iceberg_cdc.storage import ObjectStore, get_json_many
 
 UnitFunction = Callable[[SnapshotPlan, Runtime, Any], dict[str, Any]]
+
 
 PHASE_FUNCTIONS: dict[str, UnitFunction] = {
     "write": executor_tasks.run_write_task,
     "read": executor_tasks.run_read_task,
     "insert": executor_tasks.run_insert_task,
 }
+PlanLoader = Callable[[ObjectStore, str], Any]
+_PHASE_PLANS: dict[str, PlanLoader] = {}
 
 
-def units_of(phase: str, plan: SnapshotPlan, group: int, store: ObjectStore) -> list[Any]:
-    """Write/insert groups list task ids (from the plan); read groups list range documents (from coalesce)."""
+def register_phase(phase: str, function: UnitFunction, load_plan: PlanLoader) -> None:
+    """Add a phase of a higher layer (the Iceberg mirror's join): its unit function and plan loader.
+
+    The layers that own such phases register them in the processes that drive
+    a group (:func:`iceberg_cdc.mirror.iceberg.phase.register`: the Airflow
+    adapter, the Spark entry point, in-process runners); this layer never
+    imports theirs. Executors need no registry: the unit function reaches them
+    pickled by reference, and they import its module from the package.
+    """
+    PHASE_FUNCTIONS[phase] = function
+    _PHASE_PLANS[phase] = load_plan
+
+
+def phase_names() -> list[str]:
+    return sorted(PHASE_FUNCTIONS)
+
+
+def load_phase_plan(phase: str, store: ObjectStore, key: str) -> Any:
+    """The plan a phase's group runs from: a snapshot plan, or a registered phase's own (a mirror's apply plan)."""
+    if phase not in PHASE_FUNCTIONS:
+        raise ConfigError(
+            f"unknown phase {phase!r}; known here: {', '.join(phase_names())}. A mirror's phase is known once "
+            "its package registers it (iceberg_cdc.mirror.iceberg.phase.register)"
+        )
+    if phase in _PHASE_PLANS:
+        return _PHASE_PLANS[phase](store, key)
+    return SnapshotPlan.load(store, key)
+
+
+def units_of(phase: str, plan: Any, group: int, store: ObjectStore) -> list[Any]:
+    """Write/insert groups list task ids (from the plan); read groups list range documents (from coalesce);
+    a registered phase's groups list its plan's unit ids."""
+    if phase in _PHASE_PLANS:
+        return list(plan.groups[group])
     if phase in ("write", "insert"):
         return list(plan.groups[group].task_ids)
     paths = plan.paths
@@ -75,38 +112,31 @@ def phase_seconds(
     return {k: round(v, 2) for k, v in seconds.items()}
 
 
-SKEW_LISTED = 20  # partitions named in ``cdc.skew.partitions``; the count says how many there are
+def skew_summary(records: list[dict[str, Any]]) -> Skew | None:
+    """Skew coalesce found, for the sink summary; None when the attempt had no coalesce (no shuffle).
 
-
-def skew_summary(records: list[dict[str, Any]]) -> dict[str, str]:
-    """Skew coalesce found, as sink summary keys; {} when the attempt had no coalesce (no shuffle).
-
-    ``cdc.skewed``: how many partitions were skewed (``0`` when none);
-    ``cdc.skew.max-ratio``: the largest one's size over the median non-empty
-    partition's; ``cdc.skew.max-bytes`` / ``cdc.skew.median-bytes``: both
-    sizes; ``cdc.skew.partitions``: which ones (the first 20, largest first).
+    How many partitions were skewed (``0`` when none), the first
+    :data:`~iceberg_cdc.sink.summary.SKEW_LISTED` of them largest first, and
+    the largest one's size over the median non-empty partition's.
     """
     coalesce = next((r for r in records if r.get("phase") == "coalesce"), None)
     if coalesce is None:
-        return {}
+        return None
     skew = sorted(coalesce.get("skew") or [], key=lambda s: (-int(s["size"]), int(s["partition"])))
     if not skew and coalesce.get("skewed"):  # a record from before sizes were kept
-        return {
-            "cdc.skewed": str(len(coalesce["skewed"])),
-            "cdc.skew.partitions": _listed(coalesce["skewed"]),
-        }
+        return Skew(count=len(coalesce["skewed"]), partitions=_listed(coalesce["skewed"]))
     if not skew:
-        return {"cdc.skewed": "0"}
+        return Skew(count=0)
     largest = skew[0]
     median = max(int(largest["median"]), 1)
-    return {
-        "cdc.skewed": str(len(skew)),
-        "cdc.skew.max-ratio": f"{int(largest['size']) / median:.1f}",
-        "cdc.skew.max-bytes": str(int(largest["size"])),
-        "cdc.skew.median-bytes": str(int(largest["median"])),
-        "cdc.skew.partitions": _listed([s["partition"] for s in skew]),
-    }
+    return Skew(
+        count=len(skew),
+        partitions=_listed([s["partition"] for s in skew]),
+        max_ratio=round(int(largest["size"]) / median, 1),
+        max_bytes=int(largest["size"]),
+        median_bytes=int(largest["median"]),
+    )
 
 
-def _listed(partitions: list[Any]) -> str:
-    return ",".join(str(int(p)) for p in partitions[:SKEW_LISTED])
+def _listed(partitions: list[Any]) -> tuple[int, ...]:
+    return tuple(int(p) for p in partitions[:SKEW_LISTED])

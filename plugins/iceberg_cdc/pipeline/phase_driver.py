@@ -15,7 +15,8 @@ Both share the steps around the job, here:
    unfinished tasks (``paths.failed(task)`` where ``paths.written(task)`` is
    absent), so the barrier fails fast and names them;
 4. on success, record the group's figures (:func:`~iceberg_cdc.pipeline.groups.record_group`);
-   on failure, the error's one line (:func:`error_line`) under
+   on failure, the error's one line (:func:`iceberg_cdc.error_lines.line_in_text`,
+   secrets removed) under
    ``paths.group_error``, so the Airflow task can raise it before the
    spark-submit noise.
 """
@@ -25,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import time
 import traceback
 from collections.abc import Callable
@@ -34,15 +34,14 @@ from typing import Any, Protocol
 
 from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
 from iceberg_cdc.coordination.lease import TableLease
-from iceberg_cdc.errors import CdcError
-from iceberg_cdc.pipeline.groups import record_group, units_of
+from iceberg_cdc.error_lines import line_in_text
+from iceberg_cdc.pipeline.groups import load_phase_plan, record_group, units_of
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import Runtime
+from iceberg_cdc.redaction import redact, secret_values
 from iceberg_cdc.storage import ObjectStore
 
 log = logging.getLogger("iceberg_cdc.spark")
-
-PHASES = ("write", "read", "insert")
 
 
 class UnitRunner(Protocol):
@@ -65,35 +64,22 @@ class GroupRun:
     seconds: float
 
 
-_PIPELINE_ERROR = re.compile(r"(?:iceberg_cdc\.errors\.)?(\w+(?:Error|Exception)): (.+)")
-
-
-def error_line(exc: BaseException) -> str:
-    """The pipeline's own error in one line, even when Spark wrapped it in a JVM traceback.
-
-    An executor's exception reaches an RDD driver as text inside a Py4J
-    error; the last ``iceberg_cdc.errors.X: message`` line in it is what the
-    user needs first.
-    """
-    if isinstance(exc, CdcError):
-        return f"{type(exc).__name__}: {exc}"
-    text = str(exc)
-    found = [m for m in re.finditer(r"iceberg_cdc\.errors\.(\w+): ([^\n]+)", text)]
-    if found:
-        return f"{found[-1].group(1)}: {found[-1].group(2).strip()}"
-    lines = [line.strip() for line in text.splitlines() if _PIPELINE_ERROR.match(line.strip())]
-    return (
-        lines[-1]
-        if lines
-        else f"{type(exc).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"
-    )
+def error_line(exc: BaseException, runtime: Runtime | None = None) -> str:
+    """The pipeline's own error in one line (even inside a JVM traceback), without the runtime's secrets."""
+    secrets = secret_values({**runtime.shuffle_properties, **runtime.io_properties}) if runtime else ()
+    return line_in_text(exc, secrets=secrets)
 
 
 def record_group_error(
-    store: ObjectStore, plan: SnapshotPlan, phase: str, group: int, exc: BaseException
+    store: ObjectStore,
+    plan: SnapshotPlan,
+    phase: str,
+    group: int,
+    exc: BaseException,
+    runtime: Runtime | None = None,
 ) -> str:
     """Leave the group's error line where the Airflow task finds it; returns the line."""
-    line = error_line(exc)[:4000]
+    line = error_line(exc, runtime)
     store.put(plan.paths.group_error(phase, group), json.dumps({"error": line}).encode())
     return line
 
@@ -103,7 +89,7 @@ def mark_failed_writes(
 ) -> None:
     """A failure marker for each write task of the group that left no map output."""
     paths = plan.paths
-    reason = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-4000:]
+    reason = redact("".join(traceback.format_exception_only(type(exc), exc)).strip()[-4000:])
     for task_id in task_ids:
         if not store.list(paths.written(task_id)):
             store.put(paths.failed(task_id), json.dumps({"task_id": task_id, "error": reason}).encode())
@@ -124,14 +110,26 @@ def run_phase_group(
     JVM or open a session). Raises what the units raised (after the failure
     markers), or :class:`~iceberg_cdc.errors.LeaseLostError`.
     """
-    if phase not in PHASES:
-        raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
     store = runtime.store()
-    plan = SnapshotPlan.load(store, plan_key)
-    lease = TableLease(store, plan.source)
+    plan = load_phase_plan(phase, store, plan_key)
+    lease = TableLease(store, plan.lease_name)
     lease.renew(plan.run_id, plan.epoch, plan.lease_ttl_seconds)
     units = units_of(phase, plan, group, store)
-    runner = start_runner(plan)
+    runners: list[UnitRunner] = []
+    # The heartbeat starts before the runner: a session or JVM that is slow to start is a live task,
+    # and a task that stops renewing is one its successor may take the table from (coordination.lease).
+    heartbeat = LeaseHeartbeat(
+        lease,
+        plan.run_id,
+        plan.epoch,
+        plan.lease_ttl_seconds,
+        on_lost=lambda _: [runner.cancel() for runner in runners],
+    )
+    with contextlib.ExitStack() as beating:
+        beating.enter_context(heartbeat)
+        runner = start_runner(plan)
+        runners.append(runner)
+        beating.pop_all()  # from here the block below stops the heartbeat
     log.info(
         "%s: %s (%d units) for %s snapshot %s",
         phase,
@@ -141,12 +139,12 @@ def run_phase_group(
         plan.snapshot_id,
     )
     started = time.perf_counter()
-    heartbeat = LeaseHeartbeat(
-        lease, plan.run_id, plan.epoch, plan.lease_ttl_seconds, on_lost=lambda _: runner.cancel()
-    )
     try:
-        with heartbeat:
+        try:
+            heartbeat.check()  # lost while the runner started
             results = runner.map_units(phase, plan, runtime, units)
+        finally:
+            heartbeat.__exit__(None, None, None)
         heartbeat.check()
     except Exception as exc:
         if phase == "write":
@@ -155,7 +153,7 @@ def run_phase_group(
             except Exception:  # the unit's own error (raised below) matters more than the markers
                 log.exception("could not leave failure markers for the write group")
         with contextlib.suppress(Exception):  # the error itself matters more than its record
-            log.error("%s", record_group_error(store, plan, phase, group, heartbeat.lost or exc))
+            log.error("%s", record_group_error(store, plan, phase, group, heartbeat.lost or exc, runtime))
         if heartbeat.lost is not None and exc is not heartbeat.lost:
             # The job failed because the heartbeat cancelled it: the lost lease is the reason.
             raise heartbeat.lost from exc

@@ -12,22 +12,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from iceberg_cdc.coordination.lease import TableLease
-from iceberg_cdc.errors import CdcError, LeaseLostError, ObjectNotFoundError
+from iceberg_cdc.errors import CdcError, CorruptShuffleError, LeaseLostError, ObjectNotFoundError
 from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_key
 from iceberg_cdc.source.deletes import DeleteFileRef
 from iceberg_cdc.source.planning import WriteTask
 from iceberg_cdc.storage.base import ObjectStore
+from iceberg_cdc.units import format_bytes
 
-PLAN_VERSION = 3  # 3: carryover cancelled in write tasks (cancel_before_shuffle, cancel_memory, row_lineage)
+PLAN_VERSION = 4  # 3: _commit_timestamp (snapshot_timestamp_ms); 4: carryover cancelled in write tasks
 Kind = Literal["with_deletes", "insert_only"]
-
-
-def _human_bytes(size: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1024 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -40,7 +33,7 @@ class JobGroup:
     bytes: int
 
     def label(self, phase: str, count: int) -> str:
-        return f"{phase} {self.index + 1}/{count}: {len(self.task_ids)} tasks, {self.files} files, {_human_bytes(self.bytes)}"
+        return f"{phase} {self.index + 1}/{count}: {len(self.task_ids)} tasks, {self.files} files, {format_bytes(self.bytes)}"
 
 
 def group_tasks(tasks: list[WriteTask], parallel_jobs: int) -> list[JobGroup]:
@@ -95,8 +88,15 @@ class SnapshotPlan:
     cancel_before_shuffle: bool = False
     cancel_memory: int = 256 << 20
     row_lineage: bool = False  # format v3: read _row_id / _last_updated_sequence_number to cancel
+    # The source snapshot's timestamp-ms: every change row's _commit_timestamp.
+    snapshot_timestamp_ms: int | None = None
     version: int = PLAN_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def lease_name(self) -> str:
+        """The lease the run holds: its source table's."""
+        return self.source
 
     @property
     def attempt(self) -> str:
@@ -138,7 +138,12 @@ class SnapshotPlan:
     def from_json(cls, text: str) -> SnapshotPlan:
         data = json.loads(text)
         if data.get("version") != PLAN_VERSION:
-            raise ValueError(f"plan version {data.get('version')} is not {PLAN_VERSION}: rerun detect")
+            raise CorruptShuffleError(
+                f"the snapshot plan has version {data.get('version')}, but this release of the pipeline reads "
+                f"version {PLAN_VERSION}: it was written by another release (the pipeline was upgraded while "
+                "the run was in flight). Clear the DAG run from detect, or let the next run start: detect "
+                "plans the snapshot again."
+            )
         data["write_tasks"] = [WriteTask.from_dict(t) for t in data["write_tasks"]]
         data["groups"] = [
             JobGroup(g["index"], tuple(g["task_ids"]), g["files"], g["bytes"]) for g in data["groups"]

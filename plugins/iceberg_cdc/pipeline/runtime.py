@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from iceberg_cdc.config import CdcConfig, is_secret_key
+from iceberg_cdc.config import CdcConfig
 from iceberg_cdc.errors import ConfigError
-from iceberg_cdc.storage import ObjectStore, open_store
+from iceberg_cdc.redaction import is_secret_key
+from iceberg_cdc.storage import RETRYING_IO_IMPL, ObjectStore, open_store
 
 PY_IO_IMPL = "py-io-impl"  # pyiceberg.io.PY_IO_IMPL, without importing pyiceberg here
-RETRYING_IO_IMPL = "iceberg_cdc.storage.retrying_io.RetryingPyArrowFileIO"
 
 ConnectionProperties = Callable[[str], dict[str, str]]
 """``s3.*`` properties from a named connection (``catalog.airflow_conn_id``, ``shuffle.airflow_conn_id``).

@@ -25,7 +25,7 @@ from typing import Any
 
 from iceberg_cdc.config import load_config
 from iceberg_cdc.pipeline import worker_heap
-from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS
+from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS, phase_names
 from iceberg_cdc.pipeline.phase_driver import run_phase_group
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import ConnectionProperties, Runtime, runtime_from_config
@@ -35,7 +35,7 @@ log = logging.getLogger("iceberg_cdc.spark")
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--phase", choices=["write", "read", "insert"], required=True)
+    parser.add_argument("--phase", choices=phase_names(), required=True)
     parser.add_argument("--plan", required=True, help="key of the snapshot plan in the shuffle store")
     parser.add_argument("--group", type=int, required=True)
     parser.add_argument("--label", default="", help="human label, shown in the Airflow UI")

@@ -41,7 +41,7 @@ from iceberg_cdc.run.shuffle_steps import written_records
 from iceberg_cdc.run.state import Detected
 from iceberg_cdc.sink.commit import advance_watermark, commit_changes
 from iceberg_cdc.sink.datafiles import data_files_from_parquet
-from iceberg_cdc.sink.table import INITIAL_LOAD_KEY
+from iceberg_cdc.sink.summary import CommitSummary, Skew
 from iceberg_cdc.storage import ObjectStore, get_json_many
 
 log = logging.getLogger("iceberg_cdc")
@@ -129,13 +129,15 @@ def commit(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str, An
     phases = phase_records(store, paths)
     seconds = phase_seconds(store, paths, phases)
     skew = skew_summary(phases)
-    summary = {f"cdc.{k.replace('_', '-')}": str(v) for k, v in figures.items()}
-    summary.update({f"cdc.seconds.{k}": str(v) for k, v in seconds.items()})
-    summary.update(skew)
-    summary.update(conservation.summary())
-    summary["cdc.carryover-rows"] = str(conservation.all_carryover_rows)  # before and after the shuffle
-    summary["cdc.operation"] = plan.operation
-    summary[INITIAL_LOAD_KEY] = "true" if plan.initial_load else "false"
+    summary = CommitSummary(
+        operation=plan.operation,
+        initial_load=plan.initial_load,
+        # cdc.carryover-rows is all carryover: cancelled before the shuffle and removed after it.
+        figures={**figures, "carryover_rows": conservation.all_carryover_rows},
+        seconds=seconds,
+        rows=conservation.rows(),
+        skew=skew,
+    )
     # The marker goes up *before* the last lease check: a cleanup or sweep that looks after that
     # check sees it (and keeps the staged files), and one that looked before has released or taken
     # the lease, so the check fails and nothing is committed.
@@ -182,6 +184,7 @@ def commit(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str, An
     return {
         "committed": result.committed,
         "snapshot_id": plan.snapshot_id,
+        "sink_snapshot_id": None if result.sink_snapshot_id is None else str(result.sink_snapshot_id),
         "reason": result.reason,
         "files": len(staged_paths),
         **figures,
@@ -194,11 +197,11 @@ def commit(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str, An
     }
 
 
-def _skew_figures(skew: dict[str, str]) -> dict[str, Any]:
+def _skew_figures(skew: Skew | None) -> dict[str, Any]:
     """Skew for commit's XCom (the run's story, metrics): how many partitions, the largest one's ratio."""
-    if not skew:
+    if skew is None:
         return {}
-    figures: dict[str, Any] = {"skewed_partitions": int(skew["cdc.skewed"])}
-    if "cdc.skew.max-ratio" in skew:
-        figures["skew_max_ratio"] = float(skew["cdc.skew.max-ratio"])
+    figures: dict[str, Any] = {"skewed_partitions": skew.count}
+    if skew.max_ratio is not None:
+        figures["skew_max_ratio"] = skew.max_ratio
     return figures

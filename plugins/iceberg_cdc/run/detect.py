@@ -22,7 +22,9 @@ from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_k
 from iceberg_cdc.pipeline.plan import SnapshotPlan, group_tasks
 from iceberg_cdc.run import lease as run_lease
 from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.retention_guard import guard
 from iceberg_cdc.run.state import Detected
+from iceberg_cdc.sink.foreign import foreign_commits_warning
 from iceberg_cdc.sink.schema import evolve_sink_schema
 from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import ensure_sink_table, loaded_in_full, read_watermark
@@ -65,7 +67,8 @@ def detect(
         )
     held = run_lease.take(ctx, run_id, dag_id=dag_id, try_number=try_number, holder_state=holder_state)
     try:
-        return _detect(ctx, run_id, snapshot_id, held, through_snapshot_id)
+        with run_lease.renewing(ctx, run_id, held.epoch, run_lease.lease_ttl_seconds(ctx.table)):
+            return _detect(ctx, run_id, snapshot_id, held, through_snapshot_id)
     except BaseException:
         try:
             run_lease.give_back(ctx, run_id, held.epoch)
@@ -98,7 +101,9 @@ def sweep_leftovers(ctx: Context, sink, keep_attempt: str) -> dict[str, int]:
     removed = staged = 0
     for snapshot_id, attempt in sorted(attempts):
         paths = SnapshotPaths(table, snapshot_id, attempt)
-        if paths.commit_pending in keys[(snapshot_id, attempt)] and _commit_may_land(store, paths):
+        if paths.commit_pending in keys[(snapshot_id, attempt)] and _commit_may_land(
+            store, paths, run_lease.lease_ttl_seconds(ctx.table)
+        ):
             log.warning(
                 "%s: keeping %s: its sink commit started recently and its outcome is unknown",
                 table,
@@ -124,7 +129,7 @@ def sweep_leftovers(ctx: Context, sink, keep_attempt: str) -> dict[str, int]:
     return {"namespaces": len(attempts), "shuffle_objects": removed, "staged_files": staged}
 
 
-def _commit_may_land(store, paths: SnapshotPaths) -> bool:
+def _commit_may_land(store, paths: SnapshotPaths, ttl: float) -> bool:
     """Whether a dead attempt's sink commit, begun at its ``commit-pending`` marker, might still land.
 
     A catalog commit finishes within seconds of its start or not at all, but the
@@ -136,7 +141,7 @@ def _commit_may_land(store, paths: SnapshotPaths) -> bool:
         written_at = float(json.loads(store.get(paths.commit_pending)).get("written_at", 0))
     except (CdcError, ValueError, TypeError):
         return False
-    return time.time() - written_at < 2 * run_lease.lease_ttl_seconds() + COMMIT_GRACE_SECONDS
+    return time.time() - written_at < 2 * ttl + COMMIT_GRACE_SECONDS
 
 
 def _detect(
@@ -168,14 +173,24 @@ def _detect(
         "sink": ctx.table.sink,
         "run_id": run_id,
         "epoch": held.epoch,
-        "lease_ttl": run_lease.lease_ttl_seconds(),
+        "lease_ttl": run_lease.lease_ttl_seconds(ctx.table),
         "manual": snapshot_id is not None,
         "swept": swept,
+        # Where the tables live: their names in lineage events (iceberg_cdc/lineage.py).
+        "source_location": source.location(),
+        "sink_location": sink.location(),
+        **guard(ctx, source, watermark, catalog=catalog),
     }
     if in_range:
         base.update(
-            through_snapshot_id=through_snapshot_id, next_in_range=in_range[1] if in_range[1:] else None
+            through_snapshot_id=through_snapshot_id,
+            next_in_range=in_range[1] if in_range[1:] else None,
+            range_left=len(in_range) - 1,  # snapshots of the range after this one
         )
+    warning = foreign_commits_warning(sink, ctx.table.source)
+    if warning:
+        log.warning("%s", warning)
+        base["warnings"] = (warning,)
     if pending is None:
         log.info(
             "%s is caught up: nothing after snapshot %s",
@@ -251,6 +266,7 @@ def _detect(
         cancel_before_shuffle=cancel,
         cancel_memory=shuffle.cancel_memory,
         row_lineage=cancel and shuffle.row_lineage and source.metadata.format_version >= 3,
+        snapshot_timestamp_ms=source.metadata.snapshot_by_id(pending.snapshot_id).timestamp_ms,
     )
     plan.save(store, paths.plan)
     phase = plan.phase

@@ -21,6 +21,7 @@ from iceberg_cdc.run.shuffle_steps import attempt_paths
 from iceberg_cdc.run.state import Detected
 from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import read_watermark
+from iceberg_cdc.snapshot_ids import as_text
 from iceberg_cdc.source.history import next_snapshot
 from iceberg_cdc.source.tables import load_source_table
 
@@ -50,18 +51,20 @@ def watermark(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str,
         mark and mark.ordinal,
         remaining,
     )
+    # Ids as strings: this result (and the next run's conf) is shown by browsers, which round 19 digits.
     result = {
-        "snapshot_id": mark and mark.snapshot_id,
+        "snapshot_id": as_text(mark and mark.snapshot_id),
         "remaining": remaining,
-        "next_snapshot_id": after and after.snapshot_id,
+        "next_snapshot_id": as_text(after and after.snapshot_id),
         "next_conf": {},
     }
     if detected.next_in_range is not None:
         # A range reprocess goes on with the next snapshot of the range, up to its last one.
         result["next_conf"] = {
-            "snapshot_id": detected.next_in_range,
-            "through_snapshot_id": detected.through_snapshot_id,
+            "snapshot_id": as_text(detected.next_in_range),
+            "through_snapshot_id": as_text(detected.through_snapshot_id),
         }
+        result["range_left"] = detected.range_left
         log.info(
             "reprocess of %s through snapshot %s: snapshot %s is next",
             ctx.table.source,

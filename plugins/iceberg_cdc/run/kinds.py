@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from iceberg_cdc.errors import ConfigError
+
 REPROCESS_KEYS = ("snapshot_id", "through_snapshot_id")
 
 
@@ -30,7 +32,9 @@ def is_backfill(run_type: Any) -> bool:
 def backfill_refusal(params: dict[str, Any] | None) -> str | None:
     """Why a backfill run must not start with these params (None when it may)."""
     given = {
-        key: value for key, value in (params or {}).items() if key in REPROCESS_KEYS and value is not None
+        key: value
+        for key, value in (params or {}).items()
+        if key in REPROCESS_KEYS and value is not None and value != ""
     }
     if not given:
         return None
@@ -43,14 +47,32 @@ def backfill_refusal(params: dict[str, Any] | None) -> str | None:
     )
 
 
+_CHOICES = {"auto": None, "yes": True, "no": False, "true": True, "false": False}
+
+
+def trigger_next_choice(value: Any) -> bool | None:
+    """``trigger_next`` as given -- the form's ``auto`` / ``yes`` / ``no``, or an API caller's boolean.
+
+    None means "auto": chain, except after a reprocess of one snapshot.
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("", "none", "null"):
+        return None
+    if text not in _CHOICES:
+        raise ConfigError(f"trigger_next={value!r} is not a choice: give auto, yes or no (or true / false)")
+    return _CHOICES[text]
+
+
 def should_chain(mark: dict[str, Any], params: dict[str, Any] | None, *, backfill: bool) -> bool:
     """Whether the run starts the next one at once (``mark``: the watermark step's result)."""
     if backfill:
         return False
     params = params or {}
-    chain = params.get("trigger_next")
+    chain = trigger_next_choice(params.get("trigger_next"))
     if mark.get("next_conf"):
-        return chain is None or bool(chain)
+        return chain is None or chain
     if chain is None:
-        chain = params.get("snapshot_id") is None
-    return bool(mark.get("remaining")) and bool(chain)
+        chain = params.get("snapshot_id") in (None, "")
+    return bool(mark.get("remaining")) and chain

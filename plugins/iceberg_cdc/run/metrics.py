@@ -72,3 +72,19 @@ def emit_commit(stats: StatsBackend, source: str, committed: dict[str, Any]) -> 
 def emit_lag(stats: StatsBackend, source: str, remaining: int) -> None:
     """Snapshots still pending after the watermark."""
     stats.gauge(f"{metric_prefix(source)}.lag.snapshots", float(remaining), tags={"table": source})
+
+
+def emit_retention(stats: StatsBackend, source: str, retention: dict[str, Any] | None) -> None:
+    """Seconds until a snapshot the sink needs may be expired (the retention guard), and whether it is protected.
+
+    ``retention.seconds_left`` is sent only when something limits it (a table
+    caught up, or protected by ``protect_pending``, has no limit); alert on it
+    going below your reaction time. ``retention.protected`` is 1 or 0.
+    """
+    if not retention:
+        return
+    prefix, tags = metric_prefix(source), {"table": source}
+    left = retention.get("seconds_left")
+    if isinstance(left, int | float):
+        stats.gauge(f"{prefix}.retention.seconds_left", float(left), tags=tags)
+    stats.gauge(f"{prefix}.retention.protected", 1.0 if retention.get("protected") else 0.0, tags=tags)

@@ -30,6 +30,7 @@ from iceberg_cdc.shuffle.fetch import MapOutputSpan
 from iceberg_cdc.shuffle.layout import data_key
 from iceberg_cdc.shuffle.reader import read_index
 from iceberg_cdc.storage import ObjectStore, get_json_many
+from iceberg_cdc.units import format_bytes
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -164,6 +165,6 @@ def coalesce(ctx: Context, detected: Detected | Mapping[str, Any]) -> list[list[
     args = []
     for j, members in enumerate(groups):
         size = sum(ranges[i]["size"] for i in members)
-        label = f"read {j + 1}/{len(groups)}: {len(members)} ranges, {size / 2**20:.1f} MB"
+        label = f"read {j + 1}/{len(groups)}: {len(members)} ranges, {format_bytes(size)}"
         args.append(["--phase", "read", "--plan", plan_key, "--group", str(j), "--label", label])
     return args

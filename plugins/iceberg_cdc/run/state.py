@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
+from iceberg_cdc import snapshot_ids
+
 Action = Literal["caught_up", "skip", "shuffle", "insert"]
 ACTIONS: tuple[str, ...] = ("caught_up", "skip", "shuffle", "insert")
 
@@ -20,17 +22,11 @@ _SNAPSHOT_ID_FIELDS = ("snapshot_id", "through_snapshot_id", "next_in_range")
 
 
 def snapshot_id_or_none(value: Any) -> int | None:
-    """A snapshot id from an int or a string of digits (as the XCom form and Params carry it)."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a snapshot id")
-    if isinstance(value, int):
-        return value
-    text = str(value).strip()
-    if not text.lstrip("-").isdigit():
-        raise ValueError(f"{value!r} is not a snapshot id: give its digits, e.g. 5200992516889735211")
-    return int(text)
+    """A snapshot id from an int or a string of digits (as the XCom form and Params carry it).
+
+    The one parser of ids people and browsers hand over: :func:`iceberg_cdc.snapshot_ids.parse`.
+    """
+    return snapshot_ids.parse(value)
 
 
 @dataclass(frozen=True)
@@ -66,6 +62,15 @@ class Detected:
     write_task_ids: tuple[str, ...] = ()
     through_snapshot_id: int | None = None
     next_in_range: int | None = None
+    range_left: int | None = None  # a range reprocess: snapshots of the range after this one
+    warnings: tuple[str, ...] = ()  # what the operator should know (a sink another writer changed)
+    # Where the tables live: their names in lineage events (iceberg_cdc/lineage.py).
+    source_location: str | None = None
+    sink_location: str | None = None
+    # The retention guard (run/retention_guard.py): its outlook, the note's warning, the tag moves.
+    retention: Mapping[str, Any] = field(default_factory=dict)
+    retention_warning: str | None = None
+    protection: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -82,7 +87,9 @@ class Detected:
             if out[name] is not None:
                 out[name] = str(out[name])
         out["swept"] = dict(self.swept)
-        for name in ("identifier_columns", "write_task_ids"):
+        out["retention"] = dict(self.retention)
+        out["protection"] = dict(self.protection)
+        for name in ("identifier_columns", "write_task_ids", "warnings"):
             out[name] = list(out[name])
         for name in ("write_args", "insert_args"):
             out[name] = [list(args) for args in out[name]]
@@ -97,9 +104,11 @@ class Detected:
         raw = {k: v for k, v in value.items() if k in known}
         for name in _SNAPSHOT_ID_FIELDS:
             raw[name] = snapshot_id_or_none(raw.get(name))
-        for name in ("identifier_columns", "write_task_ids"):
+        for name in ("identifier_columns", "write_task_ids", "warnings"):
             raw[name] = tuple(raw.get(name) or ())
         for name in ("write_args", "insert_args"):
             raw[name] = tuple(tuple(str(a) for a in args) for args in raw.get(name) or ())
         raw["swept"] = dict(raw.get("swept") or {})
+        raw["retention"] = dict(raw.get("retention") or {})
+        raw["protection"] = dict(raw.get("protection") or {})
         return cls(**raw)

@@ -6,34 +6,48 @@ extra) needs no second look at storage. No Airflow import.
 
 :func:`run_note` is the DAG run's note in Airflow's Runs list and grid: the
 story of a run that succeeded, ``caught up``, or for a failed run the first
-failed task and its error line (:func:`error_line`, recorded by the task's
-failure callback). Notes are scrubbed of anything that looks like a secret
-(:func:`scrub`) and fit Airflow's 1,000-character note column.
+failed task and its error line (:func:`iceberg_cdc.error_lines.line_of`,
+recorded by the task's failure callback). Notes go through
+:func:`iceberg_cdc.redaction.redact` and fit Airflow's 1,000-character note
+column, losing their middle rather than their end.
+
+A run's history stays true: when a run that already ended is cleared and
+ends again, :func:`merged_note` appends what the new attempt did to the note
+instead of replacing it, so the first committed story is never erased.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
+from iceberg_cdc.error_lines import FailedTask, clip
+from iceberg_cdc.errors import CdcError
+from iceberg_cdc.redaction import redact
 from iceberg_cdc.run.state import Detected
+from iceberg_cdc.units import format_bytes
+
+__all__ = ["NOTE_LIMIT", "FailedTask", "chained_note", "merged_note", "run_note", "story"]
 
 NOTE_LIMIT = 1000  # Airflow's dag_run_note.content is a String(1000)
-ERROR_LIMIT = 400
+# Notes a run starts with (set when a predecessor queued it); the run's own outcome replaces them.
+PROVISIONAL_PREFIXES = ("chained: ", "queued: ")
+AFTER_CLEAR = " ⟶ cleared, then: "
 
 
 def _count(value: int) -> str:
     return f"{value:,}"
 
 
-def _bytes(size: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
+def range_label(detected: Detected | Mapping[str, Any]) -> str:
+    """``reprocess of 42 through 57, 2 more after this one`` for a run of a range reprocess, else ``""``."""
+    detected = Detected.of(detected)
+    through = detected.through_snapshot_id
+    if through is None or detected.snapshot_id is None:
+        return ""
+    left = detected.range_left
+    more = "" if left is None else f", {left} more after this one" if left else ", the last one"
+    return f"reprocess of {detected.snapshot_id} through {through}{more}"
 
 
 def snapshot_label(detected: Detected | Mapping[str, Any]) -> str:
@@ -42,12 +56,12 @@ def snapshot_label(detected: Detected | Mapping[str, Any]) -> str:
     if detected.snapshot_id is None:
         return "caught up"
     kind = "initial load" if detected.initial_load else (detected.operation or "?")
-    manual = ", reprocess" if detected.manual else ""
-    return f"snapshot {detected.snapshot_id} ({kind}, #{detected.ordinal}{manual})"
+    manual = range_label(detected) or ("reprocess" if detected.manual else "")
+    return f"snapshot {detected.snapshot_id} ({kind}, #{detected.ordinal}{', ' + manual if manual else ''})"
 
 
 def outcome(committed: dict[str, Any]) -> str:
-    """``+300 -100 ±1,000 updates, carryover 37,800, 794.0 KB shuffled, write 4.3 s / read 3.4 s``."""
+    """``+300 -100 ±1,000 updates, carryover 37,800, 794.0 KiB shuffled, write 4.3 s / read 3.4 s``."""
     if not committed.get("committed") and "inserts" not in committed:
         return str(committed.get("reason", "nothing committed"))
     parts = [
@@ -60,7 +74,7 @@ def outcome(committed: dict[str, Any]) -> str:
         before = f" ({_count(cancelled)} cancelled before the shuffle)" if cancelled else ""
         parts.append(f"carryover {_count(committed['carryover_rows'])}{before}")
     if committed.get("shuffle_bytes"):
-        parts.append(f"{_bytes(committed['shuffle_bytes'])} shuffled")
+        parts.append(f"{format_bytes(committed['shuffle_bytes'])} shuffled")
     if committed.get("skewed_partitions"):
         count = committed["skewed_partitions"]
         ratio = committed.get("skew_max_ratio")
@@ -77,14 +91,61 @@ def outcome(committed: dict[str, Any]) -> str:
 
 
 def story(detected: Detected | Mapping[str, Any], committed: dict[str, Any] | None = None) -> str:
-    """The run in one line: which snapshot, and what changed."""
+    """The run in one line: which snapshot, and what changed (and what detect warned about)."""
     detected = Detected.of(detected)
     label = snapshot_label(detected)
     if detected.action == "caught_up":
-        return label
-    if detected.action == "skip":
-        return f"{label}: skipped ({detected.reason}: no logical change)"
-    return f"{label}: {outcome(committed or {})}"
+        line = label
+    elif detected.action == "skip":
+        line = f"{label}: skipped ({detected.reason}: no logical change)"
+    else:
+        line = f"{label}: {outcome(committed or {})}"
+    for warning in detected.warnings:
+        line += f"; ⚠ {warning}"
+    return line + retention_suffix(detected)
+
+
+def chained_note(mark: dict[str, Any]) -> str:
+    """The note a run starts with when its predecessor queued it (replaced by its outcome when it ends).
+
+    A range reprocess names the snapshot, the range's end and how many of the
+    range are left; an ordinary chain how many snapshots are pending.
+    """
+    conf = mark.get("next_conf") or {}
+    if conf.get("snapshot_id") is not None:
+        left = mark.get("range_left")
+        count = "" if left is None else f" ({left} left in the range, this one included)"
+        return (
+            f"queued: reprocess of snapshot {conf['snapshot_id']} through {conf.get('through_snapshot_id')}"
+            f"{count}"
+        )
+    return f"chained: {int(mark.get('remaining') or 0):,} snapshot(s) pending"
+
+
+def merged_note(previous: str | None, new: str) -> str:
+    """The note after a run ended (again): ``new``, appended to what the run had already said.
+
+    Clearing a run that ended makes it end once more, often with a different
+    outcome (``caught up`` after its snapshot was committed). Its note keeps
+    the first story and adds the new one; a provisional note (set when a
+    predecessor queued the run) is replaced. Cut to the note column by
+    removing the middle, so the first story and the latest outcome stay.
+    """
+    if not previous or previous.startswith(PROVISIONAL_PREFIXES) or previous == new:
+        return clip(new, NOTE_LIMIT)
+    if previous.endswith(new):
+        return clip(previous, NOTE_LIMIT)
+    first = previous.split(AFTER_CLEAR, 1)[0]
+    merged = previous + AFTER_CLEAR + new
+    return clip(merged, NOTE_LIMIT, keep_start=min(len(first), NOTE_LIMIT // 2))
+
+
+def retention_suffix(detected: Detected | Mapping[str, Any] | None) -> str:
+    """``; WARNING: <retention guard's warning>`` when detect raised one (run/retention_guard.py)."""
+    if detected is None:
+        return ""
+    warning = Detected.of(detected).retention_warning
+    return f"; WARNING: {warning}" if warning else ""
 
 
 def chained_run_id(snapshot_id: int | None, stamp: str, kind: str = "chained") -> str:
@@ -96,45 +157,6 @@ def chained_run_id(snapshot_id: int | None, stamp: str, kind: str = "chained") -
     return f"{kind}__{target}__{stamp}"
 
 
-# Exceptions that only carry another error's line: ``AirflowFailException("LeaseHeldError: ...")``.
-_WRAPPERS = ("AirflowFailException", "AirflowException", "AirflowSkipException")
-_NAMED_LINE = re.compile(r"^[A-Z][A-Za-z0-9_]*(Error|Exception|Timeout)\b:")
-
-
-def error_line(type_name: str, message: str) -> str:
-    """``Type: first line of the message``, without Airflow's wrapper when the message names the error."""
-    text = str(message).strip()
-    first = text.splitlines()[0].strip() if text else ""
-    if type_name in _WRAPPERS and _NAMED_LINE.match(first):
-        line = first
-    else:
-        line = f"{type_name}: {first}" if first else type_name
-    return clip(line, ERROR_LIMIT)
-
-
-def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-_URL_PASSWORD = re.compile(r"(://[^/:@\s]*:)[^/@\s]+@")
-_URL_TOKEN = re.compile(r"(;\s*token\s*=)[^;\s]+", re.IGNORECASE)
-_SECRET_ASSIGNMENT = re.compile(
-    r"""(["']?[\w.-]*(?:secret|password|passwd|token|credential|session|api[-_]?key)[\w.-]*["']?\s*[=:]\s*)"""
-    r"""("[^"]*"|'[^']*'|[^\s,;&)}\]]+)""",
-    re.IGNORECASE,
-)
-_AWS_KEY_ID = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")
-
-
-def scrub(text: str, secrets: Iterable[str] = ()) -> str:
-    """``text`` with secrets replaced by ``***``: the given values, URL passwords and tokens, secret assignments."""
-    for secret in sorted((s for s in secrets if s and len(s) >= 4), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    text = _URL_TOKEN.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
-    text = _SECRET_ASSIGNMENT.sub(r"\1***", text)
-    return _AWS_KEY_ID.sub("***", text)
-
-
 def _readable(value: Any) -> Detected | None:
     """Detect's XCom as a record, or None when there is none or it cannot be read (a note never fails)."""
     if isinstance(value, Detected):
@@ -143,21 +165,8 @@ def _readable(value: Any) -> Detected | None:
         return None
     try:
         return Detected.of(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, CdcError):
         return None
-
-
-@dataclass(frozen=True)
-class FailedTask:
-    """A failed task instance of the run, with the error line its failure callback recorded (if any)."""
-
-    task_id: str
-    map_index: int = -1
-    error: str | None = None
-
-    @property
-    def name(self) -> str:
-        return self.task_id if self.map_index < 0 else f"{self.task_id}[{self.map_index}]"
 
 
 def run_note(
@@ -186,9 +195,11 @@ def run_note(
         else:
             note = "succeeded" + (f" ({reason})" if reason else "")
         remaining = (mark or {}).get("remaining") if isinstance(mark, dict) else None
-        if isinstance(remaining, int) and remaining and detected and detected.action != "caught_up":
+        if detected and detected.through_snapshot_id is not None:
+            pass  # the label says how many of the range are left; the watermark's pending count is not theirs
+        elif isinstance(remaining, int) and remaining and detected and detected.action != "caught_up":
             note += f"; {remaining:,} more pending"
-        return clip(scrub(note), NOTE_LIMIT)
+        return clip(redact(note), NOTE_LIMIT)
     where = ""
     if detected and detected.snapshot_id is not None:
         where = snapshot_label(detected) + ": "
@@ -203,4 +214,4 @@ def run_note(
             what += f" (also failed: {', '.join(others[:3])}{', …' if len(others) > 3 else ''})"
     else:
         what = "failed" + (f": {reason}" if reason else "")
-    return clip(scrub(where + what), NOTE_LIMIT)
+    return clip(redact(where + what + retention_suffix(detected)), NOTE_LIMIT)

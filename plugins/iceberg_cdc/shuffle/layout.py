@@ -118,11 +118,6 @@ class MapOutputIndex:
         return cls(name, offsets)
 
 
-def frame_block(payload_size: int, compressed: bytes) -> bytes:
-    """Header for one block; the caller writes header then ``compressed``."""
-    return BLOCK_HEADER.pack(payload_size, len(compressed))
-
-
 @dataclass(frozen=True)
 class RawBlock:
     partition: int

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from pyiceberg_core.transform import bucket
 
 from iceberg_cdc import canonical
+from iceberg_cdc.errors import ConfigError
 
 _HASH_SPACE = 2**31 - 1  # bucket(x, 2^31 - 1) keeps all 31 bits of the spec's hash (but one value)
 NULL_HASH = np.uint32(0x2F3A5B71)
@@ -167,7 +168,11 @@ def key_columns(batch: pa.RecordBatch | pa.Table, names: Sequence[str]) -> list[
         except KeyError:
             missing.append(name)
     if missing:
-        raise KeyError(f"identifier column(s) {missing} are not in the data (columns: {batch.schema.names})")
+        raise ConfigError(
+            f"identifier column(s) {missing} are not in the data (columns: {batch.schema.names}). Set "
+            "tables[].identifier_columns to columns of the source table (dotted paths for struct fields, "
+            "e.g. k.id), or leave it out to use the table's identifier fields"
+        )
     return columns
 
 
@@ -186,7 +191,10 @@ class HashPartitioner:
 
     def __init__(self, num_partitions: int, key_columns: Sequence[str] | None = None) -> None:
         if not 1 <= num_partitions <= 2**31 - 1:
-            raise ValueError(f"number of shuffle partitions must be in [1, 2^31 - 1], got {num_partitions}")
+            raise ConfigError(
+                f"number of shuffle partitions must be in [1, 2^31 - 1], got {num_partitions}: "
+                "set shuffle.partitions in the config"
+            )
         self.num_partitions = num_partitions
         self.key_columns = list(key_columns or [])
 

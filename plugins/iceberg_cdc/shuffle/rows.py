@@ -6,6 +6,8 @@ import enum
 
 import pyarrow as pa
 
+from iceberg_cdc.errors import SinkSchemaError
+
 OP_COLUMN = "__cdc_op"
 
 
@@ -19,5 +21,8 @@ class Op(enum.IntEnum):
 def shuffle_schema(data_schema: pa.Schema) -> pa.Schema:
     """Schema of shuffled batches: the data columns, then the int8 operation tag."""
     if OP_COLUMN in data_schema.names:
-        raise ValueError(f"column name {OP_COLUMN!r} is reserved for the shuffle")
+        raise SinkSchemaError(
+            f"the source has a column named {OP_COLUMN!r}, the name the shuffle reserves for its operation "
+            "tag: rename the source column (ALTER TABLE ... RENAME COLUMN)"
+        )
     return data_schema.append(pa.field(OP_COLUMN, pa.int8(), nullable=False))

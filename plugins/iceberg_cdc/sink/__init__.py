@@ -1,6 +1,7 @@
 """The sink: a changelog Iceberg table that receives each source snapshot's changes exactly once.
 
-``schema`` derives and evolves the sink schema and shapes change rows for it,
+``columns`` names the change columns, ``schema`` derives and evolves the sink
+schema, ``rows`` shapes change rows for it,
 ``table`` creates the sink and reads its watermarks and commit markers,
 ``staging`` writes and cleans up the Parquet files read tasks stage for a
 commit, ``datafiles`` turns them into Iceberg data files, and ``commit`` adds
@@ -9,17 +10,10 @@ them and moves the watermark in one atomic Iceberg commit.
 
 from __future__ import annotations
 
+from iceberg_cdc.sink.columns import CHANGE_ORDINAL, CHANGE_TYPE, COMMIT_SNAPSHOT_ID, COMMIT_TIMESTAMP
 from iceberg_cdc.sink.commit import CommitResult, advance_watermark, commit_changes
-from iceberg_cdc.sink.schema import (
-    CHANGE_ORDINAL,
-    CHANGE_TYPE,
-    COMMIT_SNAPSHOT_ID,
-    SchemaEvolution,
-    evolve_sink_schema,
-    sink_arrow_schema,
-    sink_schema_for,
-    to_sink_arrow,
-)
+from iceberg_cdc.sink.rows import sink_arrow_schema, to_sink_arrow
+from iceberg_cdc.sink.schema import SchemaEvolution, evolve_sink_schema, sink_schema_for
 from iceberg_cdc.sink.staging import (
     StagedFile,
     delete_uncommitted_staged,
@@ -39,6 +33,7 @@ __all__ = [
     "CHANGE_ORDINAL",
     "CHANGE_TYPE",
     "COMMIT_SNAPSHOT_ID",
+    "COMMIT_TIMESTAMP",
     "CommitResult",
     "SchemaEvolution",
     "StagedFile",

@@ -20,8 +20,10 @@ never duplicates. pyiceberg 0.12 has its own retry inside
 ``Transaction.commit_transaction`` (``commit.retry.num-retries``, default 4)
 which rebuilds the append on the new head *without* that check; it is switched
 off for these commits by committing through a copy of the table object whose
-properties say ``commit.retry.num-retries=0`` (the property is read from the
-table object, not sent to the catalog, so the stored table is untouched).
+properties say ``commit.retry.num-retries=0``
+(:func:`~iceberg_cdc.pyiceberg_internals.commit.table_without_commit_retry`;
+the property is read from the table object, not sent to the catalog, so the
+stored table is untouched).
 
 **Watermark-only commits** (a snapshot whose changes all cancelled out, a
 skipped ``replace`` snapshot) change only properties: no empty data snapshot
@@ -37,40 +39,24 @@ backwards. Staged files of a reprocess need names no earlier run used.
 
 from __future__ import annotations
 
-import random
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import EqualTo
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table, TableProperties, Transaction
-from pyiceberg.table.update import (
-    AssertRefSnapshotId,
-    SetPropertiesUpdate,
-    UpdatesAndRequirements,
-    UpdateTableMetadata,
-)
+from pyiceberg.table import Table
 
 from iceberg_cdc.errors import CdcError, SourceHistoryError
+from iceberg_cdc.pyiceberg_internals.commit import adopt, set_properties_at_head, table_without_commit_retry
+from iceberg_cdc.retry import SINK_COMMIT
 from iceberg_cdc.sink.datafiles import data_files_from_parquet
 from iceberg_cdc.sink.schema import COMMIT_SNAPSHOT_ID
-from iceberg_cdc.sink.table import (
-    CHANGE_ORDINAL_KEY,
-    REPLACE_KEY,
-    REPLACED_SNAPSHOT_ID_KEY,
-    SOURCE_SNAPSHOT_ID_KEY,
-    SOURCE_TABLE_KEY,
-    SOURCE_UUID_KEY,
-    find_commit,
-    read_watermark,
-    watermark_properties,
-)
+from iceberg_cdc.sink.summary import CommitSummary
+from iceberg_cdc.sink.table import find_commit, read_watermark, watermark_properties
 from iceberg_cdc.watermark import Watermark
 
-DEFAULT_ATTEMPTS = 6
-_MAIN = "main"
+DEFAULT_ATTEMPTS = SINK_COMMIT.attempts
 
 
 @dataclass(frozen=True)
@@ -92,58 +78,9 @@ class CommitResult:
     attempts: int = 1
 
 
-class _SetWatermark(UpdateTableMetadata["_SetWatermark"]):
-    """Set watermark properties, asserting the branch head the decision was made on.
-
-    ``Transaction.set_properties`` carries no requirement, so the catalog would
-    apply it on top of whatever is current; with the assertion a concurrent
-    commit makes this one fail (and be retried after a fresh look) instead.
-    """
-
-    def __init__(self, transaction: Transaction, properties: dict[str, str], head: int | None) -> None:
-        super().__init__(transaction)
-        self._properties = properties
-        self._head = head
-
-    def _commit(self) -> UpdatesAndRequirements:
-        return (
-            (SetPropertiesUpdate(updates=self._properties),),
-            (AssertRefSnapshotId(snapshot_id=self._head, ref=_MAIN),),
-        )
-
-
-def _without_internal_retry(table: Table) -> Table:
-    """A copy of ``table`` whose commits are not retried inside pyiceberg (see module doc)."""
-    metadata = table.metadata.model_copy(
-        update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
-    )
-    return Table(
-        identifier=table.name(),
-        metadata=metadata,
-        metadata_location=table.metadata_location,
-        io=table.io,
-        catalog=table.catalog,
-        config=table.config,
-    )
-
-
-def _adopt(table: Table, committed: Table) -> None:
-    """Give the caller's table object the metadata the catalog answered with."""
-    table.metadata = committed.metadata
-    table.metadata_location = committed.metadata_location
-
-
 def _backoff(attempt: int) -> None:
-    time.sleep(min(0.05 * 2**attempt, 2.0) * (1 + random.random()))
-
-
-def _marker(source_identifier: str, source_uuid: str, snapshot_id: int, ordinal: int) -> dict[str, str]:
-    return {
-        SOURCE_TABLE_KEY: source_identifier,
-        SOURCE_SNAPSHOT_ID_KEY: str(snapshot_id),
-        SOURCE_UUID_KEY: source_uuid,
-        CHANGE_ORDINAL_KEY: str(ordinal),
-    }
+    """Wait before attempt number ``attempt`` (1 for the first retry)."""
+    SINK_COMMIT.sleep(attempt - 1)
 
 
 def _current_watermark(sink_table: Table, source_identifier: str, source_uuid: str) -> Watermark | None:
@@ -173,14 +110,15 @@ def commit_changes(
     snapshot_id: int,
     ordinal: int,
     replace_existing: bool = False,
-    summary: Mapping[str, str] | None = None,
+    summary: CommitSummary | None = None,
     max_attempts: int = DEFAULT_ATTEMPTS,
     data_files: Sequence[DataFile] | None = None,
 ) -> CommitResult:
     """Commit one source snapshot's staged files and watermark in one atomic Iceberg commit.
 
     ``summary`` adds figures of the run (counts, seconds per phase) to the
-    sink snapshot's summary, so they stay with the data they describe.
+    sink snapshot's summary, so they stay with the data they describe; the
+    marker (source table, snapshot id, uuid, ordinal) is set here.
     ``data_files``: the staged files' metadata when the caller already read
     their footers (:func:`~iceberg_cdc.sink.datafiles.data_files_from_parquet`
     of ``staged_paths``), so they are read once.
@@ -199,6 +137,14 @@ def commit_changes(
     if len(set(staged_paths)) != len(staged_paths):
         raise ValueError("staged_paths contains duplicates")
     target = Watermark(source_uuid, snapshot_id, ordinal)
+    record = replace(
+        summary or CommitSummary(),
+        source_table=source_identifier,
+        source_snapshot_id=snapshot_id,
+        source_uuid=source_uuid,
+        change_ordinal=ordinal,
+        replace=replace_existing,
+    )
     if data_files is not None:
         data_files = [f for f in data_files if f.record_count > 0]
     for attempt in range(max_attempts):
@@ -226,7 +172,7 @@ def commit_changes(
             sink_snapshot_id = _commit_once(
                 sink_table,
                 data_files,
-                marker={**(summary or {}), **_marker(source_identifier, source_uuid, snapshot_id, ordinal)},
+                summary=record,
                 watermark=watermark_properties(source_identifier, new_watermark)
                 if new_watermark != current
                 else None,
@@ -326,36 +272,34 @@ def _commit_once(
     sink_table: Table,
     data_files: list[DataFile],
     *,
-    marker: dict[str, str],
+    summary: CommitSummary | None,
     watermark: dict[str, str] | None,
     replace_of: int | None,
 ) -> int | None:
-    """One attempt: build and commit the transaction; returns the new sink snapshot id, if any."""
+    """One attempt: build and commit the transaction; returns the new sink snapshot id, if any.
+
+    ``summary`` (with its marker) goes on the appended snapshot; it is needed
+    whenever ``data_files`` or ``replace_of`` are given.
+    """
     if not data_files and watermark is None and replace_of is None:
         return None
-    table = _without_internal_retry(sink_table)
+    table = table_without_commit_retry(sink_table)
     tx = table.transaction()
     if watermark is not None:
-        _SetWatermark(tx, watermark, _head(table)).commit()
+        set_properties_at_head(tx, watermark, _head(table))
     if replace_of is not None:
-        tx.delete(
-            EqualTo(COMMIT_SNAPSHOT_ID, replace_of),
-            snapshot_properties={
-                SOURCE_TABLE_KEY: marker[SOURCE_TABLE_KEY],
-                REPLACED_SNAPSHOT_ID_KEY: str(replace_of),
-            },
-        )
+        assert summary is not None
+        removed = CommitSummary(source_table=summary.source_table, replaced_snapshot_id=replace_of)
+        tx.delete(EqualTo(COMMIT_SNAPSHOT_ID, replace_of), snapshot_properties=removed.to_summary())
     snapshot_id: int | None = None
     if data_files:
-        properties = dict(marker)
-        if replace_of is not None:
-            properties[REPLACE_KEY] = "true"
-        with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+        assert summary is not None
+        with tx.update_snapshot(snapshot_properties=summary.to_summary()).fast_append() as append:
             for data_file in data_files:
                 append.append_data_file(data_file)
             snapshot_id = append.snapshot_id
     tx.commit_transaction()
-    _adopt(sink_table, table)
+    adopt(sink_table, table)
     return snapshot_id
 
 
@@ -385,7 +329,7 @@ def advance_watermark(
             _commit_once(
                 sink_table,
                 [],
-                marker={},
+                summary=None,
                 watermark=watermark_properties(source_identifier, target),
                 replace_of=None,
             )

@@ -16,7 +16,8 @@ carry the sink's field ids, so this module does what
 3. map Parquet column paths to ids with the file's schema and compute the
    statistics with pyiceberg's ``data_file_statistics_from_parquet_metadata``,
    the collectors built from the *table's* schema so bounds are serialized in
-   the table's types (exactly what pyiceberg's own writer produces).
+   the table's types (exactly what pyiceberg's own writer produces;
+   :mod:`iceberg_cdc.pyiceberg_internals.datafiles`).
 """
 
 from __future__ import annotations
@@ -26,18 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import (
-    compute_statistics_plan,
-    data_file_statistics_from_parquet_metadata,
-    parquet_path_to_id_mapping,
-    pyarrow_to_schema,
-)
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.io.pyarrow import pyarrow_to_schema
+from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import FixedType, IcebergType, UUIDType
 
 from iceberg_cdc.errors import SinkSchemaError
+from iceberg_cdc.pyiceberg_internals.datafiles import data_file_from_footer
 
 _FOOTER_READERS = 8
 
@@ -89,25 +86,8 @@ def data_file_from_parquet(io: FileIO, table_metadata: TableMetadata, path: str)
             f"staged file {path} has columns without Iceberg field ids ({exc}); write staged files "
             "from to_sink_arrow's schema"
         ) from None
-    table_schema = table_metadata.schema()
-    _check_file_schema(path, file_schema, table_schema)
-    statistics = data_file_statistics_from_parquet_metadata(
-        parquet_metadata=parquet_metadata,
-        stats_columns=compute_statistics_plan(table_schema, table_metadata.properties),
-        parquet_column_mapping=parquet_path_to_id_mapping(file_schema),
-    )
-    return DataFile.from_args(
-        content=DataFileContent.DATA,
-        file_path=path,
-        file_format=FileFormat.PARQUET,
-        partition=statistics.partition(table_metadata.spec(), table_schema),
-        file_size_in_bytes=len(input_file),
-        sort_order_id=None,
-        spec_id=table_metadata.default_spec_id,
-        equality_ids=None,
-        key_metadata=None,
-        **statistics.to_serialized_dict(),
-    )
+    _check_file_schema(path, file_schema, table_metadata.schema())
+    return data_file_from_footer(path, parquet_metadata, file_schema, table_metadata, len(input_file))
 
 
 def data_files_from_parquet(

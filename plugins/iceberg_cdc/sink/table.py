@@ -21,8 +21,9 @@ They live in the sink's metadata, never only in Airflow's database, and are
 written in the same commit as the data they cover (:mod:`.commit`).
 
 **Commit marker.** Each commit's snapshot summary carries ``cdc.source-table``,
-``cdc.source-snapshot-id``, ``cdc.source-uuid`` and ``cdc.change-ordinal``; a
-commit whose marker is already in the sink's history is not made again.
+``cdc.source-snapshot-id``, ``cdc.source-uuid`` and ``cdc.change-ordinal``
+(:mod:`.summary` owns every ``cdc.*`` summary key); a commit whose marker is
+already in the sink's history is not made again.
 """
 
 from __future__ import annotations
@@ -38,21 +39,15 @@ from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from iceberg_cdc.errors import CdcError, SinkSchemaError
 from iceberg_cdc.sink.schema import evolve_sink_schema, sink_schema_for
+from iceberg_cdc.sink.summary import (
+    CHANGE_ORDINAL_KEY,
+    INITIAL_LOAD_KEY,
+    REPLACE_KEY,
+    SOURCE_SNAPSHOT_ID_KEY,
+    SOURCE_TABLE_KEY,
+    SOURCE_UUID_KEY,
+)
 from iceberg_cdc.watermark import Watermark
-
-# Snapshot summary keys of the commit marker.
-SOURCE_TABLE_KEY = "cdc.source-table"
-SOURCE_SNAPSHOT_ID_KEY = "cdc.source-snapshot-id"
-SOURCE_UUID_KEY = "cdc.source-uuid"
-CHANGE_ORDINAL_KEY = "cdc.change-ordinal"
-# Set ("true") on the append of a manual reprocess (``replace_existing``): such a
-# commit may sit above commits of later snapshots, so it never ends a search early.
-REPLACE_KEY = "cdc.replace"
-# On the delete snapshot of a reprocess: which source snapshot's rows it removed.
-REPLACED_SNAPSHOT_ID_KEY = "cdc.replaced-snapshot-id"
-# Set ("true") on a commit that holds a snapshot's whole state as INSERTs (an initial load):
-# a reprocess of that snapshot must load the whole state again, not its diff.
-INITIAL_LOAD_KEY = "cdc.initial-load"
 
 T = TypeVar("T")
 

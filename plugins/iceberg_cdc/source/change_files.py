@@ -35,6 +35,43 @@ def partition_values_from_dict(data: Mapping[str, Any] | None) -> dict[int, Any]
     return None if data is None else {int(field_id): value for field_id, value in data.items()}
 
 
+def read_fields_to_dict(
+    partition_values: PartitionValues | None,
+    deletes: tuple[str, ...],
+    require: tuple[str, ...],
+    first_row_id: int | None = None,
+    sequence_number: int | None = None,
+) -> dict[str, Any]:
+    """The JSON form of how to read a planned file (partition values, delete files, row lineage
+    inheritance), each only when set.
+
+    Absent when unset, so plans without them -- older ones among them -- keep their form.
+    """
+    data: dict[str, Any] = {}
+    if partition_values is not None:
+        data["partition_values"] = partition_values_to_dict(partition_values)
+    if deletes:
+        data["deletes"] = list(deletes)
+    if require:
+        data["require"] = list(require)
+    if first_row_id is not None:
+        data["first_row_id"] = first_row_id
+    if sequence_number is not None:
+        data["sequence_number"] = sequence_number
+    return data
+
+
+def read_fields_from_dict(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields :func:`read_fields_to_dict` wrote, as keyword arguments."""
+    return {
+        "partition_values": partition_values_from_dict(data.get("partition_values")),
+        "deletes": tuple(str(p) for p in data.get("deletes", ())),
+        "require": tuple(str(p) for p in data.get("require", ())),
+        "first_row_id": _optional_int(data.get("first_row_id")),
+        "sequence_number": _optional_int(data.get("sequence_number")),
+    }
+
+
 def identity_partition_values(spec: PartitionSpec, data_file: DataFile) -> dict[int, Any] | None:
     """The file's identity-partition values, by source field id, in JSON form; ``None`` when it has none.
 
@@ -85,26 +122,17 @@ class DataFileRef:
     key_range: tuple[Any, Any] | None = field(default=None, hash=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+        return {
             "path": self.path,
             "size": self.size,
             "record_count": self.record_count,
             "spec_id": self.spec_id,
+            **read_fields_to_dict(
+                self.partition_values, self.deletes, self.require, self.first_row_id, self.sequence_number
+            ),
+            **({} if self.partition is None else {"partition": list(self.partition)}),
+            **({} if self.key_range is None else {"key_range": list(self.key_range)}),
         }
-        if self.partition_values is not None:  # absent when none: older readers and plans stay valid
-            data["partition_values"] = partition_values_to_dict(self.partition_values)
-        if self.deletes:
-            data["deletes"] = list(self.deletes)
-        if self.require:
-            data["require"] = list(self.require)
-        for name in ("first_row_id", "sequence_number"):
-            if getattr(self, name) is not None:
-                data[name] = getattr(self, name)
-        if self.partition is not None:
-            data["partition"] = list(self.partition)
-        if self.key_range is not None:
-            data["key_range"] = list(self.key_range)
-        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DataFileRef:
@@ -114,12 +142,8 @@ class DataFileRef:
             size=int(data["size"]),
             record_count=int(data["record_count"]),
             spec_id=int(data["spec_id"]),
-            partition_values=partition_values_from_dict(data.get("partition_values")),
-            deletes=tuple(str(p) for p in data.get("deletes", ())),
-            require=tuple(str(p) for p in data.get("require", ())),
+            **read_fields_from_dict(data),
             partition=None if partition is None else tuple(partition),
-            first_row_id=_optional_int(data.get("first_row_id")),
-            sequence_number=_optional_int(data.get("sequence_number")),
             key_range=None if data.get("key_range") is None else tuple(data["key_range"]),
         )
 

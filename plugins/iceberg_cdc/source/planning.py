@@ -26,8 +26,8 @@ from iceberg_cdc.source.change_files import (
     DataFileRef,
     PartitionValues,
     SnapshotChanges,
-    partition_values_from_dict,
-    partition_values_to_dict,
+    read_fields_from_dict,
+    read_fields_to_dict,
 )
 from iceberg_cdc.source.key_ranges import KeyRange, split_by_key_range
 
@@ -78,17 +78,16 @@ class InputFile:
             raise ValueError(f"file size must not be negative: {self.path} has {self.size}")
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"path": self.path, "size": self.size, "record_count": self.record_count, "op": self.op}
-        if self.partition_values is not None:  # absent when none: plans stay as they were
-            data["partition_values"] = partition_values_to_dict(self.partition_values)
-        if self.deletes:
-            data["deletes"] = list(self.deletes)
-        if self.require:
-            data["require"] = list(self.require)
-        for name in ("cancel_group", "first_row_id", "sequence_number"):
-            if getattr(self, name) is not None:
-                data[name] = getattr(self, name)
-        return data
+        return {
+            "path": self.path,
+            "size": self.size,
+            "record_count": self.record_count,
+            "op": self.op,
+            **read_fields_to_dict(
+                self.partition_values, self.deletes, self.require, self.first_row_id, self.sequence_number
+            ),
+            **({} if self.cancel_group is None else {"cancel_group": self.cancel_group}),
+        }
 
     @property
     def key(self) -> str:
@@ -105,12 +104,8 @@ class InputFile:
             size=int(data["size"]),
             record_count=int(data["record_count"]),
             op=data["op"],
-            partition_values=partition_values_from_dict(data.get("partition_values")),
-            deletes=tuple(str(p) for p in data.get("deletes", ())),
-            require=tuple(str(p) for p in data.get("require", ())),
+            **read_fields_from_dict(data),
             cancel_group=data.get("cancel_group"),
-            first_row_id=None if data.get("first_row_id") is None else int(data["first_row_id"]),
-            sequence_number=None if data.get("sequence_number") is None else int(data["sequence_number"]),
         )
 
 

@@ -18,7 +18,7 @@ the validity bitmap, so a null list or map comes out as an empty one
 (apache/iceberg-python#3833; the same loss hits pyiceberg's own scans and
 writes). A change feed must not turn null into ``[]``: the projection here is
 pyiceberg's visitor with the parent's nulls carried over
-(:class:`_NullKeepingProjection`).
+(:class:`~iceberg_cdc.pyiceberg_internals.projection.NullKeepingProjection`).
 
 Why not ``ArrowScan`` / ``_task_to_record_batches`` as a whole: they need the
 table metadata (absent on executors) and read through a dataset scanner that
@@ -64,14 +64,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO, load_file_io
-from pyiceberg.io.pyarrow import (
-    ArrowAccessor,
-    ArrowProjectionVisitor,
-    prune_columns,
-    pyarrow_to_schema,
-    schema_to_pyarrow,
-)
-from pyiceberg.schema import Schema, visit_with_partner
+from pyiceberg.io.pyarrow import prune_columns, pyarrow_to_schema, schema_to_pyarrow
+from pyiceberg.schema import Schema
 from pyiceberg.table.name_mapping import NameMapping, parse_mapping_from_json
 from pyiceberg.types import (
     BinaryType,
@@ -89,6 +83,7 @@ from pyiceberg.types import (
 from pyiceberg.utils.datetime import date_to_days, time_to_micros
 
 from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.pyiceberg_internals.projection import project_batch
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -217,56 +212,6 @@ def _projected_field_ids(schema: Schema) -> set[int]:
     return {i for i in schema.field_ids if not isinstance(schema.find_type(i), (MapType, ListType))}
 
 
-class _NullKeepingProjection(ArrowProjectionVisitor):
-    """pyiceberg's projection, except that null lists and maps stay null instead of becoming empty."""
-
-    def list(
-        self, list_type: ListType, list_array: pa.Array | None, value_array: pa.Array | None
-    ) -> pa.Array | None:
-        result = super().list(list_type, list_array, value_array)
-        if result is None or list_array is None or list_array.null_count == result.null_count:
-            return result
-        return type(result).from_arrays(
-            result.offsets, result.values, type=result.type, mask=list_array.is_null()
-        )
-
-    def map(
-        self,
-        map_type: MapType,
-        map_array: pa.Array | None,
-        key_result: pa.Array | None,
-        value_result: pa.Array | None,
-    ) -> pa.Array | None:
-        result = super().map(map_type, map_array, key_result, value_result)
-        if result is None or map_array is None or map_array.null_count == result.null_count:
-            return result
-        return pa.MapArray.from_arrays(
-            result.offsets, result.keys, result.items, type=result.type, mask=map_array.is_null()
-        )
-
-
-def _project(
-    schema: Schema,
-    file_schema: Schema,
-    batch: pa.RecordBatch,
-    downcast_ns: bool,
-    constants: Mapping[int, Any],
-) -> pa.RecordBatch:
-    """``batch`` (columns of ``file_schema``) in ``schema``'s shape, resolved by field id.
-
-    ``constants`` fill columns the file lacks (identity-partition values).
-    """
-    visitor = _NullKeepingProjection(
-        file_schema,
-        downcast_ns_timestamp_to_us=downcast_ns,
-        allow_timestamp_tz_mismatch=True,
-        projected_missing_fields=dict(constants),
-    )
-    return pa.RecordBatch.from_struct_array(
-        visit_with_partner(schema, batch, visitor, ArrowAccessor(file_schema))
-    )
-
-
 def read_data_file(
     io: FileIO,
     path: str,
@@ -305,22 +250,28 @@ def read_data_file(
                 parquet.schema_arrow, name_mapping, downcast_ns_timestamp_to_us=downcast_ns, format_version=3
             )
         except ValueError as error:
-            hint = (
-                " Files without Parquet field ids (migrated from Hive, registered with add_files) are "
-                f"matched by name through the table's {NAME_MAPPING_PROPERTY} property, and none was "
-                "given: set it on the table (Spark's migrate / add_files procedures and pyiceberg's "
-                "add_files set it) so the plan carries it."
-                if name_mapping is None
-                else ""
-            )
-            raise ValueError(f"cannot resolve the columns of data file {path}: {error}{hint}") from error
+            if name_mapping is None:
+                hint = (
+                    "Files without Parquet field ids (migrated from Hive, registered with add_files) are "
+                    f"matched by name through the table's {NAME_MAPPING_PROPERTY} property, and none was "
+                    "given: set it on the table (Spark's migrate / add_files procedures and pyiceberg's "
+                    "add_files set it) so the plan carries it."
+                )
+            else:
+                hint = (
+                    f"The table's {NAME_MAPPING_PROPERTY} property does not name every column of the file: "
+                    "add the missing names to the mapping (under the field id of the column they stand for)."
+                )
+            raise ConfigError(f"cannot resolve the columns of data file {path}: {error}. {hint}") from error
         file_projection = prune_columns(file_schema, _projected_field_ids(schema), select_full_types=False)
         columns = [field.name for field in file_projection.columns]
         constants = _constant_columns(schema, file_schema, partition_values)
         for batch in _raw_batches(parquet, columns, batch_size, positions):
             if batch.num_rows == 0:
                 continue
-            projected = _project(schema, file_projection, batch, downcast_ns, constants)
+            projected = project_batch(
+                schema, file_projection, batch, downcast_ns=downcast_ns, constants=constants
+            )
             if not projected.schema.equals(target, check_metadata=True):
                 projected = projected.cast(target)
             yield projected

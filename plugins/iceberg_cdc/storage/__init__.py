@@ -7,10 +7,23 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.storage.base import ObjectInfo, ObjectStore, ObjectWriter, get_json_many
 from iceberg_cdc.storage.local import LocalObjectStore
 
-__all__ = ["ObjectInfo", "ObjectStore", "ObjectWriter", "LocalObjectStore", "get_json_many", "open_store"]
+__all__ = [
+    "RETRYING_IO_IMPL",
+    "ObjectInfo",
+    "ObjectStore",
+    "ObjectWriter",
+    "LocalObjectStore",
+    "get_json_many",
+    "open_store",
+]
+
+# ``py-io-impl`` of the FileIO that retries transient S3 errors (:mod:`iceberg_cdc.storage.retrying_io`).
+# A string, so the config layer can name it without importing pyiceberg.
+RETRYING_IO_IMPL = "iceberg_cdc.storage.retrying_io.RetryingPyArrowFileIO"
 
 
 _S3_CLIENTS: dict[tuple[int, tuple[tuple[str, str], ...]], Any] = {}
@@ -56,4 +69,6 @@ def open_store(uri: str, properties: Mapping[str, str] | None = None) -> ObjectS
         )
     if uri.startswith("file://"):
         return LocalObjectStore(uri[len("file://") :])
-    raise ValueError(f"unsupported shuffle URI {uri!r}: use s3://bucket/prefix or file:///absolute/dir")
+    raise ConfigError(
+        f"unsupported shuffle URI {uri!r}: set shuffle.uri to s3://bucket/prefix or file:///absolute/dir"
+    )

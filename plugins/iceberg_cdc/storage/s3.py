@@ -50,8 +50,6 @@ without a lock, so two *concurrent* conditional requests can both pass
 from __future__ import annotations
 
 import hashlib
-import random
-import time
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any, BinaryIO
@@ -61,6 +59,7 @@ import botocore.config
 import botocore.exceptions
 
 from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError, StorageError, TransientStorageError
+from iceberg_cdc.retry import S3_REQUEST_ROUNDS, S3_STREAM_RETRIES
 from iceberg_cdc.storage.base import ObjectInfo, ObjectStore, ObjectWriter
 
 MIN_PART_SIZE = 5 * 1024 * 1024
@@ -103,11 +102,6 @@ def _condition_failed(exc: botocore.exceptions.ClientError) -> bool:
     code = exc.response.get("Error", {}).get("Code", "")
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return code in _CONDITION_FAILED or (not code and status in (404, 409, 412))
-
-
-def _backoff(attempt: int) -> float:
-    """Seconds before retry ``attempt`` (0-based): exponential, capped, full jitter."""
-    return random.uniform(0.0, min(0.2 * 2**attempt, 5.0))
 
 
 def multipart_etag(part_etags: list[str]) -> str:
@@ -293,8 +287,8 @@ class S3ObjectStore(ObjectStore):
         part_size: int = DEFAULT_PART_SIZE,
         sse: str | None = None,
         sse_kms_key_id: str | None = None,
-        stream_retries: int = 4,
-        request_rounds: int = 3,
+        stream_retries: int = S3_STREAM_RETRIES.retries,
+        request_rounds: int = S3_REQUEST_ROUNDS.attempts,
     ) -> None:
         if part_size < MIN_PART_SIZE:
             raise ValueError(f"S3 multipart part size must be at least 5 MiB, got {part_size}")
@@ -344,7 +338,7 @@ class S3ObjectStore(ObjectStore):
                 raise StorageError(f"{self.describe(key)}: S3 request not made: {exc}") from None
             if not isinstance(error, TransientStorageError) or round_ == self.request_rounds:
                 raise error from None
-            time.sleep(_backoff(round_ - 1))
+            S3_REQUEST_ROUNDS.sleep(round_ - 1)
         raise AssertionError("unreachable")
 
     def _attempts(self) -> int:
@@ -445,15 +439,8 @@ class S3ObjectStore(ObjectStore):
                 break
             except _STREAM_ERRORS as exc:
                 if attempt == self.stream_retries:
-                    raise TransientStorageError(
-                        f"{self.describe(key)}: reading the response body of GET_RANGE failed "
-                        f"{attempt + 1} times ({exc}). {_RETRY_SAFE}",
-                        retry_safe=True,
-                        location=self.describe(key),
-                        operation="GET_RANGE",
-                        attempts=attempt + 1,
-                    ) from None
-                time.sleep(_backoff(attempt))
+                    raise self._body_failed(key, "GET_RANGE", attempt + 1, exc) from None
+                S3_STREAM_RETRIES.sleep(attempt)
         if position != end:
             raise ShortObjectError(
                 f"{self.describe(key)}: asked for bytes [{start}, {end}) but got {position - start}"
@@ -475,16 +462,19 @@ class S3ObjectStore(ObjectStore):
                 return response["Body"].read(), response["ETag"]
             except _STREAM_ERRORS as exc:
                 if attempt == self.stream_retries:
-                    raise TransientStorageError(
-                        f"{self.describe(key)}: reading the response body of {kind} failed "
-                        f"{attempt + 1} times ({exc}). {_RETRY_SAFE}",
-                        retry_safe=True,
-                        location=self.describe(key),
-                        operation=kind,
-                        attempts=attempt + 1,
-                    ) from None
-                time.sleep(_backoff(attempt))
+                    raise self._body_failed(key, kind, attempt + 1, exc) from None
+                S3_STREAM_RETRIES.sleep(attempt)
         raise AssertionError("unreachable")
+
+    def _body_failed(self, key: str, kind: str, attempts: int, exc: BaseException) -> TransientStorageError:
+        return TransientStorageError(
+            f"{self.describe(key)}: reading the response body of {kind} failed {attempts} times ({exc}). "
+            f"{_RETRY_SAFE}",
+            retry_safe=True,
+            location=self.describe(key),
+            operation=kind,
+            attempts=attempts,
+        )
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         found: list[ObjectInfo] = []
@@ -531,7 +521,7 @@ class S3ObjectStore(ObjectStore):
                 break
             strip = len(self.prefix) + 1 if self.prefix else 0
             keys = [e["Key"][strip:] for e in errors]
-            time.sleep(_backoff(attempt))
+            S3_STREAM_RETRIES.sleep(attempt)
         first = errors[0]
         strip = len(self.prefix) + 1 if self.prefix else 0
         raise StorageError(

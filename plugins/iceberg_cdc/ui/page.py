@@ -9,13 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from html import escape
+from datetime import datetime
 from typing import Any
 
-from iceberg_cdc.ui.status import ProcessedSnapshot, TableStatus
-
-REFRESH_SECONDS = 30
+from iceberg_cdc.ui.page_format import (
+    CSS,
+    REFRESH_SECONDS,
+    SCRIPT,
+    esc,
+    fmt_age,
+    fmt_bytes,
+    fmt_int,
+    fmt_seconds,
+    fmt_time,
+    time_tag,
+)
+from iceberg_cdc.ui.page_runs import failed_runs, recent_runs, run_badge
+from iceberg_cdc.ui.sink_history import ProcessedSnapshot
+from iceberg_cdc.ui.status import TableStatus
 
 
 @dataclass
@@ -31,59 +42,6 @@ class PageModel:
     api_href: str = "api/tables"
 
 
-def _e(value: Any) -> str:
-    return escape("" if value is None else str(value), quote=True)
-
-
-def fmt_int(value: int | None) -> str:
-    return "—" if value is None else f"{value:,}"
-
-
-def fmt_bytes(value: int | None) -> str:
-    if value is None:
-        return "—"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{value} B"
-
-
-def fmt_age(seconds: float | None) -> str:
-    """``42 s``, ``5 min``, ``3 h 20 min``, ``2 d 4 h``."""
-    if seconds is None:
-        return "—"
-    s = int(max(0, seconds))
-    if s < 60:
-        return f"{s} s"
-    minutes, s = divmod(s, 60)
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
-
-
-def fmt_time(value: datetime | None) -> str:
-    if value is None:
-        return "—"
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def fmt_seconds(value: float) -> str:
-    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:.0f}"
-
-
-def _time_tag(value: datetime | None, now: datetime) -> str:
-    if value is None:
-        return "—"
-    age = (now - value).total_seconds()
-    return f'<time datetime="{_e(value.isoformat())}" title="{_e(fmt_time(value))}">{_e(fmt_age(age))} ago</time>'
-
-
 _STATE_LABEL = {"caught-up": "caught up", "behind": "behind", "error": "error", "unknown": "unknown"}
 
 
@@ -91,20 +49,14 @@ def _badge(status: TableStatus) -> str:
     label = _STATE_LABEL[status.state]
     if status.state == "behind":
         label = f"{status.pending} pending"
-    return f'<span class="badge {status.state}" data-field="state">{_e(label)}</span>'
-
-
-def _run_badge(state: str | None) -> str:
-    if not state:
-        return '<span class="muted">no runs</span>'
-    return f'<span class="run-state {_e(state)}">{_e(state)}</span>'
+    return f'<span class="badge {status.state}" data-field="state">{esc(label)}</span>'
 
 
 def _anchor(source: str) -> str:
     return "table-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in source)
 
 
-def _kind(snapshot: ProcessedSnapshot) -> str:
+def _kind(snapshot: ProcessedSnapshot, now: datetime) -> str:
     parts = []
     if snapshot.initial_load:
         parts.append("initial load")
@@ -112,17 +64,23 @@ def _kind(snapshot: ProcessedSnapshot) -> str:
         parts.append(snapshot.operation)
     if snapshot.reprocess:
         parts.append("reprocess")
-    return " · ".join(parts) or "—"
+    kind = esc(" · ".join(parts) or "—")
+    if snapshot.replaced:
+        kind += (
+            f'<div class="replaced-mark" data-field="replaced" title="its rows were deleted by sink commit '
+            f'{esc(snapshot.replaced_by)}">replaced by a reprocess {time_tag(snapshot.replaced_at, now)}</div>'
+        )
+    return kind
 
 
 def _phases(snapshot: ProcessedSnapshot) -> str:
     if not snapshot.seconds:
         return '<span class="muted">—</span>'
     items = " ".join(
-        f'<span class="phase"><span class="muted">{_e(name)}</span> {_e(fmt_seconds(value))}</span>'
+        f'<span class="phase"><span class="muted">{esc(name)}</span> {esc(fmt_seconds(value))}</span>'
         for name, value in snapshot.seconds.items()
     )
-    return f'<span class="total">{_e(fmt_seconds(snapshot.total_seconds or 0))} s</span> {items}'
+    return f'<span class="total">{esc(fmt_seconds(snapshot.total_seconds or 0))} s</span> {items}'
 
 
 def _conservation(snapshot: ProcessedSnapshot) -> str:
@@ -143,7 +101,7 @@ def _conservation(snapshot: ProcessedSnapshot) -> str:
         if balanced is False
         else ""
     )
-    return f'<span class="rows">{_e(text)}</span> {mark}'
+    return f'<span class="rows">{esc(text)}</span> {mark}'
 
 
 def _recent_table(status: TableStatus, now: datetime) -> str:
@@ -159,18 +117,19 @@ def _recent_table(status: TableStatus, now: datetime) -> str:
     )
     body = []
     for s in status.recent:
-        warnings = "".join(f'<div class="warn" data-field="skew-warning">⚠ {_e(w)}</div>' for w in s.skew)
+        warnings = "".join(f'<div class="warn" data-field="skew-warning">⚠ {esc(w)}</div>' for w in s.skew)
+        replaced = ' class="replaced" data-replaced="true"' if s.replaced else ""
         body.append(
-            f'<tr data-snapshot="{_e(s.source_snapshot_id)}">'
-            f'<td class="num">{_e(fmt_int(s.ordinal))}</td>'
-            f'<td class="mono">{_e(s.source_snapshot_id)}</td>'
-            f"<td>{_time_tag(s.committed_at, now)}</td>"
-            f"<td>{_e(_kind(s))}</td>"
-            f'<td class="num" data-field="inserts">{_e(fmt_int(s.inserts))}</td>'
-            f'<td class="num" data-field="deletes">{_e(fmt_int(s.deletes))}</td>'
-            f'<td class="num" data-field="updates">{_e(fmt_int(s.updates))}</td>'
-            f'<td class="num" data-field="carryover">{_e(fmt_int(s.carryover_rows))}</td>'
-            f'<td class="num" data-field="shuffle-bytes">{_e(fmt_bytes(s.shuffle_bytes))}</td>'
+            f'<tr data-snapshot="{esc(s.source_snapshot_id)}"{replaced}>'
+            f'<td class="num">{esc(fmt_int(s.ordinal))}</td>'
+            f'<td class="mono">{esc(s.source_snapshot_id)}</td>'
+            f"<td>{time_tag(s.committed_at, now)}</td>"
+            f"<td>{_kind(s, now)}</td>"
+            f'<td class="num" data-field="inserts">{esc(fmt_int(s.inserts))}</td>'
+            f'<td class="num" data-field="deletes">{esc(fmt_int(s.deletes))}</td>'
+            f'<td class="num" data-field="updates">{esc(fmt_int(s.updates))}</td>'
+            f'<td class="num" data-field="carryover">{esc(fmt_int(s.carryover_rows))}</td>'
+            f'<td class="num" data-field="shuffle-bytes">{esc(fmt_bytes(s.shuffle_bytes))}</td>'
             f"<td>{_conservation(s)}</td>"
             f'<td class="phases">{_phases(s)}</td>'
             f'<td class="warnings">{warnings or "<span class=muted>—</span>"}</td>'
@@ -181,89 +140,42 @@ def _recent_table(status: TableStatus, now: datetime) -> str:
         f"<tbody>{''.join(body)}</tbody></table></div>"
         '<p class="hint">UPDATE counts pairs (an UPDATE_BEFORE and an UPDATE_AFTER row each). Snapshots whose '
         "changes all cancelled out, and skipped <code>replace</code> snapshots, move the watermark "
-        "without a sink commit and are not listed.</p>"
+        "without a sink commit and are not listed. A commit a later reprocess replaced (its rows deleted) "
+        "is struck through.</p>"
     )
 
 
-def _failed_runs(runs: Any, now: datetime) -> str:
-    if runs is None:
+def _retention(status: TableStatus) -> str:
+    """The retention guard's line: time left before a needed snapshot may be expired, or why there is none."""
+    retention = status.retention
+    if not retention:
         return ""
-    if runs.error:
-        return f'<p class="error">Airflow\'s runs of this DAG cannot be read: {_e(runs.error)}</p>'
-    if not runs.failed:
-        return '<p class="muted" data-field="failed-runs">No failed runs.</p>'
-    body = []
-    for run in runs.failed:
-        tasks = (
-            ", ".join(
-                f'<a href="{_e(t.url)}" target="_top">{_e(t.task_id)}'
-                f"{'' if t.map_index < 0 else f' [{t.map_index}]'}</a>"
-                for t in run.failed_tasks
-            )
-            or '<span class="muted">—</span>'
+    first = retention.get("first") or {}
+    left = retention.get("seconds_left")
+    if retention.get("protected"):
+        text = "every snapshot the sink needs is protected by its tags (protect_pending)"
+    elif left is None:
+        text = "no snapshot the sink needs can be expired now" + (
+            f" ({esc(first['kept_by'])})" if first.get("kept_by") else ""
         )
-        error = next((t.error for t in run.failed_tasks if t.error), None)
-        if error:
-            error_html = f'<code class="error-line">{_e(error)}</code>'
-        elif run.note:  # e.g. `airflow dags test` runs: no log to read, but the run's note names the error
-            error_html = (
-                f'<code class="error-line" data-field="run-note">{_e(run.note)}</code>'
-                '<div class="muted">from the run\'s note</div>'
-            )
-        else:
-            error_html = '<span class="muted">not in the log (see the task\'s log)</span>'
-
-        snapshot = f'<div class="muted">snapshot {_e(run.snapshot_id)}</div>' if run.snapshot_id else ""
-        body.append(
-            f'<tr data-run="{_e(run.run_id)}">'
-            f'<td><a href="{_e(run.url)}" target="_top" class="mono">{_e(run.run_id)}</a>{snapshot}</td>'
-            f"<td>{_time_tag(run.ended_at or run.run_after, now)}</td>"
-            f"<td>{tasks}</td><td>{error_html}</td></tr>"
-        )
-    return (
-        '<div class="scroll"><table class="grid failed" data-field="failed-runs"><thead><tr><th>Run</th>'
-        "<th>Ended</th><th>Failed task</th><th>First error</th></tr></thead>"
-        f"<tbody>{''.join(body)}</tbody></table></div>"
-    )
-
-
-def _recent_runs(runs: Any, now: datetime) -> str:
-    """The DAG's last runs with their notes: what each did, or why it failed (Airflow's Runs list has no note column)."""
-    if runs is None or runs.error or not getattr(runs, "recent", None):
-        return ""
-    body = []
-    for run in runs.recent:
-        note = (
-            f'<span data-field="run-note">{_e(run.note)}</span>'
-            if run.note
-            else '<span class="muted">no note (the run has not ended, or ended before runs were noted)</span>'
-        )
-        body.append(
-            f'<tr data-run="{_e(run.run_id)}">'
-            f'<td><a href="{_e(run.url)}" target="_top" class="mono">{_e(run.run_id)}</a></td>'
-            f"<td>{_run_badge(run.state)}</td>"
-            f"<td>{_time_tag(run.ended_at or run.started_at or run.run_after, now)}</td>"
-            f"<td>{note}</td></tr>"
-        )
-    return (
-        "<h3>Recent runs</h3>"
-        '<div class="scroll"><table class="grid runs" data-field="recent-runs"><thead><tr><th>Run</th>'
-        "<th>State</th><th>Ended</th><th>Note</th></tr></thead>"
-        f"<tbody>{''.join(body)}</tbody></table></div>"
-    )
+    else:
+        role = "the watermark's snapshot" if first.get("role") == "watermark" else "a pending snapshot"
+        when = "now" if left <= 0 else f"in {esc(fmt_age(left))}"
+        text = f'{role} <span class="mono">{esc(first.get("snapshot_id"))}</span> may be expired {when} ({esc(first.get("kept_by"))})'
+    if status.retention_warning:
+        return f'<span class="warn" data-field="retention" title="{esc(status.retention_warning)}">⚠ {text}</span>'
+    return f'<span data-field="retention">{text}</span>'
 
 
 def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
     items = []
     if status.watermark_snapshot_id is not None:
-        made = (
-            f", made {_time_tag(status.watermark_snapshot_at, now)}" if status.watermark_snapshot_at else ""
-        )
+        made = f", made {time_tag(status.watermark_snapshot_at, now)}" if status.watermark_snapshot_at else ""
         items.append(
             (
                 "Watermark",
-                f'snapshot <span class="mono" data-field="watermark-snapshot">{_e(status.watermark_snapshot_id)}</span>'
-                f' · ordinal <span data-field="watermark-ordinal">{_e(status.watermark_ordinal)}</span>{made}',
+                f'snapshot <span class="mono" data-field="watermark-snapshot">{esc(status.watermark_snapshot_id)}</span>'
+                f' · ordinal <span data-field="watermark-ordinal">{esc(status.watermark_ordinal)}</span>{made}',
             )
         )
     else:
@@ -273,27 +185,30 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
             oldest = ""
             if status.oldest_pending_snapshot_id is not None:
                 oldest = (
-                    f' · oldest <span class="mono">{_e(status.oldest_pending_snapshot_id)}</span>'
-                    f" waiting {_e(fmt_age(status.oldest_pending_age_seconds))}"
+                    f' · oldest <span class="mono">{esc(status.oldest_pending_snapshot_id)}</span>'
+                    f" waiting {esc(fmt_age(status.oldest_pending_age_seconds))}"
                 )
-            lag = f'<span data-field="pending">{_e(status.pending)}</span> snapshot{"s" if status.pending != 1 else ""} pending{oldest}'
+            lag = f'<span data-field="pending">{esc(status.pending)}</span> snapshot{"s" if status.pending != 1 else ""} pending{oldest}'
         else:
             lag = '<span data-field="pending">0</span> pending: caught up'
         items.append(("Lag", lag))
+    retention = _retention(status)
+    if retention:
+        items.append(("Expiry", retention))
     if status.source_snapshot_id is not None:
         items.append(
             (
                 "Source now",
-                f'snapshot <span class="mono">{_e(status.source_snapshot_id)}</span>, made '
-                f"{_time_tag(status.source_snapshot_at, now)}",
+                f'snapshot <span class="mono">{esc(status.source_snapshot_id)}</span>, made '
+                f"{time_tag(status.source_snapshot_at, now)}",
             )
         )
     if status.lease is not None:
         items.append(
             (
                 "Running",
-                f'run <span class="mono">{_e(status.lease.owner)}</span> holds the lease (epoch '
-                f"{_e(status.lease.epoch)}, host {_e(status.lease.host)}, until {_e(fmt_time(status.lease.expires_at))})",
+                f'run <span class="mono">{esc(status.lease.owner)}</span> holds the lease (epoch '
+                f"{esc(status.lease.epoch)}, host {esc(status.lease.host)}, until {esc(fmt_time(status.lease.expires_at))})",
             )
         )
     elif status.lease_checked:
@@ -303,10 +218,10 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
         items.append(
             (
                 "Latest run",
-                f'<a href="{_e(latest.url)}" target="_top" class="mono">{_e(latest.run_id)}</a> '
-                f"{_run_badge(latest.state)} {_time_tag(latest.ended_at or latest.started_at or latest.run_after, now)}"
+                f'<a href="{esc(latest.url)}" target="_top" class="mono">{esc(latest.run_id)}</a> '
+                f"{run_badge(latest.state)} started {time_tag(latest.started_at or latest.run_after, now)}"
                 + (
-                    f'<div class="run-note" data-field="latest-note">{_e(latest.note)}</div>'
+                    f'<div class="run-note" data-field="latest-note">{esc(latest.note)}</div>'
                     if latest.note
                     else ""
                 ),
@@ -314,67 +229,68 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
         )
     elif runs is not None and not runs.error:
         known = "" if runs.known else " (the DAG is not in Airflow's database yet)"
-        items.append(("Latest run", f'<span class="muted">none{_e(known)}</span>'))
+        items.append(("Latest run", f'<span class="muted">none{esc(known)}</span>'))
     if status.skewed_commits:
         newest = next(s for s in status.recent if s.skew)
         items.append(
             (
                 "Skew",
-                f'<span class="warn" data-field="skew">⚠ {_e(status.skewed_commits)} of the last '
-                f"{_e(len(status.recent))} commits had skewed partitions</span> (latest: snapshot "
-                f'<span class="mono">{_e(newest.source_snapshot_id)}</span>, {_e(newest.skew[0])}): '
+                f'<span class="warn" data-field="skew">⚠ {esc(status.skewed_commits)} of the last '
+                f"{esc(len(status.recent))} commits had skewed partitions</span> (latest: snapshot "
+                f'<span class="mono">{esc(newest.source_snapshot_id)}</span>, {esc(newest.skew[0])}): '
                 "skewed keys; a read task takes each skewed partition alone and is the run's long pole",
             )
         )
     for mirror in status.mirrors:
-        items.append((f"Mirror {_e(mirror.name)}", _mirror_fact(mirror, now)))
+        items.append((f"Mirror {esc(mirror.name)}", _mirror_fact(mirror, now)))
     if runs is not None and runs.paused:
         items.append(("DAG", '<span class="warn">paused</span>'))
-    items.append(("Start", _e(status.start)))
+    items.append(("Start", esc(status.start)))
     return '<dl class="facts">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
 
 def _mirror_fact(mirror: Any, now: datetime) -> str:
     """A mirror's line: its target, watermark and lag (or why they cannot be read)."""
-    where = f'{_e(mirror.type)} <span class="mono">{_e(mirror.table)}</span>'
+    where = f'{esc(mirror.type)} <span class="mono">{esc(mirror.table)}</span>'
     if mirror.error:
-        return f'{where}: <span class="warn" data-field="mirror-error">{_e(mirror.error)}</span>'
+        return f'{where}: <span class="warn" data-field="mirror-error">{esc(mirror.error)}</span>'
     if mirror.snapshot_id is None:
         at = '<span class="muted">nothing applied yet</span>'
     else:
-        made = f", made {_time_tag(mirror.snapshot_at, now)}" if mirror.snapshot_at else ""
+        made = f", made {time_tag(mirror.snapshot_at, now)}" if mirror.snapshot_at else ""
         at = (
-            f'at snapshot <span class="mono" data-field="mirror-snapshot">{_e(mirror.snapshot_id)}</span>'
-            f" · ordinal {_e(mirror.ordinal)}{made}"
+            f'at snapshot <span class="mono" data-field="mirror-snapshot">{esc(mirror.snapshot_id)}</span>'
+            f" · ordinal {esc(mirror.ordinal)}{made}"
         )
     if mirror.behind_changelog is None:
         lag = ""
     elif mirror.behind_changelog or mirror.behind_source:
         lag = (
-            f' · <span class="warn" data-field="mirror-lag">{_e(mirror.behind_changelog)} changelog snapshot(s) '
-            f"behind</span> ({_e(mirror.behind_source)} behind the source)"
+            f' · <span class="warn" data-field="mirror-lag">{esc(mirror.behind_changelog)} changelog snapshot(s) '
+            f"behind</span> ({esc(mirror.behind_source)} behind the source)"
         )
     else:
         lag = ' · <span data-field="mirror-lag">caught up</span>'
-    return f'{where} {at}{lag} · DAG <span class="mono">{_e(mirror.dag_id)}</span>'
+    return f'{where} {at}{lag} · DAG <span class="mono">{esc(mirror.dag_id)}</span>'
 
 
 def _section(status: TableStatus, runs: Any, now: datetime) -> str:
     dag_link = (
-        f'<a class="dag-link" href="{_e(runs.url)}" target="_top">DAG {_e(status.dag_id)}</a>'
+        f'<a class="dag-link" href="{esc(runs.url)}" target="_top">DAG {esc(status.dag_id)}</a>'
         if runs is not None
-        else f'<span class="dag-link">DAG {_e(status.dag_id)}</span>'
+        else f'<span class="dag-link">DAG {esc(status.dag_id)}</span>'
     )
-    errors = "".join(f'<p class="error" data-field="error">{_e(e)}</p>' for e in status.errors)
-    notes = "".join(f'<p class="note">{_e(n)}</p>' for n in status.notes)
+    errors = "".join(f'<p class="error" data-field="error">{esc(e)}</p>' for e in status.errors)
+    errors += "".join(f'<p class="warn" data-field="warning">⚠ {esc(w)}</p>' for w in status.warnings)
+    notes = "".join(f'<p class="note">{esc(n)}</p>' for n in status.notes)
     return (
-        f'<section class="card" id="{_e(_anchor(status.source))}" data-source="{_e(status.source)}">'
-        f'<h2><span class="mono">{_e(status.source)}</span> → <span class="mono">{_e(status.sink)}</span> '
+        f'<section class="card" id="{esc(_anchor(status.source))}" data-source="{esc(status.source)}">'
+        f'<h2><span class="mono">{esc(status.source)}</span> → <span class="mono">{esc(status.sink)}</span> '
         f"{_badge(status)} {dag_link}</h2>"
         f"{errors}{notes}{_facts(status, runs, now)}"
         f"<h3>Last processed snapshots</h3>{_recent_table(status, now)}"
-        f"{_recent_runs(runs, now)}"
-        f"<h3>Failed runs</h3>{_failed_runs(runs, now)}"
+        f"{recent_runs(runs, now)}"
+        f"<h3>Failed runs</h3>{failed_runs(runs, now)}"
         "</section>"
     )
 
@@ -387,20 +303,20 @@ def _overview(model: PageModel, now: datetime) -> str:
         latest = runs.latest if runs is not None else None
         failed = len(runs.failed) if runs is not None else None
         watermark = (
-            f'<span class="mono">{_e(status.watermark_snapshot_id)}</span> <span class="muted">#{_e(status.watermark_ordinal)}</span>'
+            f'<span class="mono">{esc(status.watermark_snapshot_id)}</span> <span class="muted">#{esc(status.watermark_ordinal)}</span>'
             if status.watermark_snapshot_id is not None
             else '<span class="muted">none</span>'
         )
         rows.append(
-            f'<tr data-source="{_e(status.source)}">'
-            f'<td><a href="#{_e(_anchor(status.source))}" class="mono">{_e(status.source)}</a></td>'
+            f'<tr data-source="{esc(status.source)}">'
+            f'<td><a href="#{esc(_anchor(status.source))}" class="mono">{esc(status.source)}</a></td>'
             f"<td>{_badge(status)}</td>"
             f"<td>{watermark}</td>"
-            f'<td class="num">{_e(fmt_int(status.pending))}</td>'
-            f"<td>{_e(fmt_age(status.oldest_pending_age_seconds)) if status.pending else '—'}</td>"
-            f"<td>{_time_tag(last.committed_at, now) if last else '—'}</td>"
-            f"<td>{_run_badge(latest.state if latest else None)}</td>"
-            f'<td class="num">{_e(fmt_int(failed)) if failed is not None else "—"}</td>'
+            f'<td class="num">{esc(fmt_int(status.pending))}</td>'
+            f"<td>{esc(fmt_age(status.oldest_pending_age_seconds)) if status.pending else '—'}</td>"
+            f"<td>{time_tag(last.committed_at, now) if last else '—'}</td>"
+            f"<td>{run_badge(latest.state if latest else None)}</td>"
+            f'<td class="num">{esc(fmt_int(failed)) if failed is not None else "—"}</td>'
             "</tr>"
         )
     return (
@@ -411,66 +327,15 @@ def _overview(model: PageModel, now: datetime) -> str:
     )
 
 
-_CSS = """
-:root { color-scheme: light dark; --fg:#1f2328; --muted:#656d76; --bg:#fff; --card:#f6f8fa; --line:#d0d7de;
-  --ok:#1a7f37; --warn:#9a6700; --bad:#cf222e; --link:#0969da; }
-@media (prefers-color-scheme: dark) { :root { --fg:#e6edf3; --muted:#8d96a0; --bg:#0d1117; --card:#161b22;
-  --line:#30363d; --ok:#3fb950; --warn:#d29922; --bad:#f85149; --link:#4493f8; } }
-* { box-sizing: border-box; }
-body { margin: 0; padding: 16px 20px 40px; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif;
-  color: var(--fg); background: var(--bg); }
-a { color: var(--link); text-decoration: none; } a:hover { text-decoration: underline; }
-h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 0 0 8px; } h3 { font-size: 14px; margin: 16px 0 6px; }
-header p { margin: 0 0 14px; color: var(--muted); }
-.mono, code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; }
-.muted { color: var(--muted); } .hint { color: var(--muted); font-size: 12px; margin: 4px 0 0; }
-.card { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 14px 16px; margin: 16px 0; }
-.grid { border-collapse: collapse; width: 100%; background: var(--bg); }
-.grid th, .grid td { border: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
-.grid th { font-weight: 600; white-space: nowrap; background: var(--card); }
-.grid td.num, .grid th.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
-.badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600; color: #fff; }
-.badge.caught-up { background: var(--ok); } .badge.behind { background: var(--warn); }
-.badge.error { background: var(--bad); } .badge.unknown { background: var(--muted); }
-.run-state { font-weight: 600; } .run-state.success { color: var(--ok); } .run-state.failed { color: var(--bad); }
-.run-state.running, .run-state.queued { color: var(--warn); }
-.run-note { font-size: 0.9em; margin-top: 2px; }
-td.warnings { min-width: 14em; }
-.dag-link { font-size: 13px; font-weight: normal; margin-left: 8px; }
-.facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 8px 0 0; }
-.facts dt { color: var(--muted); } .facts dd { margin: 0; }
-.error { color: var(--bad); margin: 4px 0; } .note { color: var(--muted); margin: 4px 0; font-style: italic; }
-.warn { color: var(--warn); } .ok { color: var(--ok); font-weight: 700; } .bad { color: var(--bad); font-weight: 700; }
-.phases { font-size: 12px; } .phase { white-space: nowrap; margin-right: 6px; } .total { font-weight: 600; margin-right: 6px; }
-.rows { font-size: 12px; } .error-line { color: var(--bad); white-space: pre-wrap; word-break: break-word; }
-.scroll { overflow-x: auto; }
-.toolbar { float: right; color: var(--muted); font-size: 12px; } .toolbar label { cursor: pointer; }
-"""
-
-_JS = """
-(function () {
-  var box = document.getElementById("auto-refresh"), key = "cdc-ui-auto-refresh", timer = null;
-  if (!box) return;
-  try { box.checked = localStorage.getItem(key) !== "off"; } catch (e) {}
-  function arm() { clearTimeout(timer); if (box.checked) timer = setTimeout(function () { location.reload(); }, REFRESH_MS); }
-  box.addEventListener("change", function () {
-    try { localStorage.setItem(key, box.checked ? "on" : "off"); } catch (e) {}
-    arm();
-  });
-  arm();
-})();
-""".replace("REFRESH_MS", str(REFRESH_SECONDS * 1000))
-
-
 def render_page(model: PageModel) -> str:
     now = model.generated_at
     parts = []
     count = len(model.statuses)
     subtitle = [f"{count} table{'s' if count != 1 else ''}"]
     if model.config_path:
-        subtitle.append(f'config <span class="mono">{_e(model.config_path)}</span>')
-    subtitle.append(f"read {_e(fmt_time(now))}")
-    subtitle.append(f'<a href="{_e(model.api_href)}">JSON</a>')
+        subtitle.append(f'config <span class="mono">{esc(model.config_path)}</span>')
+    subtitle.append(f"read {esc(fmt_time(now))}")
+    subtitle.append(f'<a href="{esc(model.api_href)}">JSON</a>')
     parts.append(
         '<header><div class="toolbar"><label><input type="checkbox" id="auto-refresh" checked> '
         f"refresh every {REFRESH_SECONDS} s</label></div>"
@@ -478,7 +343,7 @@ def render_page(model: PageModel) -> str:
         f"<p>{' · '.join(subtitle)}</p></header>"
     )
     if model.config_error:
-        parts.append(f'<p class="error" data-field="config-error">{_e(model.config_error)}</p>')
+        parts.append(f'<p class="error" data-field="config-error">{esc(model.config_error)}</p>')
     if model.hidden_tables:
         n = model.hidden_tables
         parts.append(
@@ -494,6 +359,6 @@ def render_page(model: PageModel) -> str:
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>Change data capture</title><style>{_CSS}</style></head>"
-        f"<body>{body}<script>{_JS}</script></body></html>"
+        f"<title>Change data capture</title><style>{CSS}</style></head>"
+        f"<body>{body}<script>{SCRIPT}</script></body></html>"
     )

@@ -17,7 +17,10 @@ state. This listener reads the run's XComs in that session and sets
   error line (XCom ``cdc_error``, recorded by the tasks' failure callback,
   :func:`~iceberg_cdc.airflow.policy.record_error`).
 
-A note a person wrote (it has a user id) is left alone. Only DAGs with the
+A run that ended before and was cleared keeps what its note said: the new
+outcome is appended (:func:`~iceberg_cdc.run.story.merged_note`),
+so a committed snapshot's story is never replaced by the ``caught up`` of a
+re-run. A note a person wrote (it has a user id) is left alone. Only DAGs with the
 pipeline's tasks (``detect``, ``commit``, ``cleanup``) and a ``cdc__`` id are
 touched. A listener must never break the scheduler: every problem is logged
 and the run keeps whatever note it had.
@@ -33,7 +36,7 @@ from typing import Any
 from airflow.listeners import hookimpl
 
 from iceberg_cdc.airflow.policy import ERROR_XCOM_KEY
-from iceberg_cdc.run.story import FailedTask, run_note
+from iceberg_cdc.run.story import FailedTask, merged_note, run_note
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -129,6 +132,7 @@ def _annotate(session: Any, dag_run: Any, state: str, msg: str | None) -> str | 
     if existing is not None and existing.user_id:
         log.info("%s keeps the note %s wrote; its outcome: %s", dag_run.run_id, existing.user_id, note)
         return None
+    note = merged_note(existing.content if existing is not None else None, note)
     dag_run.note = note
     log.info("note of %s: %s", dag_run.run_id, note)
     return note

@@ -19,13 +19,18 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
+from iceberg_cdc import snapshot_ids
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
+from iceberg_cdc.airflow.metrics import emit_safely
+from iceberg_cdc.airflow.operators.lineage import LineageReporting, changelog_datasets
 from iceberg_cdc.airflow.policy import airflow_holder_state, final_errors
+from iceberg_cdc.config import TableConfig
 from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.run import steps
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.kinds import backfill_refusal, is_backfill
 from iceberg_cdc.run.lease import lease_ttl_seconds, lease_wait_step
+from iceberg_cdc.run.metrics import emit_retention
 from iceberg_cdc.run.story import story
 
 log = logging.getLogger("iceberg_cdc")
@@ -40,14 +45,19 @@ def sensor_mode() -> str:
     return os.environ.get(SENSOR_MODE_ENV, "reschedule")
 
 
-def lease_wait_seconds() -> float:
+def lease_wait_seconds(table: TableConfig | None = None) -> float:
     """How long detect waits for another run of the table: two TTLs, so a dead holder is overtaken."""
     raw = os.environ.get(LEASE_WAIT_ENV)
-    return float(raw) if raw else 2 * lease_ttl_seconds()
+    return float(raw) if raw else 2 * lease_ttl_seconds(table)
 
 
-class DetectOperator(BaseOperator):
-    """Take the table's lease, find the snapshot to process and plan it; XCom: detect's small dict."""
+class DetectOperator(LineageReporting, BaseOperator):
+    """Take the table's lease, find the snapshot to process and plan it; XCom: detect's small dict.
+
+    Reports to OpenLineage the source table at the snapshot the run processes
+    (:mod:`iceberg_cdc.airflow.operators.lineage`), and the retention guard's
+    figures to the metrics backend.
+    """
 
     ui_color = "#cfe8fc"
 
@@ -64,6 +74,9 @@ class DetectOperator(BaseOperator):
             raise AirflowFailException(refusal)
         with final_errors():
             ctx = CdcHook().context(self.source)
+            # Ids as the form sends them (digits) or as API callers may (integers); never a rounded float.
+            requested = snapshot_ids.parse(params.get("snapshot_id"), "snapshot_id")
+            through = snapshot_ids.parse(params.get("through_snapshot_id"), "through_snapshot_id")
         try_started = time.time()
         waiting_since = _first_reschedule(ti, context) or try_started
         reschedule = sensor_mode() != "poke"
@@ -73,20 +86,25 @@ class DetectOperator(BaseOperator):
                     detected = steps.detect(
                         ctx,
                         context.get("run_id") or "manual",
-                        params.get("snapshot_id"),
+                        requested,
                         dag_id=self.dag_id,
                         try_number=getattr(ti, "try_number", None),
                         holder_state=airflow_holder_state(ti),
-                        through_snapshot_id=params.get("through_snapshot_id"),
+                        through_snapshot_id=through,
                     )
                 log.info("this run: %s", story(detected))
-                return detected.to_xcom()
+                emit_safely(emit_retention, self.source, dict(detected.retention))
+                # Kept for the OpenLineage listener, which asks after the task in a forked process.
+                self._lineage_detected = detected.to_xcom()
+                return self._lineage_detected
             except LeaseHeldError as exc:
+                holder_since, holder_expired = _holder(ctx)
                 action, seconds = lease_wait_step(
                     now=time.time(),
                     waiting_since=waiting_since,
-                    holder_since=_holder_since(ctx),
-                    window=lease_wait_seconds(),
+                    holder_since=holder_since,
+                    holder_expired=holder_expired,
+                    window=lease_wait_seconds(ctx.table),
                     try_started=try_started,
                     reschedule=reschedule,
                     # Only a first attempt polls in process (a predecessor finishing its cleanup);
@@ -103,6 +121,12 @@ class DetectOperator(BaseOperator):
                 log.info("table busy, looking again in %.0f s: %s", seconds, exc)
                 time.sleep(seconds)
 
+    def lineage_datasets(self, task_instance: Any) -> tuple[list, list]:
+        detected = getattr(self, "_lineage_detected", None) or {}
+        if detected.get("snapshot_id") is None:  # caught up: the run reads nothing
+            return [], []
+        return changelog_datasets(detected, None)
+
 
 def _first_reschedule(ti: Any, context: Any) -> float | None:
     """When this try of the task first ran, if it has been rescheduled since (epoch seconds)."""
@@ -113,10 +137,12 @@ def _first_reschedule(ti: Any, context: Any) -> float | None:
     return first.timestamp() if first is not None else None
 
 
-def _holder_since(ctx: Context) -> float | None:
-    """When the current holder of the table's lease took it (epoch seconds), if anyone holds it."""
+def _holder(ctx: Context) -> tuple[float | None, bool]:
+    """When the current holder of the table's lease took it (epoch seconds), and whether its lease expired."""
     try:
         current = ctx.lease().current()
     except Exception:  # the wait is then counted from this run's own start
-        return None
-    return current.acquired_at.timestamp() if current is not None and not current.released else None
+        return None, False
+    if current is None or current.released:
+        return None, False
+    return current.acquired_at.timestamp(), current.expired(datetime.now(UTC))

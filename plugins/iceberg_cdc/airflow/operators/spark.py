@@ -11,7 +11,9 @@ mapped tasks expand, and are labelled, exactly alike.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,13 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.policy import final_errors
 from iceberg_cdc.config import CdcConfig, load_config
-from iceberg_cdc.errors import FINAL_ERRORS, CdcError
+from iceberg_cdc.errors import CdcError, is_final_line
+from iceberg_cdc.mirror.iceberg import phase as mirror_phase
 from iceberg_cdc.pipeline.pyfiles import package_zip
 from iceberg_cdc.pipeline.submit_conf import submit_conf
+
+# Every phase a mapped Spark task may run is known in this process: the Iceberg mirror's too.
+mirror_phase.register()
 
 _REPO_APPLICATION = Path(__file__).resolve().parents[4] / "spark_jobs" / "cdc_phase.py"
 _PACKAGE_APPLICATION = Path(__file__).resolve().parents[1] / "spark_entry.py"
@@ -120,20 +126,44 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         self.py_files = self.py_files or package_zip()
         try:
-            super().execute(context)
+            with _renewing(self.application_args or []):
+                super().execute(context)
         except AirflowException as exc:
-            line = _group_error(self._application_args or [])
+            line = _group_error(self.application_args or [])
             if line is None:
                 raise
             self.log.error("%s", line)
-            final = any(line.startswith(name) for name in _FINAL_NAMES)
-            error = AirflowFailException if final else AirflowException
+            error = AirflowFailException if is_final_line(line) else AirflowException
             raise error(
                 f"{line}\n(spark-submit failed; its command line and output follow in the log)"
             ) from exc
 
 
-_FINAL_NAMES = tuple(error.__name__ for error in FINAL_ERRORS)
+@contextlib.contextmanager
+def _renewing(application_args: list[str]) -> Iterator[None]:
+    """Renew the run's lease from this task's process while spark-submit runs.
+
+    The Spark driver renews it too, but only once its JVM is up; renewing here
+    as well ties the lease to the Airflow task itself, so a killed task stops
+    renewing (coordination.lease, "Dead holders"). Never fails the task: the
+    driver and the next step check the lease themselves.
+    """
+    from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
+    from iceberg_cdc.coordination.lease import TableLease
+    from iceberg_cdc.pipeline.groups import load_phase_plan
+    from iceberg_cdc.pipeline.spark_app import parse_args
+
+    try:
+        args = parse_args([str(a) for a in application_args])
+        store = CdcHook(load_config(args.config)).runtime().store()
+        plan = load_phase_plan(args.phase, store, args.plan)
+        lease = TableLease(store, plan.lease_name)
+        beat = LeaseHeartbeat(lease, plan.run_id, plan.epoch, plan.lease_ttl_seconds)
+    except (CdcError, SystemExit, ValueError, KeyError, OSError, AttributeError):
+        yield
+        return
+    with beat:
+        yield
 
 
 def _group_error(application_args: list[str]) -> str | None:

@@ -8,11 +8,14 @@ users the auth manager lets read its DAG (``is_authorized_dag``, method
 ``GET``, as ``requires_access_dag`` asks), and a failed task's error line only
 to those who may read that DAG's task logs.
 
-Failed runs come from Airflow's metadata database; the first error line of a
-failed task from its log (Airflow's ``TaskLogReader``, so remote logging works
-too), cached per task try since a finished try's log does not change. Runs
-made by ``airflow dags test`` (``make sync``) log to the console only: their
-error lines are not available here.
+Runs come from Airflow's metadata database, most recently *started* first (a
+backfill's runs have old logical dates but ran just now); each with the
+snapshot it processed (detect's XCom, else a reprocess's conf). The first
+error line of a failed task is read from its log (Airflow's ``TaskLogReader``,
+so remote logging works too; :func:`iceberg_cdc.error_lines.line_in_log`),
+cached per task try since a finished try's log does not change. Runs made by
+``airflow dags test`` (``make sync``) log to the console only: their error
+lines are not available here.
 
 Airflow is imported inside the functions: importing this module (the plugin
 is loaded by every Airflow process) costs nothing.
@@ -32,20 +35,14 @@ from urllib.parse import quote
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from iceberg_cdc.error_lines import FailedTask, line_in_log, line_of
+from iceberg_cdc.redaction import redact
+
 log = logging.getLogger(__name__)
 
 _bearer = HTTPBearer(auto_error=False)
-MAX_ERROR_LINE = 400
 _LOG_CACHE_SIZE = 512
 _NONE_FOUND_TTL = 300.0
-# Messages the log reader writes about the log itself, not the task's own errors.
-_READER_NOISE = (
-    "Error fetching the logs",
-    "Could not read",
-    "Could not find",
-    "Log file does not exist",
-    "*** ",
-)
 
 
 async def authenticated_user(
@@ -75,16 +72,6 @@ def task_url(base: str, dag_id: str, run_id: str, task_id: str, map_index: int =
 
 
 @dataclass(frozen=True)
-class FailedTask:
-    task_id: str
-    map_index: int
-    try_number: int
-    ended_at: datetime | None
-    error: str | None  # first error line of its log; None when not available (or not allowed)
-    url: str
-
-
-@dataclass(frozen=True)
 class RunInfo:
     run_id: str
     state: str
@@ -92,7 +79,7 @@ class RunInfo:
     run_after: datetime | None
     started_at: datetime | None
     ended_at: datetime | None
-    snapshot_id: str | None  # the conf's snapshot_id of a manual reprocess
+    snapshot_id: str | None  # the snapshot the run processed (detect's XCom), else its conf's; a string
     url: str
     failed_tasks: list[FailedTask] = field(default_factory=list)
     note: str | None = None  # the run's note: what it did, or why it failed (plugin's listener)
@@ -108,8 +95,7 @@ class RunInfo:
         out = asdict(self)
         for key in ("run_after", "started_at", "ended_at"):
             out[key] = _iso(getattr(self, key))
-        for task, raw in zip(self.failed_tasks, out["failed_tasks"], strict=True):
-            raw["ended_at"] = _iso(task.ended_at)
+        out["failed_tasks"] = [task.to_dict() for task in self.failed_tasks]
         out["first_error"] = self.first_error
         return out
 
@@ -142,44 +128,6 @@ class DagRuns:
 
 def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat().replace("+00:00", "Z")
-
-
-def first_error_line(messages: Iterable[Any], limit: int = 5000) -> str | None:
-    """The first error of a task log: ``ExcType: first line of its message``, else the first ERROR line.
-
-    ``messages``: Airflow's structured log messages (objects or dicts with
-    ``event``, ``level`` and, for exceptions, ``error_detail``). Reads at most
-    ``limit`` messages.
-    """
-    fallback = None
-    for count, message in enumerate(messages):
-        if count >= limit:
-            break
-        get = message.get if isinstance(message, dict) else (lambda key, m=message: getattr(m, key, None))
-        details = get("error_detail")
-        if isinstance(details, list) and details:
-            detail = details[-1] if isinstance(details[-1], dict) else {}
-            # error_detail lists the chain of causes first; the last entry is the raised exception.
-            exc_type = str(detail.get("exc_type") or "").strip()
-            exc_value = str(detail.get("exc_value") or "").strip()
-            first = exc_value.splitlines()[0] if exc_value else ""
-            text = f"{exc_type}: {first}" if exc_type and first else exc_type or first
-            if text:
-                return _clip(text)
-        level = str(get("level") or "").lower()
-        event = str(get("event") or "").strip()
-        if (
-            fallback is None
-            and level in ("error", "critical")
-            and event
-            and not event.startswith(_READER_NOISE)
-        ):
-            fallback = event.splitlines()[0]
-    return _clip(fallback) if fallback else None
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= MAX_ERROR_LINE else text[: MAX_ERROR_LINE - 1] + "…"
 
 
 class AirflowSide:
@@ -233,9 +181,7 @@ class AirflowSide:
             self._read_runs(result, base, with_errors=with_errors)
         except Exception as exc:
             log.warning("CDC view: cannot read the runs of %s", dag_id, exc_info=True)
-            result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(
-                ": "
-            )
+            result.error = line_of(exc)
         return result
 
     def _read_runs(self, result: DagRuns, base: str, *, with_errors: bool) -> None:
@@ -244,7 +190,7 @@ class AirflowSide:
         from airflow.models.taskinstance import TaskInstance
         from airflow.utils.session import create_session
         from airflow.utils.state import DagRunState, TaskInstanceState
-        from sqlalchemy import select
+        from sqlalchemy import func, select
 
         dag_id = result.dag_id
         with create_session(scoped=False) as session:
@@ -252,19 +198,18 @@ class AirflowSide:
             if dag is not None:
                 result.known = True
                 result.paused = bool(dag.is_paused)
-            newest = (
-                select(DagRun)
-                .where(DagRun.dag_id == dag_id)
-                .order_by(DagRun.run_after.desc(), DagRun.id.desc())
-            )
+            # When runs ran, not their logical dates: a backfill's runs are "old" but ran last.
+            ran = func.coalesce(DagRun.start_date, DagRun.queued_at, DagRun.run_after)
+            newest = select(DagRun).where(DagRun.dag_id == dag_id).order_by(ran.desc(), DagRun.id.desc())
             recent = session.scalars(newest.limit(max(1, self.recent_limit))).all()
-            result.recent = [self._run_info(run, base, []) for run in recent]
-            if result.recent:
-                result.latest = result.recent[0]
-            result.recent = result.recent[: self.recent_limit]
             failed_runs = session.scalars(
                 newest.where(DagRun.state == DagRunState.FAILED).limit(self.failed_limit)
             ).all()
+            snapshots = _detected_snapshots(session, dag_id, {r.run_id for r in [*recent, *failed_runs]})
+            result.recent = [self._run_info(run, base, [], snapshots) for run in recent]
+            if result.recent:
+                result.latest = result.recent[0]
+            result.recent = result.recent[: self.recent_limit]
             for run in failed_runs:
                 tis = session.scalars(
                     select(TaskInstance)
@@ -286,16 +231,18 @@ class AirflowSide:
                     )
                     for ti in tis[:3]  # the first to fail is the cause; the rest usually follow from it
                 ]
-                info = self._run_info(run, base, tasks)
+                info = self._run_info(run, base, tasks, snapshots)
                 result.failed.append(info)
                 if result.latest is not None and result.latest.run_id == run.run_id:
                     result.latest = info
                 result.recent = [info if r.run_id == run.run_id else r for r in result.recent]
 
     @staticmethod
-    def _run_info(run: Any, base: str, tasks: list[FailedTask]) -> RunInfo:
+    def _run_info(run: Any, base: str, tasks: list[FailedTask], snapshots: dict[str, str]) -> RunInfo:
         conf = run.conf or {}
-        snapshot = conf.get("snapshot_id") if isinstance(conf, dict) else None
+        snapshot = snapshots.get(run.run_id)
+        if snapshot is None and isinstance(conf, dict):
+            snapshot = conf.get("snapshot_id")
         return RunInfo(
             run_id=run.run_id,
             state=str(getattr(run.state, "value", run.state)),
@@ -303,10 +250,10 @@ class AirflowSide:
             run_after=run.run_after,
             started_at=run.start_date,
             ended_at=run.end_date,
-            snapshot_id=None if snapshot is None else str(snapshot),
+            snapshot_id=None if snapshot in (None, "") else str(snapshot),
             url=run_url(base, run.dag_id, run.run_id),
             failed_tasks=tasks,
-            note=run.note or None,
+            note=redact(run.note) if run.note else None,
         )
 
     def _error_line(self, ti: Any) -> str | None:
@@ -328,7 +275,7 @@ class AirflowSide:
             reader = TaskLogReader()
             if reader.supports_read and ti.try_number:
                 messages, _ = reader.read_log_chunks(ti, ti.try_number, {"download_logs": True})
-                line = first_error_line(messages)
+                line = line_in_log(messages)
         except Exception:
             log.warning("CDC view: cannot read the log of %s", key, exc_info=True)
             return None  # not cached: the log may be readable next time
@@ -337,3 +284,30 @@ class AirflowSide:
                 self._log_cache.pop(next(iter(self._log_cache)))
             self._log_cache[key] = (line, None if line else time.monotonic() + _NONE_FOUND_TTL)
         return line
+
+
+def _detected_snapshots(session: Any, dag_id: str, run_ids: set[str]) -> dict[str, str]:
+    """run id -> the snapshot its detect found (as a string), for runs whose detect ran."""
+    from airflow.models.xcom import XComModel
+    from sqlalchemy import select
+
+    if not run_ids:
+        return {}
+    rows = session.scalars(
+        select(XComModel).where(
+            XComModel.dag_id == dag_id,
+            XComModel.run_id.in_(run_ids),
+            XComModel.task_id == "detect",
+            XComModel.key == "return_value",
+            XComModel.map_index == -1,
+        )
+    ).all()
+    found = {}
+    for row in rows:
+        try:
+            value = XComModel.deserialize_value(row)
+        except Exception:  # an XCom this code did not write: no snapshot to show
+            continue
+        if isinstance(value, dict) and value.get("snapshot_id") is not None:
+            found[row.run_id] = str(value["snapshot_id"])
+    return found

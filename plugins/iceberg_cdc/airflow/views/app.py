@@ -2,7 +2,8 @@
 
 Routes (under the mount prefix, ``/cdc``):
 
-* ``GET /`` -- the page (HTML); without a login, a redirect to Airflow's login page;
+* ``GET /`` -- the page (HTML); without a login, ``401`` with a short page that
+  sends the browser on to Airflow's login page (and back here after it);
 * ``GET /api/tables`` -- every table the user may see, as JSON;
 * ``GET /api/tables/{source}`` -- one table (``shop.orders``); 404 when it is not
   configured or the user may not read its DAG;
@@ -27,7 +28,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (mirrors' conn_id -> DSN)
 from iceberg_cdc.airflow.views.airflow_side import AirflowSide, authenticated_user
@@ -156,14 +157,24 @@ def create_app(
         return out
 
     @app.exception_handler(HTTPException)
-    async def _login_redirect(request: Request, exc: HTTPException) -> Response:
-        """The page without a login goes to Airflow's login page; the API answers 401 as Airflow's does."""
+    async def _login_page(request: Request, exc: HTTPException) -> Response:
+        """The page without a login: 401, and a page that sends the browser to Airflow's login.
+
+        Not a redirect: every unauthenticated request -- a browser's, a script's
+        -- gets the same 401 (the API's answer too), so nothing reads it as a
+        success; a browser still lands on the login page (and comes back).
+        """
         path, root = request.scope.get("path", ""), request.scope.get("root_path", "") or ""
         route = path[len(root) :] if root and path.startswith(root) else path
         if exc.status_code == 401 and request.method == "GET" and route in ("", "/"):
+            from iceberg_cdc.ui.page_format import login_page
+
             login = side.login_url(next_url=str(request.url))
-            if login:
-                return RedirectResponse(login, status_code=303)
+            return HTMLResponse(
+                login_page(login),
+                status_code=401,
+                headers={"Cache-Control": "no-store", **(exc.headers or {})},
+            )
         return await http_exception_handler(request, exc)
 
     @app.get("/", response_class=HTMLResponse)

@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from iceberg_cdc.config import MirrorConfig, _redact
+from iceberg_cdc.config import MirrorConfig
 from iceberg_cdc.errors import MirrorConfigError, StorageError
+from iceberg_cdc.redaction import redact as _redact
 
 ConnResolver = Callable[[str], str]
 _RESOLVER: ConnResolver | None = None

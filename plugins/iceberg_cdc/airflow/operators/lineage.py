@@ -1,0 +1,170 @@
+"""OpenLineage for the pipeline's tasks: which source snapshot went into which changelog snapshot.
+
+The Airflow OpenLineage provider (``apache-airflow-providers-openlineage``)
+asks each finished task for its lineage through
+``get_openlineage_facets_on_complete``. ``@task`` functions have none, so the
+DAG's ``detect`` and ``commit`` are built with :func:`lineage_task`, the same
+decorator with an operator class that answers:
+
+* **detect** -- input: the source table, version = the snapshot the run processes;
+* **commit** -- input: the same; output: the changelog (sink) table, version =
+  the sink snapshot holding that source snapshot's changes, with the rows
+  written (``outputStatistics``).
+
+A run with nothing pending reports no datasets. Dataset names follow
+:mod:`iceberg_cdc.lineage` (the table's storage location, plus the catalog
+identifier as a symlink).
+
+**Mirrors report theirs** through the same hook: an operator that writes a
+mirror subclasses :class:`LineageReporting` (or builds a
+:func:`operator_lineage` itself) with the changelog at the snapshot it applied
+as input and :func:`iceberg_cdc.lineage.mirror_dataset` as output.
+
+Nothing here runs unless the provider is installed and configured (a
+transport): without it no extractor calls these methods.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.providers.common.compat.sdk import DecoratedOperator, task_decorator_factory
+from airflow.providers.standard.operators.python import PythonOperator
+
+from iceberg_cdc.lineage import DatasetRef, iceberg_dataset
+
+log = logging.getLogger("iceberg_cdc")
+
+
+def _dataset(ref: DatasetRef, *, output: bool = False) -> Any:
+    from openlineage.client.event_v2 import InputDataset, OutputDataset
+    from openlineage.client.facet_v2 import (
+        catalog_dataset,
+        dataset_version_dataset,
+        output_statistics_output_dataset,
+        symlinks_dataset,
+    )
+
+    facets: dict[str, Any] = {}
+    if ref.version is not None:
+        facets["version"] = dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=ref.version)
+    if ref.symlink is not None:
+        facets["symlinks"] = symlinks_dataset.SymlinksDatasetFacet(
+            identifiers=[
+                symlinks_dataset.Identifier(namespace=ref.symlink[0], name=ref.symlink[1], type="TABLE")
+            ]
+        )
+    if ref.catalog:
+        facets["catalog"] = catalog_dataset.CatalogDatasetFacet(**ref.catalog)
+    if output:
+        extra = {}
+        if ref.rows is not None:
+            extra["outputStatistics"] = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
+                rowCount=ref.rows
+            )
+        return OutputDataset(namespace=ref.namespace, name=ref.name, facets=facets, outputFacets=extra)
+    return InputDataset(namespace=ref.namespace, name=ref.name, facets=facets)
+
+
+def operator_lineage(inputs: Sequence[DatasetRef], outputs: Sequence[DatasetRef]) -> Any:
+    """The provider's ``OperatorLineage`` for these datasets."""
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    return OperatorLineage(
+        inputs=[_dataset(ref) for ref in inputs], outputs=[_dataset(ref, output=True) for ref in outputs]
+    )
+
+
+class LineageReporting:
+    """Mixin: an operator that reports :meth:`lineage_datasets` to OpenLineage when it completes."""
+
+    def lineage_datasets(self, task_instance: Any) -> tuple[list[DatasetRef], list[DatasetRef]]:
+        return [], []
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        inputs, outputs = self.lineage_datasets(task_instance)
+        return operator_lineage(inputs, outputs)
+
+
+class ChangelogLineageOperator(LineageReporting, DecoratedOperator, PythonOperator):
+    """The ``@task`` operator (as :func:`airflow.sdk.task` builds it) that reports the run's datasets.
+
+    ``lineage``: ``"input"`` (the source at the run's snapshot) or
+    ``"changelog"`` (that, and the sink at the commit's snapshot), from detect's
+    result and this task's, kept on the operator when it ran.
+    """
+
+    custom_operator_name = "@task"
+    template_fields: Sequence[str] = ("templates_dict", "op_args", "op_kwargs")
+
+    def __init__(self, *, python_callable, op_args, op_kwargs, lineage: str = "changelog", **kwargs) -> None:
+        super().__init__(
+            kwargs_to_upstream={
+                "python_callable": python_callable,
+                "op_args": op_args,
+                "op_kwargs": op_kwargs,
+            },
+            python_callable=python_callable,
+            op_args=op_args,
+            op_kwargs=op_kwargs,
+            **kwargs,
+        )
+        self.lineage = lineage
+
+    def execute(self, context: Any) -> Any:
+        """Run the task; keep what the lineage needs on the operator, which the provider's listener sees."""
+        result = super().execute(context)
+        # The provider asks for lineage in a forked process with a time limit, where talking to
+        # Airflow (an XCom pull) may hang: everything it needs is kept here, in memory.
+        self._lineage_detected = (
+            result if self.lineage == "input" else context["ti"].xcom_pull(task_ids="detect")
+        )
+        self._lineage_committed = result if self.lineage == "changelog" else None
+        return result
+
+    def lineage_datasets(self, task_instance: Any) -> tuple[list[DatasetRef], list[DatasetRef]]:
+        detected = getattr(self, "_lineage_detected", None) or {}
+        if detected.get("snapshot_id") is None:  # caught up (or the task did not run): no datasets
+            return [], []
+        committed = getattr(self, "_lineage_committed", None)
+        return changelog_datasets(detected, committed if isinstance(committed, dict) else None)
+
+
+def changelog_datasets(
+    detected: dict[str, Any], committed: dict[str, Any] | None
+) -> tuple[list[DatasetRef], list[DatasetRef]]:
+    """Source at the processed snapshot; with ``committed``, the sink at its commit's snapshot too.
+
+    Only XComs and the config file: the provider runs this in a short-lived
+    process with a time limit after the task, so it makes no catalog call.
+    """
+    from iceberg_cdc.config import load_config
+
+    catalog = load_config().catalog
+    inputs = [
+        iceberg_dataset(
+            catalog, detected["source"], detected["source_location"], version=detected["snapshot_id"]
+        )
+    ]
+    outputs = []
+    if committed is not None:
+        rows = (committed.get("conservation") or {}).get("change_rows") if committed.get("committed") else 0
+        outputs.append(
+            iceberg_dataset(
+                catalog,
+                detected["sink"],
+                detected["sink_location"],
+                version=committed.get("sink_snapshot_id"),
+                rows=rows,
+            )
+        )
+    return inputs, outputs
+
+
+def lineage_task(python_callable=None, **kwargs: Any):
+    """``@task`` whose operator reports OpenLineage datasets (``lineage="input"`` or ``"changelog"``)."""
+    return task_decorator_factory(
+        python_callable=python_callable, decorated_operator_class=ChangelogLineageOperator, **kwargs
+    )

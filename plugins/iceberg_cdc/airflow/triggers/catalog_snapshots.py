@@ -1,0 +1,211 @@
+"""The event trigger behind each table's AssetWatcher: fires when ``main`` of the source gets a new snapshot.
+
+One trigger per configured table (its source table's Asset watches it), but
+**one poll per catalog**: every trigger of a catalog returns the same
+:meth:`shared_stream_key`, so Airflow's triggerer (3.3+) runs a single
+:meth:`open_shared_stream` loop for all of them and hands each trigger the
+same raw events -- the watched tables' metadata locations, fetched with one
+catalog call per poll for SQL and Glue catalogs
+(:class:`~iceberg_cdc.source.catalog_poll.CatalogPoller`).
+Each trigger then looks at its own table (:meth:`filter_shared_stream`): when
+the metadata location moved, it reads that one metadata file and fires only
+if ``main`` points at a snapshot it has not reported -- so commits that only
+touch properties or refs (the pipeline's own ``protect_pending`` tags) start
+nothing.
+
+Why not the Iceberg provider's ``IcebergTableSnapshotTrigger`` by default: it
+needs the catalog as an Airflow connection (this pipeline's catalog is its
+YAML config) and loads the whole table (catalog call + metadata read) per
+table per poll, with no sharing. It is used instead with ``events.trigger:
+provider`` (:func:`iceberg_cdc.airflow.events.source_asset`).
+
+**Duplicates and replays are harmless by design.** The last reported
+snapshot is kept in the asset's state store, so a triggerer restart does
+not fire again for it; where no state is kept (first start, an older
+Airflow), the first poll fires once for the current snapshot. Any event only
+starts a DAG run, and a run with nothing pending ends at once, committing
+nothing.
+
+Kwargs hold no secrets: the trigger reads the catalog's settings from the
+pipeline's config file (``config_path``, as the DAG files do), in the triggerer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Hashable
+from typing import Any
+
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+
+log = logging.getLogger("iceberg_cdc")
+
+STATE_KEY = "cdc_last_snapshot"
+REPORT_EVERY_SECONDS = 60.0  # how often the shared poll logs what it cost
+
+
+class CatalogSnapshotTrigger(BaseEventTrigger):
+    """Fire ``{"table", "snapshot_id", "metadata_location"}`` on each new snapshot of ``main`` of ``table``.
+
+    :param config_path: the pipeline's YAML config (its ``catalog:`` is what is polled)
+    :param table: the source table this trigger reports on (``namespace.table``)
+    :param catalog_key: :func:`~iceberg_cdc.source.catalog_poll.catalog_key` of the config's catalog
+    :param watched: every source table of the catalog the config watches (one poll serves them all)
+    :param poll_interval: seconds between polls
+    """
+
+    def __init__(
+        self,
+        *,
+        config_path: str,
+        table: str,
+        catalog_key: str,
+        watched: list[str],
+        poll_interval: float = 10.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.config_path = config_path
+        self.table = table
+        self.catalog_key = catalog_key
+        self.watched = sorted(watched)
+        self.poll_interval = float(poll_interval)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "config_path": self.config_path,
+                "table": self.table,
+                "catalog_key": self.catalog_key,
+                "watched": self.watched,
+                "poll_interval": self.poll_interval,
+            },
+        )
+
+    def shared_stream_key(self) -> Hashable | None:
+        """Equal for every table of one catalog in one config: the triggerer polls them once."""
+        return (
+            "iceberg_cdc.catalog_snapshots",
+            self.catalog_key,
+            self.config_path,
+            tuple(self.watched),
+            self.poll_interval,
+        )
+
+    @classmethod
+    async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
+        """Poll the catalog forever: one raw event per poll, ``{"locations": {table: location}}``."""
+        poller = await asyncio.to_thread(_poller, kwargs["config_path"], list(kwargs["watched"]))
+        interval = float(kwargs["poll_interval"])
+        polls, started = 0, time.monotonic()
+        while True:
+            try:
+                locations = await asyncio.to_thread(poller.locations)
+            except (
+                Exception
+            ) as exc:  # a catalog blip: the next poll tries again; the clock stays the fallback
+                log.warning(
+                    "catalog poll failed (%s: %s); polling again in %.0f s", type(exc).__name__, exc, interval
+                )
+                await asyncio.sleep(interval)
+                continue
+            polls += 1
+            yield {"locations": locations, "polled_at": time.time(), "calls": poller.calls}
+            elapsed = time.monotonic() - started
+            if elapsed >= REPORT_EVERY_SECONDS:
+                log.info(
+                    "catalog poll %s (%s): %d calls in %.0f s for %d table(s): %.1f calls per minute per table",
+                    kwargs["catalog_key"],
+                    poller.kind,
+                    poller.calls,
+                    elapsed,
+                    len(poller.tables),
+                    poller.calls * 60 / elapsed / max(1, len(poller.tables)),
+                )
+                poller.calls, polls, started = 0, 0, time.monotonic()
+            await asyncio.sleep(interval)
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        """This table's new snapshots in the shared stream: a location change, then ``main``'s snapshot."""
+        store = await self._state_store()
+        last_snapshot = await self._load(store)
+        last_location: str | None = None
+        file_io_for = None
+        async for raw in shared_stream:
+            location = raw["locations"].get(self.table)
+            if location is None or location == last_location:
+                continue
+            if file_io_for is None:
+                file_io_for = await asyncio.to_thread(_file_io_for, self.config_path)
+            try:
+                snapshot_id = await asyncio.to_thread(_main_snapshot_id, file_io_for, location)
+            except Exception as exc:  # unreadable right now: look again at the next poll
+                log.warning(
+                    "%s: metadata %s not readable (%s: %s)", self.table, location, type(exc).__name__, exc
+                )
+                continue
+            last_location = location
+            if snapshot_id is None or snapshot_id == last_snapshot:
+                continue
+            previous, last_snapshot = last_snapshot, snapshot_id
+            if store is not None:
+                await asyncio.to_thread(store.set, STATE_KEY, str(snapshot_id))
+            yield TriggerEvent(
+                {
+                    "table": self.table,
+                    # 64-bit ids travel as strings (asset extras reach browsers)
+                    "snapshot_id": str(snapshot_id),
+                    "previous_snapshot_id": None if previous is None else str(previous),
+                    "metadata_location": location,
+                }
+            )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Without a shared stream (an Airflow that does not share): this trigger's own poll loop."""
+        async for event in self.filter_shared_stream(type(self).open_shared_stream(self.serialize()[1])):
+            yield event
+
+    async def _state_store(self) -> Any:
+        store = getattr(self, "asset_state_store", None)
+        if store is None:
+            return None
+        try:
+            await asyncio.to_thread(store.get, STATE_KEY)
+        except ValueError:  # watched by several assets: no single place for the cursor
+            log.warning("%s: watched by several assets; a triggerer restart may fire once more", self.table)
+            return None
+        return store
+
+    async def _load(self, store: Any) -> int | None:
+        if store is None:
+            return None
+        value = await asyncio.to_thread(store.get, STATE_KEY)
+        try:
+            return int(value) if value is not None else None
+        except (TypeError, ValueError):
+            return None
+
+
+def _poller(config_path: str, watched: list[str]):
+    from iceberg_cdc.config import load_config
+    from iceberg_cdc.pipeline.runtime import load_catalog_from_config
+    from iceberg_cdc.source.catalog_poll import CatalogPoller
+
+    return CatalogPoller(load_catalog_from_config(load_config(config_path)), watched)
+
+
+def _file_io_for(config_path: str):
+    from iceberg_cdc.config import load_config
+    from iceberg_cdc.pipeline.runtime import runtime_from_config
+
+    runtime = runtime_from_config(load_config(config_path))
+    return runtime.file_io
+
+
+def _main_snapshot_id(file_io_for, location: str) -> int | None:
+    from iceberg_cdc.source.catalog_poll import main_snapshot_id
+
+    return main_snapshot_id(file_io_for, location)

@@ -1,0 +1,387 @@
+"""The Iceberg mirror's Airflow-free steps: plan, (the ``mirror_join`` Spark tasks), commit, cleanup.
+
+A mirror run calls, in order:
+
+* :func:`plan` -- proves the run's lease, creates or evolves the mirror,
+  stops at once when the mirror's watermark already covers the net changes,
+  collects the changed keys, prunes the mirror's files (:mod:`.pruning`),
+  bin-packs the candidates into join units and the upserts into rows units,
+  spreads them over ``spark.parallel_jobs`` groups and saves the plan; its
+  answer (small, for XCom) holds ``join_args``: one list of Spark
+  application arguments per group
+  (``--phase mirror_join --plan <key> --group <n> --label <text>``);
+* the mapped Spark tasks run those groups (``spark_app`` / ``connect_app``,
+  or :func:`run_units_inline` in process);
+* :func:`commit` -- lease, the plan is this run's, conservation
+  (:func:`~.commit.build_delta`, files still there), a ``commit-pending``
+  marker, the lease again, then the one commit of data, deletes and
+  watermark, exactly once (:func:`~.commit.commit_delta`);
+* :func:`cleanup` (a teardown: after failures too) -- deletes the attempt's
+  objects and the staged files no commit references, unless a commit's
+  outcome is unknown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.exceptions import CommitFailedException
+
+from iceberg_cdc.coordination.lease import TableLease
+from iceberg_cdc.errors import CdcError, ConfigError, LeaseLostError
+from iceberg_cdc.mirror.iceberg import join
+from iceberg_cdc.mirror.iceberg.commit import build_delta, check_files_exist, commit_delta
+from iceberg_cdc.mirror.iceberg.inputs import RunLease, StagedNetChanges
+from iceberg_cdc.mirror.iceberg.phase import PHASE
+from iceberg_cdc.mirror.iceberg.plan import (
+    MODES,
+    MirrorPaths,
+    MirrorPlan,
+    Unit,
+    bin_pack,
+    label,
+    spread_groups,
+)
+from iceberg_cdc.mirror.iceberg.pruning import prune
+from iceberg_cdc.mirror.iceberg.table import (
+    create_or_load,
+    evolve,
+    find_apply,
+    read_mirror_watermark,
+    source_schema_at,
+)
+from iceberg_cdc.pipeline.groups import phase_seconds, record_phase
+from iceberg_cdc.pipeline.runtime import Runtime
+from iceberg_cdc.pyiceberg_internals.data_writer import metadata_for_units
+from iceberg_cdc.source.reading import output_schema
+from iceberg_cdc.storage import get_json_many, open_store
+
+log = logging.getLogger("iceberg_cdc.mirror")
+
+DEFAULT_UNIT_BYTES = 256 << 20
+STAGING_DIR = "data/_mirror"
+
+
+def _setting(mirror: Any, name: str, default: Any = None) -> Any:
+    if isinstance(mirror, Mapping):
+        return mirror.get(name, default)
+    return getattr(mirror, name, default)
+
+
+def _mode(mirror: Any) -> str:
+    mode = _setting(mirror, "mode") or "merge-on-read"
+    if mode not in MODES:
+        raise ConfigError(f"mirror {_setting(mirror, 'table')}: mode {mode!r} is not one of {list(MODES)}")
+    return mode
+
+
+def _lease(ctx: Any, run: RunLease) -> TableLease:
+    return TableLease(ctx.runtime.store(), run.name)
+
+
+def _confirm(ctx: Any, run: RunLease) -> None:
+    _lease(ctx, run).renew(run.run_id, run.epoch, run.ttl)
+
+
+def _changed_keys(store: Any, net: StagedNetChanges, key_types: pa.Schema) -> pa.Table:
+    """Distinct keys of every upsert and delete, in the mirror's key types."""
+    names = list(net.key_columns)
+    parts = [
+        pq.read_table(io.BytesIO(store.get(part.key)), columns=names).cast(key_types)
+        for part in (*net.upserts, *net.deletes)
+    ]
+    if not parts:
+        return key_types.empty_table()
+    keys = pa.concat_tables(parts)
+    return keys.group_by(names, use_threads=False).aggregate([]).select(names).cast(key_types)
+
+
+def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
+    """Plan one apply of the staged net changes to the Iceberg mirror (see module doc)."""
+    started = time.perf_counter()
+    mirror_table = str(_setting(mirror, "table"))
+    mode = _mode(mirror)
+    store = ctx.runtime.store()
+    net = StagedNetChanges.load(store, staged.get("net_changes") or staged["plan"])
+    run = RunLease.of(staged, mirror_table, net.run)
+    _confirm(ctx, run)
+    source_name = net.source or ctx.table.source
+    answer = {
+        "mirror": mirror_table,
+        "run_id": run.run_id,
+        "epoch": run.epoch,
+        "lease_ttl": run.ttl,
+        "lease": run.name,
+        "root": net.root,
+        "through": net.through.to_dict(),
+        "join_args": [],
+        "labels": [],
+    }
+    catalog = ctx.catalog()
+    source = catalog.load_table(source_name)
+    source_schema = source_schema_at(source, net.through.source_snapshot_id)
+    if net.columns is not None:  # the mirror's columns, as the stager chose them (excluded ones left out)
+        present = {f.name for f in source_schema.fields}
+        source_schema = source_schema.select(*[c for c in net.columns if c in present])
+    table, created = create_or_load(
+        catalog,
+        mirror_table,
+        source_schema=source_schema,
+        source_spec=source.spec(),
+        key_columns=net.key_columns,
+        format_version=int(_setting(mirror, "format_version") or source.metadata.format_version),
+    )
+    evolved = evolve(table, source_schema)
+    watermark = read_mirror_watermark(table)
+    if watermark is not None and watermark.ordinal >= net.through.ordinal:
+        return {
+            **answer,
+            "action": "skip",
+            "reason": f"the mirror already holds changelog snapshot {watermark.changelog_snapshot_id} "
+            f"(ordinal {watermark.ordinal}), at or past {net.through.changelog_snapshot_id}",
+        }
+    schema = table.schema()
+    missing = [name for name in net.key_columns if name not in {f.name for f in schema.fields}]
+    if missing:
+        raise ConfigError(f"mirror {mirror_table}: key columns {missing} are not columns of the mirror")
+    key_schema = schema.select(*net.key_columns)
+    keys = _changed_keys(store, net, output_schema(key_schema))
+    head = table.current_snapshot()
+    base = head.snapshot_id if head is not None else None
+    pruned = prune(table, base, keys, net.key_columns)
+    unit_bytes = int(getattr(getattr(ctx.config, "shuffle", None), "write_task_size", DEFAULT_UNIT_BYTES))
+    units = [
+        Unit(f"join-{i:05d}", "join", files=files)
+        for i, files in enumerate(bin_pack(pruned.candidates, unit_bytes))
+    ]
+    units += [
+        Unit(f"rows-{i:05d}", "rows", part={"key": part.key, "rows": part.rows})
+        for i, part in enumerate(net.upserts)
+        if part.rows
+    ]
+    parallel = int(getattr(getattr(ctx.config, "spark", None), "parallel_jobs", 2))
+    paths = MirrorPaths(mirror_table, net.through.changelog_snapshot_id, f"epoch-{run.epoch}", net.root)
+    apply_plan = MirrorPlan(
+        mirror=mirror_table,
+        source=source_name,
+        lease_name=run.name,
+        run_id=run.run_id,
+        epoch=run.epoch,
+        lease_ttl_seconds=run.ttl,
+        through=net.through.to_dict(),
+        key_columns=list(net.key_columns),
+        mode=mode,
+        format_version=int(table.metadata.format_version),
+        base_snapshot_id=base,
+        metadata_json=metadata_for_units(table.metadata),
+        location=table.location(),
+        staging_dir=f"{table.location().rstrip('/')}/{STAGING_DIR}/apply-{net.through.changelog_snapshot_id}/"
+        f"epoch-{run.epoch}",
+        key_count=keys.num_rows,
+        upsert_rows=net.upsert_rows,
+        delete_rows=net.delete_rows,
+        units=units,
+        groups=spread_groups(units, parallel),
+        delete_files=pruned.delete_files,
+        figures={**pruned.figures, "created": int(created), "evolved": int(evolved)},
+        root=net.root,
+    )
+    sink = io.BytesIO()
+    pq.write_table(keys, sink)
+    store.put(paths.keys, sink.getvalue())
+    key = apply_plan.save(store)
+    record_phase(store, paths, "plan", started, **apply_plan.figures)  # type: ignore[arg-type]
+    labels = [label(apply_plan, g) for g in range(len(apply_plan.groups))]
+    log.info(
+        "mirror %s: apply through changelog snapshot %s: %d keys, %d of %d files to join, %d units in %d groups",
+        mirror_table,
+        net.through.changelog_snapshot_id,
+        keys.num_rows,
+        pruned.figures.get("candidate_files", 0),
+        pruned.figures.get("data_files", 0),
+        len(units),
+        len(apply_plan.groups),
+    )
+    return {
+        **answer,
+        "action": "apply",
+        "plan": key,
+        "join_args": [
+            ["--phase", PHASE, "--plan", key, "--group", str(g), "--label", labels[g]]
+            for g in range(len(apply_plan.groups))
+        ],
+        "labels": labels,
+        "keys": keys.num_rows,
+        **{k: v for k, v in pruned.figures.items()},
+    }
+
+
+def run_units_inline(runtime: Runtime, planned: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every group's units in this process, as the Spark tasks run them (tests, bench, small mirrors)."""
+    if planned.get("action") != "apply":
+        return []
+    from iceberg_cdc.pipeline.groups import record_group
+
+    store = runtime.store()
+    apply_plan = MirrorPlan.load(store, planned["plan"])
+    results = []
+    for group in range(len(apply_plan.groups)):
+        started = time.perf_counter()
+        done = [
+            join.run_mirror_join_task(apply_plan, runtime, u.unit_id) for u in apply_plan.group_units(group)
+        ]
+        record_group(store, apply_plan, PHASE, group, time.perf_counter() - started, done)  # type: ignore[arg-type]
+        results.extend(done)
+    return results
+
+
+def _own_plan(store: Any, planned: Mapping[str, Any]) -> MirrorPlan:
+    apply_plan = MirrorPlan.load(store, planned["plan"])
+    if apply_plan.epoch != int(planned["epoch"]) or apply_plan.run_id != planned["run_id"]:
+        raise LeaseLostError(
+            f"the mirror plan {planned['plan']} belongs to run {apply_plan.run_id!r} (epoch {apply_plan.epoch}), "
+            f"not to this run {planned['run_id']!r} (epoch {planned['epoch']}); nothing was committed"
+        )
+    return apply_plan
+
+
+def _records(store: Any, paths: MirrorPaths) -> list[dict[str, Any]]:
+    keys = sorted(i.key for i in store.list(paths.staged_prefix) if i.key.endswith(".json"))
+    return get_json_many(store, keys)
+
+
+def commit(ctx: Any, mirror: Any, planned: Mapping[str, Any]) -> dict[str, Any]:
+    """Check every row, then commit the apply and the watermark once (see module doc)."""
+    if planned.get("action") != "apply":
+        return {
+            "committed": False,
+            "reason": planned.get("reason", "nothing to apply"),
+            "mirror": planned.get("mirror"),
+        }
+    run = RunLease(
+        str(planned["lease"]), str(planned["run_id"]), int(planned["epoch"]), float(planned["lease_ttl"])
+    )
+    _confirm(ctx, run)
+    store = ctx.runtime.store()
+    apply_plan = _own_plan(store, planned)
+    paths = apply_plan.paths
+    table = ctx.catalog().load_table(apply_plan.mirror)
+    records = _records(store, paths)
+    delta = build_delta(apply_plan, records, table)
+    check_files_exist(table, delta.add, apply_plan)
+    seconds = phase_seconds(store, paths)  # type: ignore[arg-type]
+    summary = {f"cdc.mirror.{k}": str(v) for k, v in (delta.figures or {}).items()}
+    summary.update({f"cdc.mirror.seconds.{k}": str(v) for k, v in seconds.items()})
+    summary["cdc.mirror.keys"] = str(apply_plan.key_count)
+    summary["cdc.mirror.files.scanned"] = str(apply_plan.figures.get("candidate_files", 0))
+    summary["cdc.mirror.mode"] = apply_plan.mode
+    started = time.perf_counter()
+    store.put(
+        paths.commit_pending,
+        json.dumps({"run_id": run.run_id, "epoch": run.epoch, "at": time.time()}).encode(),
+    )
+    try:
+        _confirm(ctx, run)
+    except BaseException:
+        with contextlib.suppress(CdcError):
+            store.delete_prefix(paths.commit_pending)
+        raise
+    try:
+        result = commit_delta(table, apply_plan, delta, summary)
+    except (CommitFailedException, CdcError):
+        with contextlib.suppress(CdcError):  # certainly not committed
+            store.delete_prefix(paths.commit_pending)
+        raise
+    with contextlib.suppress(CdcError):
+        store.delete_prefix(paths.commit_pending)
+    log.info(
+        "mirror %s: %s through changelog snapshot %s; %s",
+        apply_plan.mirror,
+        result.reason,
+        apply_plan.changelog_snapshot_id,
+        ", ".join(f"{k}={v}" for k, v in sorted((delta.figures or {}).items())),
+    )
+    return {
+        "committed": result.committed,
+        "reason": result.reason,
+        "mirror": apply_plan.mirror,
+        "mirror_snapshot_id": str(result.snapshot_id) if result.snapshot_id is not None else None,
+        "through": apply_plan.through,
+        "seconds": {**seconds, "commit": round(time.perf_counter() - started, 3)},
+        **(delta.figures or {}),
+    }
+
+
+def cleanup(ctx: Any, mirror: Any, planned: Mapping[str, Any]) -> dict[str, Any]:
+    """Delete the attempt's objects and its staged files no commit references (a teardown: never raises on them).
+
+    A ``commit-pending`` marker (an outcome not known) keeps everything: a
+    commit that lands late references those files.
+    """
+    if planned.get("action") != "apply":
+        return {"deleted_objects": 0, "deleted_files": 0}
+    store = ctx.runtime.store()
+    paths = MirrorPaths(
+        str(planned["mirror"]),
+        int(planned["through"]["changelog_snapshot_id"]),
+        f"epoch-{planned['epoch']}",
+        planned.get("root"),
+    )
+    if store.list(paths.commit_pending):
+        log.warning("mirror %s: a commit's outcome is unknown; its files are kept", planned["mirror"])
+        return {"deleted_objects": 0, "deleted_files": 0, "kept": "commit outcome unknown"}
+    deleted_files = 0
+    try:
+        apply_plan = MirrorPlan.load(store, planned["plan"])
+    except CdcError:
+        apply_plan = None
+    if apply_plan is not None:
+        table = ctx.catalog().load_table(apply_plan.mirror)
+        committed = find_apply(table, _through(apply_plan)) is not None
+        keep = set()
+        if committed:
+            keep = {f["file_path"] for r in _records(store, paths) for f in r.get("added", ())}
+        warehouse = open_store(apply_plan.staging_dir, ctx.runtime.io_properties)
+        for info in warehouse.list(""):
+            path = f"{apply_plan.staging_dir.rstrip('/')}/{info.key}"
+            if path not in keep:
+                warehouse.delete_prefix(info.key)
+                deleted_files += 1
+    deleted_objects = store.delete_prefix(paths.prefix)
+    return {"deleted_objects": deleted_objects, "deleted_files": deleted_files}
+
+
+def _through(apply_plan: MirrorPlan):
+    from iceberg_cdc.mirror.iceberg.inputs import Through
+
+    return Through.from_dict(apply_plan.through)
+
+
+def watermark(ctx: Any, mirror: Any) -> Any:
+    """The mirror's watermark: the last changelog snapshot applied (None: the mirror is new or empty).
+
+    A ``ChangelogMark`` of the mirror core when it is installed, else this
+    target's own :class:`~.inputs.Through` (same fields).
+    """
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        table = ctx.catalog().load_table(str(_setting(mirror, "table")))
+    except NoSuchTableError:
+        return None
+    mark = read_mirror_watermark(table)
+    if mark is None:
+        return None
+    try:
+        from iceberg_cdc.mirror.net_changes import ChangelogMark
+    except ImportError:
+        return mark
+    return ChangelogMark(mark.changelog_snapshot_id, mark.source_snapshot_id, mark.ordinal)

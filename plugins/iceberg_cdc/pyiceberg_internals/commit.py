@@ -1,0 +1,92 @@
+"""Sink commits the way exactly-once needs them: no retry inside pyiceberg, property updates that assert the head.
+
+**pyiceberg's own commit retry is switched off.** pyiceberg 0.12's
+``Transaction.commit_transaction`` retries a commit that lost the race
+(``CommitFailedException``) up to ``commit.retry.num-retries`` times
+(default 4), rebuilding the append on the new branch head. For the sink that
+retry is wrong: the sink's commit loop must look for the marker of the source
+snapshot in the new head first (another run may have committed it), and
+pyiceberg's rebuild skips that check -- a snapshot could land twice. So
+:func:`table_without_commit_retry` returns a copy of the table object whose
+metadata says ``commit.retry.num-retries=0``. Assumptions (each pinned by a test):
+
+* ``commit_transaction`` reads the setting from ``transaction._table.metadata.properties``
+  of the table object the transaction was opened on, not from the catalog;
+* ``Table(identifier, metadata, metadata_location, io, catalog, config)``
+  builds an equivalent table object (the copy commits through the same catalog);
+* ``TableMetadata.model_copy(update={"properties": ...})`` changes only the
+  copy: nothing of the setting is sent to the catalog, so the stored table is
+  untouched.
+
+**A property update that asserts the branch head.** ``Transaction.set_properties``
+carries no requirement, so the catalog would apply it on top of whatever is
+current; the watermark must only move together with the head it was decided
+on. :func:`set_properties_at_head` stages the update through an
+``UpdateTableMetadata`` subclass implementing its private ``_commit`` (which
+returns the updates and the requirements to stage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyiceberg.table import Table, TableProperties, Transaction
+from pyiceberg.table.update import (
+    AssertRefSnapshotId,
+    SetPropertiesUpdate,
+    UpdatesAndRequirements,
+    UpdateTableMetadata,
+)
+
+MAIN_BRANCH = "main"
+
+
+def table_without_commit_retry(table: Table) -> Table:
+    """A copy of ``table`` whose transactions are committed once, never retried inside pyiceberg."""
+    metadata = table.metadata.model_copy(
+        update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
+    )
+    return Table(
+        identifier=table.name(),
+        metadata=metadata,
+        metadata_location=table.metadata_location,
+        io=table.io,
+        catalog=table.catalog,
+        config=table.config,
+    )
+
+
+def adopt(table: Table, committed: Table) -> None:
+    """Give ``table`` the metadata the catalog answered ``committed``'s commit with."""
+    table.metadata = committed.metadata
+    table.metadata_location = committed.metadata_location
+
+
+class _SetPropertiesAtHead(UpdateTableMetadata["_SetPropertiesAtHead"]):
+    """Set table properties, asserting the branch head the decision was made on."""
+
+    def __init__(
+        self, transaction: Transaction, properties: Mapping[str, str], head: int | None, ref: str
+    ) -> None:
+        super().__init__(transaction)
+        self._properties = dict(properties)
+        self._head = head
+        self._ref = ref
+
+    def _commit(self) -> UpdatesAndRequirements:
+        return (
+            (SetPropertiesUpdate(updates=self._properties),),
+            (AssertRefSnapshotId(snapshot_id=self._head, ref=self._ref),),
+        )
+
+
+def set_properties_at_head(
+    transaction: Transaction, properties: Mapping[str, str], head: int | None, ref: str = MAIN_BRANCH
+) -> None:
+    """Stage ``properties`` in ``transaction``, with the requirement that branch ``ref`` is still at ``head``.
+
+    ``head`` None asserts that the branch does not exist yet (an empty table).
+    A concurrent commit then fails this one with ``CommitFailedException``
+    instead of being overwritten by a decision made on an older head.
+    """
+    _SetPropertiesAtHead(transaction, properties, head, ref).commit()

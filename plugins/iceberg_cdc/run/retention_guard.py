@@ -1,0 +1,92 @@
+"""The retention guard, as detect runs it: how long the sink's snapshots are safe, and protect_pending.
+
+Called by detect once it holds the table's lease and knows the watermark:
+
+1. with ``protect_pending``, the table's tags are moved to the snapshots the
+   sink needs now (:func:`~iceberg_cdc.source.protection.sync_tags`, one
+   source metadata commit when something changed); without it, tags left by an
+   earlier configuration are removed;
+2. tags of tables that left the config are swept (one listing of the shuffle
+   store's ``_protection/`` records per run);
+3. the outlook (:mod:`iceberg_cdc.source.retention`): when the first needed
+   snapshot may be expired, and a warning below ``tables[].retention_warning``.
+
+A failure to move the tags (no write access to the source, a catalog that
+keeps refusing the commit) does not fail the run -- the changes still get
+captured -- but it is in the result (``protection.error``) and the run's note.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.table import Table
+
+from iceberg_cdc.error_lines import line_of
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.source import protection
+from iceberg_cdc.source.retention import needed_snapshots, outlook
+from iceberg_cdc.watermark import Watermark
+
+log = logging.getLogger("iceberg_cdc")
+
+
+def guard(ctx: Context, source: Table, watermark: Watermark | None, *, catalog: Any) -> dict[str, Any]:
+    """Protect (or release), sweep, and report: the ``retention`` part of detect's result."""
+    table = ctx.table
+    store = ctx.runtime.store()
+    needed = needed_snapshots(source, watermark, table.start)
+    result: dict[str, Any] = {}
+    if table.protect_pending:
+        try:
+            protection.record(store, table.source, table.sink)
+            change = protection.sync_tags(source, table.sink, needed.ids)
+            result["protection"] = change.to_dict()
+            if change.committed:
+                log.info(
+                    "protect_pending: %s tags now %d snapshot(s) for %s (+%d -%d, one metadata commit)",
+                    table.source,
+                    change.kept + len(change.added),
+                    table.sink,
+                    len(change.added),
+                    len(change.removed),
+                )
+        except Exception as exc:  # the capture goes on; the note says protection failed
+            line = line_of(exc)
+            result["protection"] = {"error": line}
+            log.warning("protect_pending: could not move the tags on %s: %s", table.source, line)
+    elif protection.own_tags(source, table.sink):
+        change = protection.release_tags(source, table.sink)
+        protection.forget(store, table.source, table.sink)
+        log.warning(
+            "protect_pending is off for %s: removed its %d tag(s) from %s",
+            table.sink,
+            len(change.removed),
+            table.source,
+        )
+    protected_now = [(t.source, t.sink) for t in ctx.config.tables if t.protect_pending]
+    protection.sweep_unconfigured(store, protected_now, lambda name: _load_or_none(catalog, name))
+
+    now_ms = int(time.time() * 1000)
+    prefix = protection.tag_prefix(table.sink) if table.protect_pending else None
+    view = outlook(source.metadata, needed, protection_prefix=prefix)
+    result["retention"] = view.to_dict(now_ms)
+    warning = view.warning(now_ms, table.retention_warning)
+    if "error" in result.get("protection", {}):
+        warning = f"protect_pending failed ({result['protection']['error']})" + (
+            f"; {warning}" if warning else ""
+        )
+    if warning:
+        result["retention_warning"] = warning
+        log.warning("%s: %s", table.source, warning)
+    return result
+
+
+def _load_or_none(catalog: Any, identifier: str) -> Table | None:
+    try:
+        return catalog.load_table(identifier)
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
