@@ -104,6 +104,7 @@ def test_a_snapshot_whose_rows_add_up_gives_its_figures():
     assert figures.rows() == {
         "input": 30,
         "masked": 2,
+        "cancelled": 0,
         "shuffled": 28,
         "read": 28,
         "carryover": 18,
@@ -112,6 +113,7 @@ def test_a_snapshot_whose_rows_add_up_gives_its_figures():
     assert CommitSummary(rows=figures.rows()).to_summary() == {
         "cdc.rows.input": "30",
         "cdc.rows.masked": "2",
+        "cdc.rows.cancelled": "0",
         "cdc.rows.shuffled": "28",
         "cdc.rows.read": "28",
         "cdc.rows.carryover": "18",
@@ -159,7 +161,8 @@ def test_write_tasks_that_wrote_fewer_rows_than_the_manifests_hold_are_refused()
     records = _records()
     records["written"][T2.task_id]["rows"]["INSERT"] = 7
     with pytest.raises(
-        ConservationError, match=r"wrote 27 rows to the shuffle \(and delete files masked 2\).*hold 30 rows"
+        ConservationError,
+        match=r"wrote 27 rows to the shuffle \(delete files masked 2, 0 cancelled as carryover.*hold 30 rows",
     ):
         _check(**records)
 

@@ -44,7 +44,7 @@ def test_carryover_cancelled_before_the_shuffle_is_named():
     }
     assert story(DETECTED, committed) == (
         "snapshot 42 (overwrite, #7): +0 -0 ±1,000 updates, carryover 37,800 (37,000 cancelled before the "
-        "shuffle), 64.0 KB shuffled"
+        "shuffle), 64.0 KiB shuffled"
     )
 
 

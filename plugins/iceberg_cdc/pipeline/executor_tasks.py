@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import re
 import resource
 import sys
 import tempfile
@@ -28,12 +27,12 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-import numpy as np
 import pyarrow as pa
 
 from iceberg_cdc.changelog.merge import CHANGE_TYPE_COLUMN, MergeStats, merge_changes
-from iceberg_cdc.errors import CorruptShuffleError, SourceFileMissingError
+from iceberg_cdc.errors import CorruptShuffleError
 from iceberg_cdc.pipeline.conservation import check_merge, check_written
+from iceberg_cdc.pipeline.input_rows import InputRows
 from iceberg_cdc.pipeline.map_cancel import CancelBuffer, CancelStats, file_groups
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import Runtime
@@ -44,10 +43,7 @@ from iceberg_cdc.shuffle.rows import Op, shuffle_schema
 from iceberg_cdc.shuffle.writer import MapOutputWriter
 from iceberg_cdc.sink.rows import sink_arrow_schema, to_sink_arrow
 from iceberg_cdc.sink.staging import staged_file_path, write_staged_file
-from iceberg_cdc.source.delete_filter import DeleteLoader, LiveRows
-from iceberg_cdc.source.lineage import LineageFiller, with_lineage
-from iceberg_cdc.source.planning import InputFile
-from iceberg_cdc.source.reading import name_mapping_from_json, output_schema, read_data_file
+from iceberg_cdc.source.reading import output_schema
 
 T = TypeVar("T")
 # Compressed shuffle bytes a read task decodes and merges at once (a larger partition: alone).
@@ -104,66 +100,6 @@ def _schemas(plan: SnapshotPlan):
     return source, sink
 
 
-class _InputRows:
-    """A task's input files as batches of the rows that count, with merge-on-read deletes applied.
-
-    Rows a delete file says are not live (or, for a kept file, rows no new
-    delete names) are dropped and counted per operation in ``masked``, so
-    conservation still adds up to the manifests' record counts.
-    """
-
-    def __init__(self, plan: SnapshotPlan, io, schema) -> None:
-        self._plan, self._io, self._schema = plan, io, schema
-        self._mapping = name_mapping_from_json(plan.name_mapping_json)
-        self._loader: DeleteLoader | None = None
-        self.masked = {"DELETE": 0, "INSERT": 0}
-
-    def batches(self, file: InputFile, lineage: bool = False) -> Iterator[pa.RecordBatch]:
-        """The file's rows that count; with ``lineage``, plus the two row-lineage columns, inherited.
-
-        A data or delete file gone from storage is a final error.
-        """
-        try:
-            yield from self._batches(file, lineage)
-        except FileNotFoundError as exc:
-            named = re.search(r"[A-Za-z][\w+.-]*://[^\s:'\",)]+", str(exc))
-            missing = file.path if file.path in str(exc) or named is None else named.group(0)
-            raise SourceFileMissingError.for_file(
-                missing,
-                self._plan.source,
-                self._plan.snapshot_id,
-                detail=f"a delete file of {file.path}" if missing != file.path else "",
-            ) from exc
-
-    def _batches(self, file: InputFile, lineage: bool) -> Iterator[pa.RecordBatch]:
-        if not (file.deletes or file.require):
-            yield from self._read(file, lineage=lineage)
-            return
-        if self._loader is None:
-            self._loader = DeleteLoader(self._io, self._schema, self._plan.delete_refs())
-        live = LiveRows(self._loader, file.path, file.deletes, file.require)
-        positions = live.selected_positions()
-        if positions is None:
-            yield from live.filter(self._read(file, lineage=lineage))
-        else:  # a kept file changed by position deletes / a DV: read only the rows they name
-            yield from live.filter_selected(self._read(file, positions, lineage))
-        self.masked[file.op] += live.masked
-
-    def _read(self, file: InputFile, positions: np.ndarray | None = None, lineage: bool = False):
-        raw = read_data_file(
-            self._io,
-            file.path,
-            with_lineage(self._schema) if lineage else self._schema,
-            name_mapping=self._mapping,
-            partition_values=file.partition_values,
-            positions=positions,
-        )
-        if not lineage:
-            return raw
-        filler = LineageFiller(file.first_row_id, file.sequence_number, positions, file.record_count)
-        return filler.batches(raw)
-
-
 def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[str, Any]:
     """SHUFFLE_WRITE: read the task's files and write its map output."""
     reset_peak_rss()
@@ -181,7 +117,7 @@ def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[s
         ) as writer,
     ):
         reading = _Clock()
-        inputs = _InputRows(plan, io, source_schema)
+        inputs = InputRows(plan, io, source_schema)
         cancelling = CancelStats()
         cancel_seconds = 0.0
         for group in file_groups(task.files, plan.cancel_before_shuffle):
@@ -368,7 +304,7 @@ def run_insert_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[
     source_schema, sink_schema = _schemas(plan)
     io = runtime.file_io(plan.sink_location)
     change_type = pa.field(CHANGE_TYPE_COLUMN, pa.string(), nullable=False)
-    inputs = _InputRows(plan, io, source_schema)
+    inputs = InputRows(plan, io, source_schema)
 
     def sink_batches():
         for file in task.files:

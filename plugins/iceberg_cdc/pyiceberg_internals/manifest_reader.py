@@ -18,13 +18,17 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     DATA_FILE_TYPE,
     MANIFEST_ENTRY_SCHEMAS,
+    MANIFEST_LIST_FILE_SCHEMAS,
     DataFile,
     DataFileContent,
     FileFormat,
+    ManifestContent,
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
+    PartitionFieldSummary,
 )
+from pyiceberg.table.snapshots import Snapshot
 
 # pyiceberg's DataFile has properties for the v2 fields only; a record read (or built) with the v3
 # struct holds the v3 fields at their positions in it.
@@ -74,3 +78,22 @@ def manifest_entries(
             for entry in reader
             if not discard_deleted or entry.status != ManifestEntryStatus.DELETED
         ]
+
+
+# Where field 520 (first_row_id) sits in a manifest_file record read with the v3 schema.
+_FIRST_ROW_ID_POSITION = [f.field_id for f in MANIFEST_LIST_FILE_SCHEMAS[3].fields].index(520)
+
+
+def manifest_first_row_ids(io: FileIO, snapshot: Snapshot) -> dict[str, int | None]:
+    """Manifest path -> its ``first_row_id`` (None when unassigned), from the v3 manifest list."""
+    with AvroFile[ManifestFile](
+        io.new_input(snapshot.manifest_list),
+        MANIFEST_LIST_FILE_SCHEMAS[3],
+        read_types={-1: ManifestFile, 508: PartitionFieldSummary},
+        read_enums={517: ManifestContent},
+    ) as reader:
+        out: dict[str, int | None] = {}
+        for manifest in reader:
+            value = manifest[_FIRST_ROW_ID_POSITION] if len(manifest) > _FIRST_ROW_ID_POSITION else None
+            out[manifest.manifest_path] = None if value is None else int(value)
+        return out

@@ -38,11 +38,12 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import NestedField
 
 from iceberg_cdc.errors import SourceHistoryError, UnsupportedSnapshotError
+from iceberg_cdc.pyiceberg_internals.manifest_reader import manifest_first_row_ids
 from iceberg_cdc.source.change_files import DataFileRef, SnapshotChanges, identity_partition_values
 from iceberg_cdc.source.delete_scope import manifest_filter
 from iceberg_cdc.source.deletes import DeleteFileRef, DeleteIndex, partition_key
 from iceberg_cdc.source.key_ranges import key_range
-from iceberg_cdc.source.lineage import assign_first_row_ids, manifest_first_row_ids
+from iceberg_cdc.source.lineage import assign_first_row_ids
 from iceberg_cdc.source.manifests import manifest_entries
 
 

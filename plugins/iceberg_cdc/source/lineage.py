@@ -34,18 +34,11 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-from pyiceberg.avro.file import AvroFile
-from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
-    MANIFEST_LIST_FILE_SCHEMAS,
-    ManifestContent,
     ManifestEntry,
     ManifestEntryStatus,
-    ManifestFile,
-    PartitionFieldSummary,
 )
 from pyiceberg.schema import Schema
-from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import LongType, NestedField
 
 from iceberg_cdc.source.manifests import v3_field
@@ -56,23 +49,6 @@ LAST_UPDATED_FIELD_ID = 2147483539
 ROW_ID_COLUMN = "__cdc_row_id"
 SEQUENCE_COLUMN = "__cdc_last_updated_sequence_number"
 LINEAGE_COLUMNS = (ROW_ID_COLUMN, SEQUENCE_COLUMN)
-# Where field 520 sits in a manifest_file record read with the v3 schema.
-_FIRST_ROW_ID_POSITION = [f.field_id for f in MANIFEST_LIST_FILE_SCHEMAS[3].fields].index(520)
-
-
-def manifest_first_row_ids(io: FileIO, snapshot: Snapshot) -> dict[str, int | None]:
-    """Manifest path -> its ``first_row_id`` (None when unassigned), from the v3 manifest list."""
-    with AvroFile[ManifestFile](
-        io.new_input(snapshot.manifest_list),
-        MANIFEST_LIST_FILE_SCHEMAS[3],
-        read_types={-1: ManifestFile, 508: PartitionFieldSummary},
-        read_enums={517: ManifestContent},
-    ) as reader:
-        out: dict[str, int | None] = {}
-        for manifest in reader:
-            value = manifest[_FIRST_ROW_ID_POSITION] if len(manifest) > _FIRST_ROW_ID_POSITION else None
-            out[manifest.manifest_path] = None if value is None else int(value)
-        return out
 
 
 def assign_first_row_ids(

@@ -49,21 +49,28 @@ without a lock, so two *concurrent* conditional requests can both pass
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
-from collections.abc import Mapping
 from typing import Any, BinaryIO
 
-import boto3
 import botocore.config
 import botocore.exceptions
 
 from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError, StorageError, TransientStorageError
 from iceberg_cdc.retry import S3_REQUEST_ROUNDS, S3_STREAM_RETRIES
 from iceberg_cdc.storage.base import ObjectInfo, ObjectStore, ObjectWriter
+from iceberg_cdc.storage.s3_client import s3_client, split_s3_uri, widen_retry_quota
+from iceberg_cdc.storage.s3_writer import DEFAULT_PART_SIZE, MIN_PART_SIZE, S3Writer, multipart_etag
 
-MIN_PART_SIZE = 5 * 1024 * 1024
-DEFAULT_PART_SIZE = 16 * 1024 * 1024
+__all__ = [
+    "DEFAULT_PART_SIZE",
+    "MIN_PART_SIZE",
+    "S3ObjectStore",
+    "multipart_etag",
+    "s3_client",
+    "split_s3_uri",
+    "widen_retry_quota",
+]
+
 # Answers to a conditional request whose precondition did not hold: nothing was done.
 _CONDITION_FAILED = frozenset(
     {"PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404"}
@@ -102,180 +109,6 @@ def _condition_failed(exc: botocore.exceptions.ClientError) -> bool:
     code = exc.response.get("Error", {}).get("Code", "")
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return code in _CONDITION_FAILED or (not code and status in (404, 409, 412))
-
-
-def multipart_etag(part_etags: list[str]) -> str:
-    """The ETag S3 gives an object completed from parts with these ETags (no SSE-KMS / SSE-C)."""
-    digests = b"".join(bytes.fromhex(etag.strip('"')) for etag in part_etags)
-    return f"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(part_etags)}"
-
-
-def split_s3_uri(uri: str) -> tuple[str, str]:
-    if not uri.startswith("s3://"):
-        raise ValueError(f"not an s3:// URI: {uri!r}")
-    bucket, _, prefix = uri[len("s3://") :].partition("/")
-    if not bucket:
-        raise ValueError(f"S3 URI {uri!r} has no bucket")
-    return bucket, prefix.strip("/")
-
-
-def s3_client(properties: Mapping[str, str], max_attempts: int = 8) -> Any:
-    """A boto3 S3 client from pyiceberg-style ``s3.*`` properties.
-
-    Properties left out fall back to boto3's own chain (environment, shared
-    config, instance role), so credentials need not be in any file.
-    """
-    config = botocore.config.Config(
-        retries={"max_attempts": max_attempts, "mode": "standard"},
-        max_pool_connections=32,
-        s3={"addressing_style": "path"} if properties.get("s3.endpoint") else None,
-    )
-    client = boto3.session.Session().client(
-        "s3",
-        endpoint_url=properties.get("s3.endpoint"),
-        aws_access_key_id=properties.get("s3.access-key-id"),
-        aws_secret_access_key=properties.get("s3.secret-access-key"),
-        aws_session_token=properties.get("s3.session-token"),
-        region_name=properties.get("s3.region") or "us-east-1",
-        config=config,
-    )
-    widen_retry_quota(client)
-    return client
-
-
-def widen_retry_quota(client: Any, capacity: int = 1_000_000) -> bool:
-    """Give the client's retry quota (standard mode's token bucket) room for a burst of errors.
-
-    botocore spends 14 of 500 tokens per retry and returns only the last
-    retry's on success, so an error burst (measured: a proxy failing half the
-    requests empties it within seconds) leaves every later request of the
-    process, on this shared client, with no retry at all. Each request's
-    attempts stay bounded by ``max_attempts``, which is what protects S3
-    here. The quota is internal to botocore, hence the guarded lookup:
-    returns False (and leaves the client as it is) where it is not found.
-    """
-    emitter = getattr(client.meta.events, "_emitter", None)
-    entry = (getattr(emitter, "_unique_id_handlers", None) or {}).get("retry-config-s3") or {}
-    checker = getattr(getattr(entry.get("handler"), "__self__", None), "_retry_quota", None)
-    quota = getattr(checker, "_quota", None)
-    if quota is None or not hasattr(quota, "_available_capacity") or not hasattr(quota, "_max_capacity"):
-        return False
-    quota._max_capacity = quota._available_capacity = capacity
-    return True
-
-
-class _S3Writer(ObjectWriter):
-    def __init__(self, store: S3ObjectStore, key: str) -> None:
-        self._store = store
-        self._key = key
-        self._buffer = bytearray()
-        self._upload_id: str | None = None
-        self._parts: list[dict[str, Any]] = []
-        self._size = 0
-
-    def write(self, data: bytes | memoryview) -> None:
-        self._buffer += data
-        self._size += len(data)
-        while len(self._buffer) >= self._store.part_size:
-            self._upload_part(bytes(self._buffer[: self._store.part_size]))
-            del self._buffer[: self._store.part_size]
-
-    def _upload_part(self, body: bytes) -> None:
-        store = self._store
-        if self._upload_id is None:
-            store.requests["CREATE_MULTIPART"] += 1
-            response = store._call(
-                store.client.create_multipart_upload,
-                self._key,
-                Bucket=store.bucket,
-                Key=store.full_key(self._key),
-                **store.sse_args,
-            )
-            self._upload_id = response["UploadId"]
-        number = len(self._parts) + 1
-        store.requests["UPLOAD_PART"] += 1
-        response = store._call(
-            store.client.upload_part,
-            self._key,
-            Bucket=store.bucket,
-            Key=store.full_key(self._key),
-            UploadId=self._upload_id,
-            PartNumber=number,
-            Body=body,
-        )
-        self._parts.append({"ETag": response["ETag"], "PartNumber": number})
-
-    def close(self) -> int:
-        store = self._store
-        if self._upload_id is None:
-            store.requests["PUT"] += 1
-            store._call(
-                store.client.put_object,
-                self._key,
-                Bucket=store.bucket,
-                Key=store.full_key(self._key),
-                Body=bytes(self._buffer),
-                **store.sse_args,
-            )
-        else:
-            if self._buffer:
-                self._upload_part(bytes(self._buffer))
-            self._complete()
-        self._buffer = bytearray()
-        return self._size
-
-    def _complete(self) -> None:
-        """COMPLETE the upload; a retry that finds it gone checks whether the lost attempt completed it.
-
-        botocore retries a COMPLETE whose answer was lost; S3 may then answer
-        ``NoSuchUpload`` because the first attempt did complete it. The
-        object's ETag then is the MD5 of the parts' MD5s, "-" and their count.
-        """
-        store = self._store
-
-        def complete_multipart_upload(**kwargs: Any) -> Any:
-            try:
-                return store.client.complete_multipart_upload(**kwargs)
-            except botocore.exceptions.ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") == "NoSuchUpload" and self._is_completed():
-                    return {}
-                raise
-
-        store.requests["COMPLETE_MULTIPART"] += 1
-        store._call(
-            complete_multipart_upload,
-            self._key,
-            Bucket=store.bucket,
-            Key=store.full_key(self._key),
-            UploadId=self._upload_id,
-            MultipartUpload={"Parts": self._parts},
-        )
-
-    def _is_completed(self) -> bool:
-        store = self._store
-        store.requests["HEAD"] += 1
-        try:
-            head = store.client.head_object(Bucket=store.bucket, Key=store.full_key(self._key))
-        except botocore.exceptions.ClientError:
-            return False
-        try:
-            expected = multipart_etag([p["ETag"] for p in self._parts])
-        except ValueError:  # part ETags that are not MD5s (SSE-KMS, SSE-C): cannot tell
-            return False
-        return head.get("ETag", "").strip('"') == expected
-
-    def abort(self) -> None:
-        self._buffer = bytearray()
-        if self._upload_id is not None:
-            store = self._store
-            try:
-                store.client.abort_multipart_upload(
-                    Bucket=store.bucket, Key=store.full_key(self._key), UploadId=self._upload_id
-                )
-            except botocore.exceptions.BotoCoreError:
-                pass  # an unfinished upload is reaped by the bucket's lifecycle rule
-            except botocore.exceptions.ClientError:
-                pass
 
 
 class S3ObjectStore(ObjectStore):
@@ -403,7 +236,7 @@ class S3ObjectStore(ObjectStore):
         return StorageError(f"{where}: S3 answered {code or status} after retries: {exc}")
 
     def open_writer(self, key: str) -> ObjectWriter:
-        return _S3Writer(self, key)
+        return S3Writer(self, key)
 
     def get(self, key: str) -> bytes:
         return self._read(key, None)
