@@ -15,10 +15,13 @@ import random
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cdc_devtools.oracle import row_key
 from cdc_devtools.replay import assert_replay, changes_of
+from iceberg_cdc.changelog import carryover
+from iceberg_cdc.pipeline import map_cancel
 from tests.support.history import HistoryShape, HistoryTable
 from tests.support.inline_pipeline import CANCEL_CONFIG, CANCEL_MODES, InlinePipeline
 
@@ -94,3 +97,28 @@ def test_every_cancel_mode_gives_the_same_exact_changes(tmp_path: Path, shape: s
     assert results["off"][1]["cancelled"] == 0
     assert results["in memory"][1]["cancelled"] > 0
     assert results["spilled"][1]["spilled"] > 0
+
+
+def _one_pair_too_many(original):
+    """A mutant of the cancellation: besides the true carryover, one more DELETE and one more INSERT go."""
+
+    def mutant(data, inserts, identifier_columns=None, lineage=None):
+        result = original(data, inserts, identifier_columns, lineage)
+        kept = result.kept
+        flags = np.asarray(inserts, dtype=bool)[kept]
+        if flags.any() and not flags.all():
+            gone = [np.flatnonzero(~flags)[0], np.flatnonzero(flags)[0]]
+            kept = np.delete(kept, gone)
+            return carryover.Cancellation(kept, result.by_lineage, result.by_value + 2)
+        return result
+
+    return mutant
+
+
+@pytest.mark.parametrize("shape", ["with-ids", "whole-row"])
+def test_cancelling_one_copy_too_many_is_caught(tmp_path: Path, shape: str, monkeypatch):
+    """The checks above are not vacuous: a cancellation that drops one real change fails them."""
+    base, history = build_history(tmp_path, SHAPES[shape])
+    monkeypatch.setattr(map_cancel, "cancel_carryover", _one_pair_too_many(map_cancel.cancel_carryover))
+    with pytest.raises(AssertionError, match=r"replay differs: missing \d+ rows"):
+        run_mode(tmp_path, base, history, "in memory")
