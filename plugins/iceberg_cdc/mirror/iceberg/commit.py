@@ -41,12 +41,8 @@ from iceberg_cdc.errors import ConservationError, MirrorStateError
 from iceberg_cdc.mirror.iceberg.datafile_json import data_file_from_json
 from iceberg_cdc.mirror.iceberg.inputs import Through
 from iceberg_cdc.mirror.iceberg.plan import MirrorPlan
-from iceberg_cdc.mirror.iceberg.table import (
-    find_apply,
-    marker_summary,
-    read_mirror_watermark,
-    watermark_properties,
-)
+from iceberg_cdc.mirror.iceberg.summary import marker_summary, watermark_properties
+from iceberg_cdc.mirror.iceberg.table import find_apply, read_mirror_watermark
 from iceberg_cdc.pyiceberg_internals.format_v3 import writing_v3_metadata
 from iceberg_cdc.pyiceberg_internals.manifest_reader import v3_field
 from iceberg_cdc.pyiceberg_internals.row_delta import AssertedProperties, FileKey, RowDelta, StaleDeltaError

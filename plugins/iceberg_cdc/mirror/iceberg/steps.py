@@ -51,6 +51,7 @@ from iceberg_cdc.mirror.iceberg.plan import (
     spread_groups,
 )
 from iceberg_cdc.mirror.iceberg.pruning import prune
+from iceberg_cdc.mirror.iceberg.summary import apply_summary
 from iceberg_cdc.mirror.iceberg.table import (
     create_or_load,
     evolve,
@@ -278,11 +279,13 @@ def commit(ctx: Any, mirror: Any, planned: Mapping[str, Any]) -> dict[str, Any]:
     delta = build_delta(apply_plan, records, table)
     check_files_exist(table, delta.add, apply_plan)
     seconds = phase_seconds(store, paths)  # type: ignore[arg-type]
-    summary = {f"cdc.mirror.{k}": str(v) for k, v in (delta.figures or {}).items()}
-    summary.update({f"cdc.mirror.seconds.{k}": str(v) for k, v in seconds.items()})
-    summary["cdc.mirror.keys"] = str(apply_plan.key_count)
-    summary["cdc.mirror.files.scanned"] = str(apply_plan.figures.get("candidate_files", 0))
-    summary["cdc.mirror.mode"] = apply_plan.mode
+    summary = apply_summary(
+        delta.figures or {},
+        seconds,
+        keys=apply_plan.key_count,
+        files_scanned=apply_plan.figures.get("candidate_files", 0),
+        mode=apply_plan.mode,
+    )
     started = time.perf_counter()
     store.put(
         paths.commit_pending,

@@ -17,7 +17,8 @@ column and both types.
 **Watermark.** The last changelog snapshot applied is kept twice, both in the
 apply's one commit: in the table's properties (``cdc.mirror.watermark.*``,
 what the next run reads) and in the new snapshot's summary (``cdc.mirror.*``,
-the marker an apply whose answer was lost is recognised by).
+the marker an apply whose answer was lost is recognised by); every key is
+spelled in :mod:`iceberg_cdc.mirror.iceberg.summary`.
 """
 
 from __future__ import annotations
@@ -33,51 +34,18 @@ from pyiceberg.table.snapshots import Snapshot
 
 from iceberg_cdc.errors import MirrorStateError
 from iceberg_cdc.mirror.iceberg.inputs import Through
+from iceberg_cdc.mirror.iceberg.summary import MARKER_PREFIX, WATERMARK_PREFIX, parse_mark
 from iceberg_cdc.pyiceberg_internals.format_v3 import writing_v3_metadata
-
-WATERMARK_PREFIX = "cdc.mirror.watermark."
-MARKER_PREFIX = "cdc.mirror."
-_FIELDS = ("changelog-snapshot-id", "source-snapshot-id", "ordinal")
-SOURCE_KEY = "source-table"
-
-
-def _mark(prefix: str, through: Through, source: str) -> dict[str, str]:
-    return {
-        f"{prefix}changelog-snapshot-id": str(through.changelog_snapshot_id),
-        f"{prefix}source-snapshot-id": str(through.source_snapshot_id),
-        f"{prefix}ordinal": str(through.ordinal),
-        f"{prefix}{SOURCE_KEY}": source,
-    }
-
-
-def watermark_properties(through: Through, source: str) -> dict[str, str]:
-    """The table properties that say the mirror holds the source's rows as of ``through``."""
-    return _mark(WATERMARK_PREFIX, through, source)
-
-
-def marker_summary(through: Through, source: str) -> dict[str, str]:
-    """The snapshot summary keys of the apply that reached ``through``."""
-    return _mark(MARKER_PREFIX, through, source)
-
-
-def _parse(values: Mapping[str, str], prefix: str) -> Through | None:
-    try:
-        raw = [values.get(f"{prefix}{name}") for name in _FIELDS]
-        if any(v is None for v in raw):
-            return None
-        return Through(int(raw[0]), int(raw[1]), int(raw[2]))  # type: ignore[arg-type]
-    except ValueError:
-        return None
 
 
 def read_mirror_watermark(table: Table) -> Through | None:
     """The mirror's watermark (None for a mirror nothing was applied to yet)."""
-    return _parse(table.metadata.properties, WATERMARK_PREFIX)
+    return parse_mark(table.metadata.properties, WATERMARK_PREFIX)
 
 
 def snapshot_marker(snapshot: Snapshot) -> Through | None:
     summary = snapshot.summary
-    return _parse(summary.additional_properties, MARKER_PREFIX) if summary is not None else None
+    return parse_mark(summary.additional_properties, MARKER_PREFIX) if summary is not None else None
 
 
 def find_apply(table: Table, through: Through) -> Snapshot | None:

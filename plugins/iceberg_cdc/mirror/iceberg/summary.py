@@ -1,0 +1,74 @@
+"""Every ``cdc.mirror.*`` key an Iceberg mirror writes, in one place.
+
+The mirror's table properties carry its watermark (``cdc.mirror.watermark.*``:
+what the next run reads); each apply's snapshot summary carries the same mark
+(``cdc.mirror.<field>``: how an apply whose answer was lost is recognised)
+and what the apply did::
+
+    cdc.mirror.changelog-snapshot-id, .source-snapshot-id, .ordinal, .source-table   the marker
+    cdc.mirror.rows.upserted, .rows.replaced, .rows.live-change                      conservation
+    cdc.mirror.files.added, .files.removed, .files.scanned                           files
+    cdc.mirror.keys                                                                  distinct changed keys
+    cdc.mirror.mode                                                                  merge-on-read / copy-on-write
+    cdc.mirror.seconds.<phase>                                                       seconds per phase
+
+All values are strings, as Iceberg's are. The layout is the contract with
+every mirror already written: change it only by reading the old form too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from iceberg_cdc.mirror.iceberg.inputs import Through
+
+WATERMARK_PREFIX = "cdc.mirror.watermark."
+MARKER_PREFIX = "cdc.mirror."
+_FIELDS = ("changelog-snapshot-id", "source-snapshot-id", "ordinal")
+SOURCE_KEY = "source-table"
+
+
+def _mark(prefix: str, through: Through, source: str) -> dict[str, str]:
+    return {
+        f"{prefix}changelog-snapshot-id": str(through.changelog_snapshot_id),
+        f"{prefix}source-snapshot-id": str(through.source_snapshot_id),
+        f"{prefix}ordinal": str(through.ordinal),
+        f"{prefix}{SOURCE_KEY}": source,
+    }
+
+
+def watermark_properties(through: Through, source: str) -> dict[str, str]:
+    """The table properties that say the mirror holds the source's rows as of ``through``."""
+    return _mark(WATERMARK_PREFIX, through, source)
+
+
+def marker_summary(through: Through, source: str) -> dict[str, str]:
+    """The snapshot summary keys of the apply that reached ``through``."""
+    return _mark(MARKER_PREFIX, through, source)
+
+
+def parse_mark(values: Mapping[str, str], prefix: str) -> Through | None:
+    try:
+        raw = [values.get(f"{prefix}{name}") for name in _FIELDS]
+        if any(v is None for v in raw):
+            return None
+        return Through(int(raw[0]), int(raw[1]), int(raw[2]))  # type: ignore[arg-type]
+    except ValueError:
+        return None
+
+
+def apply_summary(
+    figures: Mapping[str, int],
+    seconds: Mapping[str, float],
+    *,
+    keys: int,
+    files_scanned: int,
+    mode: str,
+) -> dict[str, str]:
+    """What an apply's snapshot summary says it did (the marker is :func:`marker_summary`)."""
+    summary = {f"{MARKER_PREFIX}{name}": str(value) for name, value in figures.items()}
+    summary.update({f"{MARKER_PREFIX}seconds.{phase}": str(value) for phase, value in seconds.items()})
+    summary[f"{MARKER_PREFIX}keys"] = str(keys)
+    summary[f"{MARKER_PREFIX}files.scanned"] = str(files_scanned)
+    summary[f"{MARKER_PREFIX}mode"] = mode
+    return summary
