@@ -21,6 +21,7 @@ from cdc_devtools.mirror_check import assert_mirror_exact
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.sync import mirror_status, sync
 from iceberg_cdc.config import load_config
+from iceberg_cdc.lineage import location_name
 from iceberg_cdc.mirror.postgres.target import PostgresTarget
 from tests.support.airflow_pipeline import SINK, SOURCE, AirflowPipeline
 
@@ -89,3 +90,34 @@ def test_a_second_sync_runs_nothing_and_an_idle_mirror_run_is_green(pipeline):
         assert dags_test(p.env, MIRROR_DAG, None, out) == 0
     assert mirror_status(config, table, table.mirrors[0]) == before
     assert_mirror_exact(p.source, p.target)
+
+
+def test_the_apply_reports_the_changelog_in_and_the_mirror_out_to_openlineage(pipeline, tmp_path):
+    """OpenLineage's file transport: the mirror DAG's apply read the changelog at the snapshot it
+    reached and wrote the PostgreSQL table, named as OpenLineage names PostgreSQL tables."""
+    p = pipeline
+    out = tmp_path / "lineage"
+    out.mkdir()
+    p.source.append(rows(range(200, 205), region="us"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(
+            "AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps({"type": "file", "log_file_path": str(out / "e")})
+        )
+        mp.setenv("AIRFLOW__OPENLINEAGE__NAMESPACE", "cdc-tests")
+        assert run_sync(p) == 0
+    assert_mirror_exact(p.source, p.target)
+    events = [json.loads(f.read_text()) for f in sorted(out.glob("e-*.json"))]
+    applies = [
+        e
+        for e in events
+        if e.get("eventType") == "COMPLETE" and e.get("job", {}).get("name") == f"{MIRROR_DAG}.apply"
+    ]
+    assert len(applies) == 1, [e.get("job", {}).get("name") for e in events]
+    (apply,) = applies
+    sink = p.sink()
+    (read,) = apply["inputs"]
+    assert (read["namespace"], read["name"]) == location_name(sink.location())
+    assert read["facets"]["version"]["datasetVersion"] == str(sink.current_snapshot().snapshot_id)
+    (written,) = apply["outputs"]
+    assert (written["namespace"], written["name"]) == ("postgres://orders_pg", "mirror_e2e.orders")
+    assert written["outputFacets"]["outputStatistics"]["rowCount"] == 5

@@ -30,6 +30,7 @@ from iceberg_cdc.airflow.dag_factory import sink_asset
 from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (conn_id -> DSN)
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.operators.detect import lease_wait_seconds, sensor_mode
+from iceberg_cdc.airflow.operators.lineage import lineage_task
 from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
 from iceberg_cdc.airflow.policy import airflow_holder_state, final_errors, record_error, task_retries
 from iceberg_cdc.config import CdcConfig, MirrorConfig, TableConfig, load_config
@@ -147,7 +148,7 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
             application_args=join_jobs(planned)
         )
 
-        @task(task_id="apply", trigger_rule=TriggerRule.NONE_FAILED)
+        @lineage_task(task_id="apply", trigger_rule=TriggerRule.NONE_FAILED, lineage="mirror")
         def apply(ti=None) -> dict[str, Any]:
             ctx, mine = context()
             detected = ti.xcom_pull(task_ids="detect")

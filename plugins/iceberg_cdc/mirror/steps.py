@@ -126,7 +126,15 @@ def _detect(ctx: Context, mirror: MirrorConfig, run_id: str, held: LeaseInfo) ->
         f"; reprocessed since: {pend.reprocessed}" if pend.reprocessed else "",
         held.epoch,
     )
-    return {**base, "action": "apply", **_pending_dict(pend), "plan": paths.plan}
+    return {
+        **base,
+        "action": "apply",
+        **_pending_dict(pend),
+        "plan": paths.plan,
+        # What the apply's lineage names as its input (no catalog call is made there).
+        "changelog": ctx.table.sink,
+        "changelog_location": changelog.location(),
+    }
 
 
 def _pending_dict(pend: Pending) -> dict[str, Any]:

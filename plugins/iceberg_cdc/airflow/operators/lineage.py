@@ -15,10 +15,12 @@ A run with nothing pending reports no datasets. Dataset names follow
 :mod:`iceberg_cdc.lineage` (the table's storage location, plus the catalog
 identifier as a symlink).
 
-**Mirrors report theirs** through the same hook: an operator that writes a
-mirror subclasses :class:`LineageReporting` (or builds a
-:func:`operator_lineage` itself) with the changelog at the snapshot it applied
-as input and :func:`iceberg_cdc.lineage.mirror_dataset` as output.
+* **apply** of a mirror DAG -- input: the changelog, version = the changelog
+  snapshot the apply reached; output: the mirror
+  (:func:`iceberg_cdc.lineage.mirror_dataset`: an Iceberg table by its
+  location, version = the mirror snapshot; a PostgreSQL table as
+  ``postgres://host:port`` / ``database.schema.table``), with the rows
+  written.
 
 Nothing here runs unless the provider is installed and configured (a
 transport): without it no extractor calls these methods.
@@ -28,12 +30,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from airflow.providers.common.compat.sdk import DecoratedOperator, task_decorator_factory
 from airflow.providers.standard.operators.python import PythonOperator
 
-from iceberg_cdc.lineage import DatasetRef, iceberg_dataset
+from iceberg_cdc.lineage import DatasetRef, iceberg_dataset, mirror_dataset
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -91,9 +94,10 @@ class LineageReporting:
 class ChangelogLineageOperator(LineageReporting, DecoratedOperator, PythonOperator):
     """The ``@task`` operator (as :func:`airflow.sdk.task` builds it) that reports the run's datasets.
 
-    ``lineage``: ``"input"`` (the source at the run's snapshot) or
-    ``"changelog"`` (that, and the sink at the commit's snapshot), from detect's
-    result and this task's, kept on the operator when it ran.
+    ``lineage``: ``"input"`` (the source at the run's snapshot),
+    ``"changelog"`` (that, and the sink at the commit's snapshot) or
+    ``"mirror"`` (a mirror DAG's apply: the changelog in, the mirror out), from
+    detect's result and this task's, kept on the operator when it ran.
     """
 
     custom_operator_name = "@task"
@@ -121,14 +125,18 @@ class ChangelogLineageOperator(LineageReporting, DecoratedOperator, PythonOperat
         self._lineage_detected = (
             result if self.lineage == "input" else context["ti"].xcom_pull(task_ids="detect")
         )
-        self._lineage_committed = result if self.lineage == "changelog" else None
+        self._lineage_committed = result if self.lineage in ("changelog", "mirror") else None
         return result
 
     def lineage_datasets(self, task_instance: Any) -> tuple[list[DatasetRef], list[DatasetRef]]:
         detected = getattr(self, "_lineage_detected", None) or {}
-        if detected.get("snapshot_id") is None:  # caught up (or the task did not run): no datasets
+        if self.lineage != "mirror" and detected.get("snapshot_id") is None:  # caught up: no datasets
             return [], []
         committed = getattr(self, "_lineage_committed", None)
+        if self.lineage == "mirror":
+            if detected.get("action") != "apply":  # caught up: no datasets
+                return [], []
+            return mirror_datasets(detected, committed if isinstance(committed, dict) else None)
         return changelog_datasets(detected, committed if isinstance(committed, dict) else None)
 
 
@@ -160,6 +168,45 @@ def changelog_datasets(
                 rows=rows,
             )
         )
+    return inputs, outputs
+
+
+def mirror_datasets(
+    detected: dict[str, Any], applied: dict[str, Any] | None
+) -> tuple[list[DatasetRef], list[DatasetRef]]:
+    """The changelog at the snapshot a mirror apply reached; with ``applied``, the mirror it wrote too.
+
+    Like :func:`changelog_datasets`: XComs and the config file only.
+    """
+    from iceberg_cdc.config import load_config
+
+    config = load_config()
+    through = detected.get("through") or {}
+    inputs = [
+        iceberg_dataset(
+            config.catalog,
+            detected["changelog"],
+            detected["changelog_location"],
+            version=through.get("changelog_snapshot_id"),
+        )
+    ]
+    if applied is None:
+        return inputs, []
+    mirror = config.table(detected["source"]).mirror(detected["mirror"])
+    written = applied.get("upserted", applied.get("rows.upserted"))
+    committed = applied.get("applied", applied.get("committed"))
+    target = mirror_dataset(
+        mirror.model_dump(include={"type", "table", "dsn", "conn_id"}),
+        config.catalog,
+        location=applied.get("mirror_location"),
+    )
+    outputs = [
+        replace(
+            target,
+            version=applied.get("mirror_snapshot_id") if mirror.type == "iceberg" else None,
+            rows=int(written or 0) if committed else 0,
+        )
+    ]
     return inputs, outputs
 
 

@@ -317,6 +317,7 @@ def commit(ctx: Any, mirror: Any, planned: Mapping[str, Any]) -> dict[str, Any]:
         "reason": result.reason,
         "mirror": apply_plan.mirror,
         "mirror_snapshot_id": str(result.snapshot_id) if result.snapshot_id is not None else None,
+        "mirror_location": table.location(),
         "through": apply_plan.through,
         "seconds": {**seconds, "commit": round(time.perf_counter() - started, 3)},
         **(delta.figures or {}),

@@ -1,0 +1,100 @@
+"""A mirror apply's OpenLineage datasets: the changelog at the snapshot it reached in, the mirror out.
+
+Built from the apply's XComs and the config file only (the provider asks in a
+short-lived process after the task). The PostgreSQL case runs end to end in
+``tests/integration/test_mirror_airflow.py``; here both targets, and the runs
+that report nothing.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from iceberg_cdc.airflow.operators.lineage import ChangelogLineageOperator, mirror_datasets
+
+CHANGELOG_AT = "5200992516889735211"
+DETECTED = {
+    "action": "apply",
+    "source": "shop.orders",
+    "changelog": "shop.orders_changes",
+    "changelog_location": "s3://wh/shop/orders_changes",
+    "through": {"changelog_snapshot_id": CHANGELOG_AT, "source_snapshot_id": "7", "ordinal": 3},
+}
+
+
+@pytest.fixture(autouse=True)
+def config(tmp_path, monkeypatch):
+    raw = {
+        "catalog": {"name": "t", "type": "sql", "uri": f"sqlite:///{tmp_path}/c.db"},
+        "shuffle": {"uri": f"file://{tmp_path}/shuffle"},
+        "tables": [
+            {
+                "source": "shop.orders",
+                "sink": "shop.orders_changes",
+                "mirrors": [
+                    {"type": "iceberg", "table": "mirror.orders", "name": "ice"},
+                    {
+                        "type": "postgres",
+                        "dsn": "postgresql://u:secret@db.internal:6543/shop",
+                        "table": "public.orders",
+                        "name": "pg",
+                    },
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "cdc.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv("CDC_CONFIG", str(path))
+
+
+def test_an_iceberg_mirror_is_named_by_its_location_at_the_snapshot_the_apply_made():
+    applied = {
+        "committed": True,
+        "mirror_snapshot_id": "99",
+        "mirror_location": "s3://wh/mirror/orders",
+        "rows.upserted": 12,
+    }
+    inputs, outputs = mirror_datasets({**DETECTED, "mirror": "ice"}, applied)
+    (read,) = inputs
+    assert (read.namespace, read.name, read.version) == ("s3://wh", "shop/orders_changes", CHANGELOG_AT)
+    (written,) = outputs
+    assert (written.namespace, written.name, written.version, written.rows) == (
+        "s3://wh",
+        "mirror/orders",
+        "99",
+        12,
+    )
+
+
+def test_a_postgres_mirror_is_named_as_openlineage_names_postgres_without_the_password():
+    inputs, outputs = mirror_datasets(
+        {**DETECTED, "mirror": "pg"}, {"applied": True, "upserted": 5, "deleted": 2}
+    )
+    (written,) = outputs
+    assert (written.namespace, written.name, written.rows) == (
+        "postgres://db.internal:6543",
+        "shop.public.orders",
+        5,
+    )
+    assert written.version is None
+    assert "secret" not in repr((inputs, outputs))
+
+
+def test_an_apply_that_committed_nothing_wrote_no_rows():
+    _, outputs = mirror_datasets(
+        {**DETECTED, "mirror": "pg"}, {"applied": False, "reason": "already applied", "upserted": 5}
+    )
+    assert outputs[0].rows == 0
+
+
+def test_a_caught_up_mirror_run_reports_no_datasets():
+    ran = SimpleNamespace(  # what the operator keeps when its task ran
+        lineage="mirror",
+        _lineage_detected={"action": "caught_up", "source": "shop.orders", "mirror": "pg"},
+        _lineage_committed={"applied": False, "reason": "caught up"},
+    )
+    assert ChangelogLineageOperator.lineage_datasets(ran, None) == ([], [])
