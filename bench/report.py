@@ -317,25 +317,22 @@ def connect_table(results: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|---|",
     ]
     warm = runs[-1]
-    b = warm["breakdown"]
-    lines.append(
-        f"| pipeline, shuffle on file:// | {warm['wall_seconds']:.1f} | {runs[0]['wall_seconds']:.1f} | "
-        f"{b['spark_fixed_seconds']:.1f} | {_rest(b['phases'], b['overhead'])} |"
-    )
-    before = connect["pipeline"].get("no_cancel")
-    if before:
-        b = before["breakdown"]
-        lines.append(
-            f"| pipeline, file://, no carryover cancelled before the shuffle | {before['wall_seconds']:.1f} | — | "
-            f"{b['spark_fixed_seconds']:.1f} | {_rest(b['phases'], b['overhead'])} |"
-        )
-    s3 = connect["pipeline"].get("s3")
-    if s3:
-        b = s3["breakdown"]
-        lines.append(
-            f"| pipeline, shuffle on local S3 | {s3['wall_seconds']:.1f} | — | "
-            f"{b['spark_fixed_seconds']:.1f} | {_rest(b['phases'], b['overhead'])} |"
-        )
+    pipeline_rows = [
+        ("pipeline, shuffle on file://", warm, f"{runs[0]['wall_seconds']:.1f}"),
+        (
+            "pipeline, file://, no carryover cancelled before the shuffle",
+            connect["pipeline"].get("no_cancel"),
+            "—",
+        ),
+        ("pipeline, shuffle on local S3", connect["pipeline"].get("s3"), "—"),
+    ]
+    for label, run, first in pipeline_rows:
+        if run:
+            b = run["breakdown"]
+            lines.append(
+                f"| {label} | {run['wall_seconds']:.1f} | {first} | "
+                f"{b['spark_fixed_seconds']:.1f} | {_rest(b['phases'], b['overhead'])} |"
+            )
     natives = connect["spark_native"]
     phases = spark_phases(natives[-1], shuffle=True, fixed=CONNECT_NATIVE_FIXED)
     lines.append(
