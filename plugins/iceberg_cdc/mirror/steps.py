@@ -153,7 +153,24 @@ def sweep_leftovers(ctx: Context, mirror: MirrorConfig, keep_attempt: str) -> in
     store = ctx.runtime.store()
     removed = 0
     for attempt in attempts_of(store, ctx.table.source, mirror.mirror_name) - {keep_attempt}:
-        removed += store.delete_prefix(MirrorPaths(ctx.table.source, mirror.mirror_name, attempt).prefix)
+        paths = MirrorPaths(ctx.table.source, mirror.mirror_name, attempt)
+        if mirror.type == "iceberg":
+            # Its staged data files are in the mirror's location, named by its plan: sweep them first.
+            try:
+                swept = iceberg_steps(mirror).sweep_attempt(ctx, mirror, paths.join_prefix)
+            except CdcError as exc:  # a later run sweeps again; this one goes on
+                log.warning("%s: could not sweep %s: %s", mirror.describe(), attempt, exc)
+                continue
+            if swept.get("kept"):
+                continue  # a commit whose outcome is unknown: its namespace stays for a later sweep
+            if swept.get("deleted_files"):
+                log.warning(
+                    "%s: deleted %d staged files %s left in the mirror's location",
+                    mirror.describe(),
+                    swept["deleted_files"],
+                    attempt,
+                )
+        removed += store.delete_prefix(paths.prefix)
     if removed:
         log.warning("%s: swept %d objects earlier runs left", mirror.describe(), removed)
     return removed

@@ -1,0 +1,112 @@
+"""An Iceberg mirror attempt that died before its cleanup leaves no staged files behind for good.
+
+In process (the mirror DAG's steps, SQLite catalog, local files). The join
+units of an apply write their delete files and rewritten data files into the
+mirror's location before the commit; an attempt killed after them (no
+cleanup, its lease taken over) used to leave those files there. The next run's
+detect sweeps the dead attempt as its own cleanup would have: files its commit
+added stay when the mirror's history holds that commit, everything else goes;
+a commit whose outcome is unknown keeps its files for the late-commit grace.
+After every sweep the mirror, read by pyiceberg, is exactly the source.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+
+from iceberg_cdc.mirror import steps
+from iceberg_cdc.mirror.iceberg import steps as iceberg_steps
+from iceberg_cdc.mirror.iceberg.plan import MirrorPaths, MirrorPlan
+from iceberg_cdc.mirror.inline import run_mirror
+from iceberg_cdc.mirror.staging import MirrorPaths as StagingPaths
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.storage import open_store
+from tests.property.test_iceberg_mirror_changelog import IcebergMirrorPipeline, assert_iceberg_mirror_exact
+from tests.support.history import HistoryShape, HistoryTable
+from tests.support.inline_pipeline import SOURCE
+
+SHAPE = HistoryShape(columns=("string",), identifier=("id",), partitioning="region")
+
+
+@pytest.fixture(params=["merge-on-read", "copy-on-write"])
+def mirrored(request, tmp_path):
+    pipeline = IcebergMirrorPipeline(tmp_path, mode=request.param, format_version=2)
+    history = HistoryTable(pipeline.create_source(SHAPE.schema(), partition_spec=SHAPE.spec()), SHAPE)
+    history.append(random.Random(1), 30)
+    pipeline.catch_up()
+    pipeline.mirror()
+    history.merge(random.Random(2), update=0.5, move=0.3, noop=0.0, delete=0.2, inserts=3, reinserts=0)
+    pipeline.catch_up()
+    return pipeline, history
+
+
+def _die_after(pipeline, step: str):
+    """One mirror run killed after ``step`` ("join" or "commit"): no cleanup, its lease then taken over."""
+    ctx = Context.of(pipeline.config, SOURCE)
+    mirror = ctx.table.mirror("ice")
+    detected = steps.detect(ctx, mirror, "killed-run")
+    planned = steps.plan_apply(ctx, mirror, detected)
+    iceberg_steps.run_units_inline(ctx.runtime, planned)
+    if step == "commit":
+        steps.apply(ctx, mirror, detected, planned)
+    steps.mirror_lease(ctx, mirror).release("killed-run", int(detected["epoch"]))  # as an expiry would
+    plan = MirrorPlan.load(ctx.runtime.store(), planned["plan"])
+    return ctx, detected, plan
+
+
+def _staged(ctx, plan: MirrorPlan) -> set[str]:
+    store = open_store(plan.staging_dir, ctx.runtime.io_properties)
+    return {f"{plan.staging_dir.rstrip('/')}/{info.key}" for info in store.list("")}
+
+
+def _referenced(table) -> set[str]:
+    return {task.file.file_path for task in table.scan().plan_files()} | {
+        d.file_path for task in table.scan().plan_files() for d in task.delete_files
+    }
+
+
+def test_files_of_an_attempt_killed_after_its_join_are_swept_by_the_next_run(mirrored):
+    pipeline, history = mirrored
+    ctx, _, plan = _die_after(pipeline, "join")
+    left = _staged(ctx, plan)
+    assert left, "the join units wrote files before the kill"
+    run = run_mirror(pipeline.config, SOURCE, "ice")
+    assert run.action == "apply"
+    assert _staged(ctx, plan) == set(), "the dead attempt's staged files are gone"
+    assert_iceberg_mirror_exact(pipeline, history.table)
+
+
+def test_files_a_killed_attempt_committed_stay(mirrored):
+    pipeline, history = mirrored
+    ctx, _, plan = _die_after(pipeline, "commit")
+    committed = _staged(ctx, plan)
+    assert committed and committed <= _referenced(pipeline.catalog.load_table("mirror.orders"))
+    run = run_mirror(pipeline.config, SOURCE, "ice")
+    assert run.action == "caught_up"  # the killed run's commit holds everything pending
+    assert _staged(ctx, plan) == committed, "a committed file must never be swept"
+    assert_iceberg_mirror_exact(pipeline, history.table)
+
+
+def test_a_commit_of_unknown_outcome_keeps_its_files_for_the_grace(mirrored):
+    pipeline, history = mirrored
+    ctx, detected, plan = _die_after(pipeline, "join")
+    root = StagingPaths.of(SOURCE, "ice", int(detected["epoch"])).join_prefix
+    store = ctx.runtime.store()
+    at = time.time()
+    store.put(MirrorPaths("", 0, "", root).commit_pending, json.dumps({"at": at}).encode())
+    left = _staged(ctx, plan)
+    mirror = ctx.table.mirror("ice")
+    kept = iceberg_steps.sweep_attempt(ctx, mirror, root, now=at + 60)
+    assert kept.get("kept") and _staged(ctx, plan) == left
+    run = run_mirror(pipeline.config, SOURCE, "ice")  # within the grace: the namespace stays too
+    assert run.action == "apply" and _staged(ctx, plan) == left
+    late = iceberg_steps.sweep_attempt(
+        ctx, mirror, root, now=at + iceberg_steps.LATE_COMMIT_GRACE_SECONDS + 1
+    )
+    assert not late.get("kept") and late["deleted_files"] == len(left)
+    assert _staged(ctx, plan) == set()
+    assert_iceberg_mirror_exact(pipeline, history.table)
