@@ -18,7 +18,8 @@ A mirror run calls, in order:
   watermark, exactly once (:func:`~.commit.commit_delta`);
 * :func:`cleanup` (a teardown: after failures too) -- deletes the attempt's
   objects and the staged files no commit references, unless a commit's
-  outcome is unknown.
+  outcome is unknown; :func:`sweep_attempt` does the same for an attempt
+  that died before its cleanup (both in :mod:`.cleanup`, re-exported here).
 """
 
 from __future__ import annotations
@@ -34,11 +35,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
-from pyiceberg.manifest import ManifestEntryStatus
 
 from iceberg_cdc.coordination.lease import TableLease
 from iceberg_cdc.errors import CdcError, ConfigError, LeaseLostError
 from iceberg_cdc.mirror.iceberg import join
+from iceberg_cdc.mirror.iceberg.cleanup import (
+    LATE_COMMIT_GRACE_SECONDS,
+    cleanup,
+    files_added_by,
+    sweep_attempt,
+    unit_records,
+)
 from iceberg_cdc.mirror.iceberg.commit import build_delta, check_files_exist, commit_delta
 from iceberg_cdc.mirror.iceberg.inputs import RunLease, StagedNetChanges
 from iceberg_cdc.mirror.iceberg.phase import PHASE
@@ -56,16 +63,13 @@ from iceberg_cdc.mirror.iceberg.summary import apply_summary
 from iceberg_cdc.mirror.iceberg.table import (
     create_or_load,
     evolve,
-    find_apply,
     read_mirror_watermark,
     source_schema_at,
 )
 from iceberg_cdc.pipeline.groups import phase_seconds, record_phase
 from iceberg_cdc.pipeline.runtime import Runtime
 from iceberg_cdc.pyiceberg_internals.data_writer import metadata_for_units
-from iceberg_cdc.pyiceberg_internals.manifest_reader import manifest_entries
 from iceberg_cdc.source.reading import output_schema
-from iceberg_cdc.storage import get_json_many, open_store
 
 log = logging.getLogger("iceberg_cdc.mirror")
 
@@ -256,11 +260,6 @@ def _own_plan(store: Any, planned: Mapping[str, Any]) -> MirrorPlan:
     return apply_plan
 
 
-def _records(store: Any, paths: MirrorPaths) -> list[dict[str, Any]]:
-    keys = sorted(i.key for i in store.list(paths.staged_prefix) if i.key.endswith(".json"))
-    return get_json_many(store, keys)
-
-
 def commit(ctx: Any, mirror: Any, planned: Mapping[str, Any]) -> dict[str, Any]:
     """Check every row, then commit the apply and the watermark once (see module doc)."""
     if planned.get("action") != "apply":
@@ -277,7 +276,7 @@ def commit(ctx: Any, mirror: Any, planned: Mapping[str, Any]) -> dict[str, Any]:
     apply_plan = _own_plan(store, planned)
     paths = apply_plan.paths
     table = ctx.catalog().load_table(apply_plan.mirror)
-    records = _records(store, paths)
+    records = unit_records(store, paths)
     delta = build_delta(apply_plan, records, table)
     check_files_exist(table, delta.add, apply_plan)
     seconds = phase_seconds(store, paths)  # type: ignore[arg-type]
@@ -326,128 +325,12 @@ def commit(ctx: Any, mirror: Any, planned: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-# How long a commit whose outcome is unknown may still land (its process stalled between the last
-# lease check and the catalog's answer): an earlier attempt's staged files are kept that long.
-LATE_COMMIT_GRACE_SECONDS = 600.0
-
-
-def cleanup(
-    ctx: Any,
-    mirror: Any,
-    planned: Mapping[str, Any],
-    *,
-    late_commit_grace: float | None = None,
-    now: float | None = None,
-) -> dict[str, Any]:
-    """Delete the attempt's objects and its staged files no commit references (a teardown: never raises on them).
-
-    A ``commit-pending`` marker (an outcome not known) keeps everything: a
-    commit that lands late references those files. With ``late_commit_grace``
-    (a later run sweeping a dead attempt), a marker older than that no longer
-    keeps them: the mirror's history then says whether the commit landed.
-    """
-    if planned.get("action") != "apply":
-        return {"deleted_objects": 0, "deleted_files": 0}
-    store = ctx.runtime.store()
-    paths = MirrorPaths(
-        str(planned["mirror"]),
-        int(planned["through"]["changelog_snapshot_id"]),
-        f"epoch-{planned['epoch']}",
-        planned.get("root"),
-    )
-    if store.list(paths.commit_pending) and not _pending_expired(store, paths, late_commit_grace, now):
-        log.warning("mirror %s: a commit's outcome is unknown; its files are kept", planned["mirror"])
-        return {"deleted_objects": 0, "deleted_files": 0, "kept": "commit outcome unknown"}
-    deleted_files = 0
-    try:
-        apply_plan = MirrorPlan.load(store, planned["plan"])
-    except CdcError:
-        apply_plan = None
-    if apply_plan is not None:
-        try:
-            table = ctx.catalog().load_table(apply_plan.mirror)
-        except NoSuchTableError:  # dropped since: no commit of it references anything
-            committed = None
-        else:
-            committed = find_apply(table, _through(apply_plan))
-        keep = set()
-        if committed:
-            # Only what that commit added: another attempt may have committed the same changes.
-            keep = {f["file_path"] for r in _records(store, paths) for f in r.get("added", ())}
-            keep &= files_added_by(table, committed)
-        warehouse = open_store(apply_plan.staging_dir, ctx.runtime.io_properties)
-        for info in warehouse.list(""):
-            path = f"{apply_plan.staging_dir.rstrip('/')}/{info.key}"
-            if path not in keep:
-                warehouse.delete_prefix(info.key)
-                deleted_files += 1
-    deleted_objects = store.delete_prefix(paths.prefix)
-    return {"deleted_objects": deleted_objects, "deleted_files": deleted_files}
-
-
-def _pending_expired(store: Any, paths: MirrorPaths, grace: float | None, now: float | None) -> bool:
-    """Whether a commit-pending marker is older than ``grace`` (never, without a grace)."""
-    if grace is None:
-        return False
-    try:
-        at = float(json.loads(store.get(paths.commit_pending))["at"])
-    except (CdcError, ValueError, KeyError, TypeError):
-        return False  # unreadable: keep the files, a later sweep looks again
-    return (time.time() if now is None else now) - at > grace
-
-
-def sweep_attempt(ctx: Any, mirror: Any, root: str, *, now: float | None = None) -> dict[str, Any]:
-    """The staged files of an earlier attempt that died before its cleanup (called holding the lease).
-
-    ``root`` is the attempt's namespace for this target (the mirror DAG's
-    ``.../epoch-<n>/join/``). Its plan names its staging directory; what the
-    attempt's commit added stays when the mirror's history holds that commit,
-    everything else goes, as its own cleanup would have done. A commit whose
-    outcome is unknown keeps its files for :data:`LATE_COMMIT_GRACE_SECONDS`
-    (``kept`` in the result: the caller leaves the namespace for a later sweep).
-    """
-    store = ctx.runtime.store()
-    key = MirrorPaths("", 0, "", root).plan
-    try:
-        plan = MirrorPlan.load(store, key)
-    except CdcError:  # never planned (or already swept): nothing of it is in the mirror's location
-        return {"deleted_objects": 0, "deleted_files": 0}
-    planned = {
-        "action": "apply",
-        "mirror": plan.mirror,
-        "through": plan.through,
-        "epoch": plan.epoch,
-        "root": root,
-        "plan": key,
-    }
-    return cleanup(ctx, mirror, planned, late_commit_grace=LATE_COMMIT_GRACE_SECONDS, now=now)
-
-
-def files_added_by(table: Any, snapshot: Any) -> set[str]:
-    """Paths of the data, delete and DV files ``snapshot`` added to ``table``."""
-    added: set[str] = set()
-    for manifest in snapshot.manifests(table.io):
-        if manifest.added_snapshot_id != snapshot.snapshot_id:
-            continue
-        for entry in manifest_entries(table.io, manifest, table.metadata.format_version):
-            if entry.snapshot_id == snapshot.snapshot_id and entry.status == ManifestEntryStatus.ADDED:
-                added.add(entry.data_file.file_path)
-    return added
-
-
-def _through(apply_plan: MirrorPlan):
-    from iceberg_cdc.mirror.iceberg.inputs import Through
-
-    return Through.from_dict(apply_plan.through)
-
-
 def watermark(ctx: Any, mirror: Any) -> Any:
     """The mirror's watermark: the last changelog snapshot applied (None: the mirror is new or empty).
 
     A ``ChangelogMark`` of the mirror core when it is installed, else this
     target's own :class:`~.inputs.Through` (same fields).
     """
-    from pyiceberg.exceptions import NoSuchTableError
 
     try:
         table = ctx.catalog().load_table(str(_setting(mirror, "table")))
@@ -461,3 +344,15 @@ def watermark(ctx: Any, mirror: Any) -> Any:
     except ImportError:
         return mark
     return ChangelogMark(mark.changelog_snapshot_id, mark.source_snapshot_id, mark.ordinal)
+
+
+__all__ = [
+    "LATE_COMMIT_GRACE_SECONDS",
+    "cleanup",
+    "commit",
+    "files_added_by",
+    "plan",
+    "run_units_inline",
+    "sweep_attempt",
+    "watermark",
+]
