@@ -9,7 +9,6 @@ The real API server is in ``tests/integration/test_ui_page.py``.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -507,10 +506,10 @@ def test_a_bad_config_is_shown_not_a_500(history):
 
 
 def test_the_airflow_plugin_module():
-    spec = importlib.util.spec_from_file_location("cdc_ui_plugin", REPO / "plugins" / "cdc_ui_plugin.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    plugin = module.CdcUiPlugin
+    # Loaded by the airflow.plugins entry point, or by plugins/cdc_ui_plugin.py in a plugins folder
+    # (tests/unit/test_distribution.py covers which).
+    from iceberg_cdc.airflow.plugin import CdcUiPlugin as plugin
+
     [app] = plugin.fastapi_apps
     assert app["url_prefix"] == "/cdc" and isinstance(app["app"], FastAPI)
     [view] = plugin.external_views
