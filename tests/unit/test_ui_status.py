@@ -19,6 +19,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from cdc_devtools.inline_pipeline import SINK, SOURCE, InlinePipeline
 from cdc_devtools.orders import SCHEMA, rows
 from iceberg_cdc.airflow.views.airflow_side import DagRuns, RunInfo, authenticated_user
 from iceberg_cdc.airflow.views.app import create_app
@@ -29,7 +30,6 @@ from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.sink.table import watermark_property_names
 from iceberg_cdc.ui.sink_history import processed_snapshot, skew_warnings
 from iceberg_cdc.ui.status import collect_status
-from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
 from tests.support.ui_history import processed_history
 
 REPO = Path(__file__).resolve().parents[2]
