@@ -1,8 +1,7 @@
 """The built wheel is the whole install: in a fresh venv, Airflow lists the provider, the plugin and the DAGs.
 
-Builds the wheel from a copy of what pyproject.toml packages (so the build
-needs nothing else of the checkout), checks its files, metadata and entry
-points, then installs it with ``pip install <wheel> -c constraints.txt`` into
+Builds the wheel from a copy of the checkout (so the build leaves no
+``build/`` behind in it), checks its files, metadata and entry points, then installs it with ``pip install <wheel> -c constraints.txt`` into
 a new venv -- no PYTHONPATH, no plugins folder, no checkout -- and runs
 ``airflow providers list``, ``airflow plugins`` and ``airflow dags list`` on
 the example DAG file there. pip's cache keeps the install to a couple of
@@ -57,13 +56,14 @@ def _json_output(text: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    source = tmp_path_factory.mktemp("source")
-    for name in ("pyproject.toml", "requirements.txt"):
-        shutil.copy(REPO / name, source / name)
+    """The wheel built from a copy of the checkout (cdc_devtools, tests and all), as ``make wheel`` does."""
+    source = tmp_path_factory.mktemp("checkout") / "iceberg-cdc"
     shutil.copytree(
-        REPO / "plugins" / "iceberg_cdc",
-        source / "plugins" / "iceberg_cdc",
-        ignore=shutil.ignore_patterns("__pycache__"),
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".cdc", ".demo", "build", "dist", "__pycache__", "*.egg-info", ".*_cache"
+        ),
     )
     out = tmp_path_factory.mktemp("wheel")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
