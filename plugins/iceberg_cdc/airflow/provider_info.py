@@ -7,8 +7,10 @@
 * ``airflow.plugins`` -> :class:`iceberg_cdc.airflow.plugin.CdcUiPlugin`: the
   CDC view and the run-notes listener. Airflow 3 loads the plugins a provider
   declares only when ``[core] lazy_discover_providers`` is off (it is on by
-  default), so the plugin needs its own entry point, as Airflow's own providers
-  with plugins (openlineage, edge3) do.
+  default), so the plugin needs its own entry point, as Airflow's OpenLineage
+  provider does for its plugin. With that setting off, Airflow finds
+  the plugin twice and notes the second as "already registered, skipping",
+  as it does for OpenLineage's.
 
 This module imports nothing of Airflow: the providers manager calls
 :func:`get_provider_info` while it discovers providers, and the plugins-folder
