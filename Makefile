@@ -13,7 +13,7 @@ TEST_WORKERS ?= 2
 # Random histories per property test in make test-fast (make test runs 200; CDC_HISTORIES sets both).
 FAST_HISTORIES ?= 20
 
-.PHONY: help prereqs setup test test-fast demo demo-engine sync airflow lint format bench bench-scale clean
+.PHONY: help prereqs setup test test-fast demo demo-engine sync airflow lint format bench bench-scale wheel clean
 
 help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench   the pipeline vs a Spark-native job and the floor, memory, S3 requests (QUICK=1: short; SCHEDULER=0: no figures under the scheduler)"
 	@echo "make bench-scale   a 50 M-row copy-on-write snapshot through the pipeline beside a 5 M one (ROWS=...: another size)"
 	@echo "make setup   create .venv/ with everything installed (idempotent)"
+	@echo "make wheel   dist/iceberg_cdc-<version>-py3-none-any.whl: the provider to pip install into Airflow"
 
 prereqs:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { \
@@ -89,5 +90,11 @@ bench-scale: setup
 	@$(MAKE) --no-print-directory prereqs
 	$(BIN)/python bench/scale.py $(if $(ROWS),--rows $(ROWS),)
 
+# The provider distribution: iceberg_cdc only, dependencies from requirements.txt (docs/operating.md).
+wheel: setup
+	rm -rf build dist/iceberg_cdc-*.whl
+	$(BIN)/python -m pip wheel --no-deps --quiet -w dist .
+	@ls dist/iceberg_cdc-*.whl
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build dist

@@ -44,10 +44,11 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec  # noqa: E402
 from pyiceberg.transforms import IdentityTransform  # noqa: E402
 from workload import SCHEMA, _chunks, _version, catalog_properties, open_catalog  # noqa: E402
 
+from cdc_devtools.staged_inputs import default_lease_name, stage_net_changes  # noqa: E402
 from iceberg_cdc.config import parse_config  # noqa: E402
 from iceberg_cdc.coordination.lease import TableLease  # noqa: E402
 from iceberg_cdc.mirror.iceberg import steps  # noqa: E402
-from iceberg_cdc.mirror.iceberg.inputs import Through, default_lease_name, stage_net_changes  # noqa: E402
+from iceberg_cdc.mirror.iceberg.inputs import Through  # noqa: E402
 from iceberg_cdc.run.context import Context  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -136,7 +137,13 @@ class MirrorRunner:
         held = lease.acquire(run_id, 600.0)
         store = self.ctx.runtime.store()
         key = stage_net_changes(store, f"_inputs/{run_id}", net, source=SOURCE)
-        staged = {"net_changes": key, "run_id": run_id, "epoch": held.epoch, "lease_ttl": 600.0}
+        staged = {
+            "net_changes": key,
+            "run_id": run_id,
+            "epoch": held.epoch,
+            "lease_ttl": 600.0,
+            "lease": default_lease_name(self.target["table"]),
+        }
         clock = {"start": time.perf_counter()}
         planned = steps.plan(self.ctx, self.target, staged)
         clock["plan"] = time.perf_counter()

@@ -169,8 +169,8 @@ def catchup_bench(pg: LocalPostgres, n: int, snapshots: int) -> dict:
     from pyiceberg.schema import Schema
     from pyiceberg.transforms import IdentityTransform
 
-    from iceberg_cdc.mirror.inline import run_mirror
-    from tests.support.inline_pipeline import SOURCE, InlinePipeline
+    from cdc_devtools.inline_mirror import run_mirror
+    from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 
     tmp = Path(tempfile.mkdtemp(prefix="cdc-mirror-bench-"))
     mirrors = [

@@ -1,6 +1,6 @@
 """One DAG run's phases, each timed, through the same Spark jobs the DAG submits.
 
-Order and calls as ``iceberg_cdc.run.inline.run_snapshot`` (the
+Order and calls as ``cdc_devtools.inline_run.run_snapshot`` (the
 DAG's order), except that the write and read groups run as ``spark-submit``
 of ``spark_jobs/cdc_phase.py --phase write|read --plan KEY --group N``, as
 the DAG's mapped SparkSubmitOperator tasks do, with ``CDC_CONFIG`` naming
@@ -33,12 +33,12 @@ from pyiceberg.expressions import EqualTo
 from s3log import RequestLog
 from sparkrun import PHASE_APPLICATION, dag_conf, spark_env, spark_submit
 
+from cdc_devtools.inline_run import run_phase
 from iceberg_cdc.config import CdcConfig
 from iceberg_cdc.pipeline.groups import read_group_count
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.pyfiles import package_zip
 from iceberg_cdc.run import steps
-from iceberg_cdc.run.inline import _run_phase
 
 
 @dataclass
@@ -158,7 +158,7 @@ def run_pipeline(setup: PipelineSetup) -> dict[str, Any]:
     submits: dict[str, list[dict[str, Any]]] = {}
     try:
         if setup.inline:
-            _run_phase(ctx, plan, "write", len(plan.groups))
+            run_phase(ctx, plan, "write", len(plan.groups))
         elif setup.connect_url:
             submits["write"] = _connect_groups(setup, ctx, detected.write_args)
         else:
@@ -171,7 +171,7 @@ def run_pipeline(setup: PipelineSetup) -> dict[str, Any]:
         read_jobs = steps.coalesce(ctx, detected)
         phases.done("coalesce")
         if setup.inline:
-            _run_phase(ctx, plan, "read", read_group_count(plan, store))
+            run_phase(ctx, plan, "read", read_group_count(plan, store))
         elif setup.connect_url:
             submits["read"] = _connect_groups(setup, ctx, read_jobs)
         else:

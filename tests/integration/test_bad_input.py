@@ -30,6 +30,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
 from cdc_devtools.cow import cow_merge
+from cdc_devtools.inline_pipeline import SINK, SOURCE, InlinePipeline
 from cdc_devtools.local_s3 import LocalS3Server
 from cdc_devtools.oracle import expected_changes, row_key
 from cdc_devtools.replay import assert_replay, changes_of
@@ -68,7 +69,6 @@ from tests.support.iceberg_tables import (
     cow_rewrite,
     live_files,
 )
-from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),

@@ -4,7 +4,7 @@ Copy-on-write histories with partition moves, updates that change nothing,
 deletes and inserts, on identifier and whole-row tables with duplicate rows
 (a dedup rewrite removes k copies of a row and adds one back: carryover by
 multiplicity), run through the pipeline in process once per cancel mode
-(:data:`~tests.support.inline_pipeline.CANCEL_CONFIG`). Every snapshot must
+(:data:`~cdc_devtools.inline_pipeline.CANCEL_CONFIG`). Every snapshot must
 satisfy the replay invariant, rows must add up (input = masked + cancelled +
 shuffled), and every mode must commit the same changes.
 """
@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cdc_devtools.inline_pipeline import CANCEL_CONFIG, CANCEL_MODES, InlinePipeline
 from cdc_devtools.oracle import row_key
 from cdc_devtools.replay import assert_replay, changes_of
 from iceberg_cdc.changelog import carryover
 from iceberg_cdc.pipeline import map_cancel
 from tests.support.history import HistoryShape, HistoryTable
-from tests.support.inline_pipeline import CANCEL_CONFIG, CANCEL_MODES, InlinePipeline
 
 SHAPES = {
     "with-ids": HistoryShape(

@@ -32,6 +32,8 @@ import pytest
 from pyiceberg.schema import Schema
 
 from cdc_devtools.cow import cow_merge
+from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
+from cdc_devtools.inline_run import run_snapshot
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.replay import ADDED, REMOVED, multiset
 from iceberg_cdc.errors import (
@@ -43,7 +45,6 @@ from iceberg_cdc.errors import (
 )
 from iceberg_cdc.run import commit_step, steps
 from iceberg_cdc.run import detect as detect_module
-from iceberg_cdc.run.inline import run_snapshot
 from iceberg_cdc.shuffle.layout import data_key, index_key
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.writer import MapOutputWriter
@@ -51,7 +52,6 @@ from iceberg_cdc.sink.staging import list_staged
 from iceberg_cdc.source.reading import output_schema
 from tests.support.fault_report import CaseOutcome, FaultReport
 from tests.support.fault_runs import POINTS, Crash, RunState, run_steps, verdict
-from tests.support.inline_pipeline import SOURCE, InlinePipeline
 
 REPORT = Path(__file__).resolve().parents[2] / ".cdc" / "fault-report.md"
 TTL = 1.0

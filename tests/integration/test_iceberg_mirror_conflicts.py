@@ -16,6 +16,7 @@ import time
 import pytest
 from pyiceberg.table.snapshots import Operation
 
+from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from iceberg_cdc.errors import LeaseLostError, MirrorStateError
 from iceberg_cdc.mirror.iceberg import steps
 from iceberg_cdc.mirror.iceberg.table import read_mirror_watermark
@@ -23,7 +24,6 @@ from iceberg_cdc.pyiceberg_internals.data_writer import write_data_files
 from iceberg_cdc.pyiceberg_internals.format_v3 import writing_v3_metadata
 from iceberg_cdc.pyiceberg_internals.row_delta import RowDelta
 from tests.support.history import HistoryShape, HistoryTable
-from tests.support.inline_pipeline import SOURCE, InlinePipeline
 from tests.support.mirror_harness import MirrorHarness, MirrorTarget
 
 SHAPE = HistoryShape(columns=("string",), identifier=("id",), partitioning="region")

@@ -16,10 +16,10 @@ import uuid
 
 import pytest
 
+from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.replay import multiset
 from tests.support.duckdb_reader import read_iceberg
 from tests.support.history import HistoryShape, HistoryTable
-from tests.support.inline_pipeline import SOURCE, InlinePipeline
 from tests.support.mirror_harness import MirrorHarness, MirrorTarget
 
 SHAPE = HistoryShape(columns=("string", "decimal", "date", "list"), identifier=("id",), partitioning="region")

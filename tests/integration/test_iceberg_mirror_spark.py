@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from cdc_devtools.connect_server import LocalSparkConnectServer
+from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.local_s3 import free_port
 from cdc_devtools.replay import multiset
 from cdc_devtools.spark_cluster import SPARK_HOME
@@ -30,7 +31,6 @@ from iceberg_cdc.pipeline.pyfiles import package_zip
 from iceberg_cdc.pipeline.submit_conf import submit_conf
 from tests.support.duckdb_reader import read_iceberg
 from tests.support.history import HistoryShape, HistoryTable
-from tests.support.inline_pipeline import SOURCE, InlinePipeline
 from tests.support.mirror_harness import MirrorHarness, MirrorTarget
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]

@@ -18,16 +18,16 @@ import time
 
 import pytest
 
+from cdc_devtools.inline_mirror import run_mirror
+from cdc_devtools.inline_pipeline import SOURCE
 from iceberg_cdc.mirror import steps
 from iceberg_cdc.mirror.iceberg import steps as iceberg_steps
 from iceberg_cdc.mirror.iceberg.plan import MirrorPaths, MirrorPlan
-from iceberg_cdc.mirror.inline import run_mirror
 from iceberg_cdc.mirror.staging import MirrorPaths as StagingPaths
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.storage import open_store
 from tests.property.test_iceberg_mirror_changelog import IcebergMirrorPipeline, assert_iceberg_mirror_exact
 from tests.support.history import HistoryShape, HistoryTable
-from tests.support.inline_pipeline import SOURCE
 
 SHAPE = HistoryShape(columns=("string",), identifier=("id",), partitioning="region")
 

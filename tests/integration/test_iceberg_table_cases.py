@@ -2,7 +2,7 @@
 
 The cases are data (``tests/cases/iceberg_table_cases.yaml``; its header explains the step ops).
 Each case builds a real table with pyiceberg in a SQLite catalog, applies its steps, and processes
-the snapshots with :class:`~tests.support.inline_pipeline.InlinePipeline` (the DAG's steps and the
+the snapshots with :class:`~cdc_devtools.inline_pipeline.InlinePipeline` (the DAG's steps and the
 Spark tasks' functions in this process). For every processed snapshot the sink's change rows must be
 the step's expected rows, the DAG run must take the expected path (insert / shuffle / skip), the
 ordinals must increase, and the replay invariant must hold; rolled-back snapshots must never reach
@@ -27,14 +27,14 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import EMPTY_DICT
 
 from cdc_devtools.cow import cow_merge
+from cdc_devtools.inline_pipeline import SINK, SOURCE, InlinePipeline
+from cdc_devtools.inline_run import InlineRun
 from cdc_devtools.oracle import row_key
 from cdc_devtools.replay import assert_replay, changes_of
 from iceberg_cdc import errors
-from iceberg_cdc.run.inline import InlineRun
 from iceberg_cdc.sink.table import read_watermark
 from tests.cases import TABLE_CASES, arrow_rows, iceberg_schema, load, split_change
 from tests.support.iceberg_tables import cow_rewrite, live_files, replace_files, write_data_files
-from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
 
 SNAPSHOT_OPS = ("append", "fast_append", "overwrite", "merge", "delete", "replace", "rewrite_manifests")
 

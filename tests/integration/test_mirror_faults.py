@@ -30,17 +30,17 @@ import pyarrow as pa
 import pytest
 
 from cdc_devtools.cow import cow_merge
+from cdc_devtools.inline_mirror import run_mirror
+from cdc_devtools.inline_pipeline import SOURCE
 from cdc_devtools.local_postgres import LocalPostgres
 from cdc_devtools.mirror_check import verdict
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from iceberg_cdc.errors import CdcError, LeaseHeldError, LeaseLostError, MirrorStateError
 from iceberg_cdc.mirror import steps
-from iceberg_cdc.mirror.inline import run_mirror
 from iceberg_cdc.mirror.postgres.target import POINTS
 from iceberg_cdc.mirror.staging import MirrorPlan, load_net_changes
 from iceberg_cdc.mirror.targets import postgres_target
 from iceberg_cdc.run.context import Context
-from tests.support.inline_pipeline import SOURCE
 from tests.support.mirror_pipeline import MirrorPipeline
 
 REPORT = Path(__file__).resolve().parents[2] / ".cdc" / "mirror-fault-report.jsonl"

@@ -16,13 +16,13 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, ListType, LongType, NestedField, StringType, StructType
 
 from cdc_devtools.cow import cow_merge
+from cdc_devtools.inline_pipeline import SOURCE
 from cdc_devtools.mirror_check import verdict
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from iceberg_cdc.errors import MirrorConfigError, MirrorSchemaError
 from iceberg_cdc.mirror.postgres.connection import connect
 from iceberg_cdc.mirror.rebuild import rebuild
 from iceberg_cdc.run.context import Context
-from tests.support.inline_pipeline import SOURCE
 from tests.support.mirror_pipeline import MirrorPipeline
 
 

@@ -20,8 +20,8 @@ import duckdb
 import pyarrow as pa
 
 from cdc_devtools.cow import cow_merge
+from cdc_devtools.inline_pipeline import InlinePipeline
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
-from tests.support.inline_pipeline import InlinePipeline
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "operating.md"
 

@@ -16,15 +16,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from cdc_devtools.inline_pipeline import SINK, SOURCE, InlinePipeline
+from cdc_devtools.inline_run import run_snapshot
 from cdc_devtools.orders import SCHEMA, rows
 from cdc_devtools.replay import assert_replay
 from iceberg_cdc.config import parse_config
 from iceberg_cdc.errors import SourceHistoryError
-from iceberg_cdc.run.inline import run_snapshot
 from iceberg_cdc.run.story import story
 from iceberg_cdc.source.protection import own_tags, recorded, tag_name
 from iceberg_cdc.source.retention import MAX_SNAPSHOT_AGE_PROPERTY
-from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
 
 
 def _expire_everything_unprotected(pipeline: InlinePipeline) -> set[int]:

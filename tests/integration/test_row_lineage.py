@@ -14,13 +14,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from cdc_devtools.inline_pipeline import InlinePipeline
 from cdc_devtools.replay import assert_replay
 from cdc_devtools.row_lineage import inherited_first_row_ids, row_lineage
 from iceberg_cdc.source.changes import snapshot_changes
 from iceberg_cdc.source.lineage import LineageFiller, with_lineage
 from iceberg_cdc.source.reading import read_data_file
 from tests.support.history import HistoryShape
-from tests.support.inline_pipeline import InlinePipeline
 from tests.support.mor_history import MorHistory
 
 

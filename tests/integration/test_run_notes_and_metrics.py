@@ -28,10 +28,10 @@ from pathlib import Path
 import pytest
 
 from cdc_devtools.cow import cow_merge
+from cdc_devtools.inline_run import run_snapshot
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.replay import assert_replay
 from iceberg_cdc.config import parse_config
-from iceberg_cdc.run.inline import run_snapshot
 from tests.support.airflow_pipeline import DAG_ID, SOURCE, AirflowPipeline
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]

@@ -24,11 +24,11 @@ import pytest
 
 from cdc_devtools.cow import cow_merge
 from cdc_devtools.fault_proxy import FaultProxy
+from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.local_s3 import LocalS3Server
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.replay import assert_replay
 from iceberg_cdc.sink.table import SOURCE_SNAPSHOT_ID_KEY, SOURCE_TABLE_KEY, summary_properties
-from tests.support.inline_pipeline import SOURCE, InlinePipeline
 
 pytestmark = pytest.mark.s3
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.spark_cluster import SPARK_HOME
 from iceberg_cdc.airflow.operators.spark import spark_application
@@ -31,7 +32,6 @@ from iceberg_cdc.pipeline.submit_conf import submit_conf
 from iceberg_cdc.run import steps
 from tests.integration.test_exactly_once import leftovers, merge
 from tests.support.fault_runs import verdict
-from tests.support.inline_pipeline import SOURCE, InlinePipeline
 
 pytestmark = [pytest.mark.e2e]
 

@@ -65,9 +65,9 @@ from pyiceberg.types import (
 )
 
 from cdc_devtools.cow import cow_merge
+from cdc_devtools.inline_pipeline import InlinePipeline
+from cdc_devtools.inline_run import InlineRun
 from cdc_devtools.replay import assert_replay
-from iceberg_cdc.run.inline import InlineRun
-from tests.support.inline_pipeline import InlinePipeline
 from tests.support.typed_rows import (
     ALL_TYPES,
     RawSource,

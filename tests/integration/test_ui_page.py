@@ -39,9 +39,9 @@ import pytest
 import yaml
 
 from cdc_devtools.airflow_env import LOGIN_USER, VENV_BIN, dags_test, ensure_airflow_db, login_password
+from cdc_devtools.inline_pipeline import SINK, SOURCE
 from tests.support.chromium import Chromium, dump_dom, needs_chromium
 from tests.support.chromium import stop as _stop
-from tests.support.inline_pipeline import SINK, SOURCE
 from tests.support.ui_history import processed_history
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"

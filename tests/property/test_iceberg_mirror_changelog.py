@@ -3,7 +3,7 @@
 The changelog's random-history machines with a mirror rule (their PostgreSQL
 variant: :mod:`tests.property.test_mirror_histories`) run here with an
 Iceberg mirror instead: each mirror run is the mirror DAG's steps in process
-(:func:`iceberg_cdc.mirror.inline.run_mirror`: detect, plan_apply with the
+(:func:`cdc_devtools.inline_mirror.run_mirror`: detect, plan_apply with the
 Iceberg target's plan, its ``mirror_join`` units, apply through its commit,
 cleanup). The copy-on-write machine changes the source's schema too (columns
 added, widened, dropped: the mirror keeps a dropped column), the
@@ -22,12 +22,12 @@ import os
 from hypothesis import HealthCheck, settings
 
 from cdc_devtools.cow import table_state
+from cdc_devtools.inline_mirror import MirrorRun, run_mirror
+from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.mirror_check import _rows
 from iceberg_cdc.mirror.iceberg import steps as iceberg_steps
-from iceberg_cdc.mirror.inline import MirrorRun, run_mirror
 from iceberg_cdc.run.context import Context
 from tests.property.test_mirror_histories import MirroredCowHistory, MirroredMorHistory
-from tests.support.inline_pipeline import SOURCE, InlinePipeline
 
 MIRROR = "mirror.orders"
 TARGETS = {1: ("merge-on-read", None), 3: ("copy-on-write", 2), 8: ("merge-on-read", 3)}

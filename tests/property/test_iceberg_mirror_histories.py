@@ -32,11 +32,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from iceberg_cdc.mirror.iceberg import join, steps
 from iceberg_cdc.mirror.iceberg.plan import MirrorPlan
 from iceberg_cdc.mirror.iceberg.table import read_mirror_watermark, snapshot_marker
 from tests.support.history import COLUMN_KINDS, HistoryShape, HistoryTable
-from tests.support.inline_pipeline import SOURCE, InlinePipeline
 from tests.support.mirror_harness import MirrorHarness, MirrorTarget
 
 shapes = st.builds(

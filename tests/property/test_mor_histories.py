@@ -32,10 +32,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from cdc_devtools.inline_pipeline import CANCEL_CONFIG, CANCEL_MODES, InlinePipeline
 from cdc_devtools.replay import ADDED, REMOVED, assert_replay, changes_of, multiset
 from iceberg_cdc.source.history import current_ancestry
 from tests.support.history import COLUMN_KINDS, HistoryShape
-from tests.support.inline_pipeline import CANCEL_CONFIG, CANCEL_MODES, InlinePipeline
 from tests.support.mor_history import MorHistory
 
 shapes = st.builds(

@@ -34,10 +34,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from cdc_devtools.inline_pipeline import CANCEL_CONFIG, CANCEL_MODES, InlinePipeline
 from cdc_devtools.replay import ADDED, REMOVED, assert_replay, changes_of, multiset
 from iceberg_cdc.source.history import current_ancestry
 from tests.support.history import COLUMN_KINDS, HistoryShape, HistoryTable
-from tests.support.inline_pipeline import CANCEL_CONFIG, CANCEL_MODES, InlinePipeline
 
 shapes = st.builds(
     HistoryShape,

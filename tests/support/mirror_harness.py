@@ -23,9 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_devtools.replay import multiset
+from cdc_devtools.staged_inputs import default_lease_name, stage_net_changes
 from iceberg_cdc.coordination.lease import TableLease
 from iceberg_cdc.mirror.iceberg import steps
-from iceberg_cdc.mirror.iceberg.inputs import default_lease_name, stage_net_changes
 from iceberg_cdc.run.context import Context
 
 
@@ -116,7 +116,8 @@ class MirrorHarness:
         store = self.ctx.runtime.store()
         prefix = f"_mirror_inputs/{self.target.table}/{net.through.changelog_snapshot_id}/{run_id}"
         key = stage_net_changes(store, prefix, net, source=self.ctx.table.source, part_rows=700)
-        return {"net_changes": key, "run_id": run_id, "epoch": epoch, "lease_ttl": 300.0}
+        lease = default_lease_name(self.target.table)
+        return {"net_changes": key, "run_id": run_id, "epoch": epoch, "lease_ttl": 300.0, "lease": lease}
 
     def apply(
         self,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from cdc_devtools.inline_mirror import MirrorRun, run_mirror
+from cdc_devtools.inline_pipeline import SINK, SOURCE, InlinePipeline
 from cdc_devtools.mirror_check import MirrorVerdict, assert_mirror_exact
-from iceberg_cdc.mirror.inline import MirrorRun, run_mirror
 from iceberg_cdc.mirror.postgres.target import Hook, PostgresTarget
-from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
 
 
 class MirrorPipeline(InlinePipeline):

@@ -6,8 +6,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from cdc_devtools.cow import cow_merge
+from cdc_devtools.inline_pipeline import InlinePipeline
 from cdc_devtools.orders import SCHEMA, rows
-from tests.support.inline_pipeline import InlinePipeline
 
 
 def processed_history(tmp: Path) -> SimpleNamespace:

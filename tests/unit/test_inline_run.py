@@ -8,9 +8,9 @@ import pyarrow as pa
 from pyiceberg.schema import Schema
 
 from cdc_devtools.cow import cow_merge
+from cdc_devtools.inline_pipeline import InlinePipeline
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.replay import assert_replay
-from tests.support.inline_pipeline import InlinePipeline
 
 
 def test_history_through_every_path(tmp_path):

@@ -14,13 +14,13 @@ import pyarrow as pa
 import pytest
 
 from cdc_devtools.cow import cow_merge
+from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from iceberg_cdc.errors import AmbiguousUpdateError, LeaseLostError
 from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS
 from iceberg_cdc.pipeline.phase_driver import run_phase_group
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.run import steps
-from tests.support.inline_pipeline import SOURCE, InlinePipeline
 
 
 class InProcess:

@@ -9,7 +9,6 @@ The real API server is in ``tests/integration/test_ui_page.py``.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from cdc_devtools.inline_pipeline import SINK, SOURCE, InlinePipeline
 from cdc_devtools.orders import SCHEMA, rows
 from iceberg_cdc.airflow.views.airflow_side import DagRuns, RunInfo, authenticated_user
 from iceberg_cdc.airflow.views.app import create_app
@@ -30,7 +30,6 @@ from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.sink.table import watermark_property_names
 from iceberg_cdc.ui.sink_history import processed_snapshot, skew_warnings
 from iceberg_cdc.ui.status import collect_status
-from tests.support.inline_pipeline import SINK, SOURCE, InlinePipeline
 from tests.support.ui_history import processed_history
 
 REPO = Path(__file__).resolve().parents[2]
@@ -507,10 +506,10 @@ def test_a_bad_config_is_shown_not_a_500(history):
 
 
 def test_the_airflow_plugin_module():
-    spec = importlib.util.spec_from_file_location("cdc_ui_plugin", REPO / "plugins" / "cdc_ui_plugin.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    plugin = module.CdcUiPlugin
+    # Loaded by the airflow.plugins entry point, or by plugins/cdc_ui_plugin.py in a plugins folder
+    # (tests/unit/test_distribution.py covers which).
+    from iceberg_cdc.airflow.plugin import CdcUiPlugin as plugin
+
     [app] = plugin.fastapi_apps
     assert app["url_prefix"] == "/cdc" and isinstance(app["app"], FastAPI)
     [view] = plugin.external_views

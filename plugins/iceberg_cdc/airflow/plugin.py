@@ -1,8 +1,9 @@
 """Airflow plugin: the CDC view in Airflow's UI (Airflow 3.1+ ``fastapi_apps`` + ``external_views``).
 
-Airflow imports every module of its plugins folder (this repository's
-``plugins/``; ``iceberg_cdc/`` itself is excluded by ``.airflowignore``). This
-one mounts :func:`iceberg_cdc.airflow.views.app.create_app` in the API server at
+Loaded by the installed distribution's ``airflow.plugins`` entry point
+(:mod:`iceberg_cdc.airflow.provider_info` says why), or, without it, by
+``plugins/cdc_ui_plugin.py`` in a plugins folder. It mounts
+:func:`iceberg_cdc.airflow.views.app.create_app` in the API server at
 ``/cdc`` and adds "CDC" to the UI's navigation, which shows the page in
 Airflow's frame at ``/plugin/cdc``. Every data route of the app requires a
 user authenticated by Airflow's auth manager and shows only the tables whose

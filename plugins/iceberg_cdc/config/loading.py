@@ -60,7 +60,7 @@ def parse_config(raw: Any, source: str = "config") -> CdcConfig:
         for error in exc.errors():
             where = _location(error["loc"])
             if error["type"] == "extra_forbidden":
-                problems.append(f"{where}: unknown key (check the spelling; see README 'Configuration')")
+                problems.append(f"{where}: unknown key (check the spelling; see docs/configuration.md)")
             elif error["type"] == "missing":
                 problems.append(f"{where}: required key is missing")
             else:

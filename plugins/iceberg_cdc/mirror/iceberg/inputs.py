@@ -13,9 +13,8 @@ reads this document (JSON, at the key ``staged["net_changes"]``)::
 
 and the run's lease from ``staged`` itself: ``run_id``, ``epoch``,
 ``lease_ttl`` and ``lease`` (the lease's name in the shuffle store's
-``_leases/``; default :func:`default_lease_name`). :func:`stage_net_changes`
-writes exactly that document from a ``NetChanges``-shaped object, for callers
-and tests.
+``_leases/``). Only tests and benches stage this document
+(``cdc_devtools.staged_inputs.stage_net_changes`` writes it).
 
 The mirror DAG's own staging (:mod:`iceberg_cdc.mirror.staging`) is read as
 well: its plan document (``staged["plan"]``) names one ``upserts`` and one
@@ -28,30 +27,13 @@ the DAG's cleanup and sweep remove.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import Any
 
 from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.storage import ObjectStore
-
-
-class MarkLike(Protocol):
-    changelog_snapshot_id: int
-    source_snapshot_id: int
-    ordinal: int
-
-
-class NetChangesLike(Protocol):
-    upserts: pa.Table
-    deletes: pa.Table
-    key_columns: tuple[str, ...]
-    through: MarkLike
 
 
 @dataclass(frozen=True)
@@ -138,11 +120,6 @@ class StagedNetChanges:
         )
 
 
-def default_lease_name(mirror_table: str) -> str:
-    """The lease an apply to ``mirror_table`` runs under when ``staged`` names none."""
-    return f"mirror.{mirror_table}"
-
-
 @dataclass(frozen=True)
 class RunLease:
     """The run's hold on the mirror: renewed with its epoch before anything shared changes."""
@@ -163,51 +140,15 @@ class RunLease:
             from iceberg_cdc.run.lease import lease_ttl_seconds
 
             merged["lease_ttl"] = lease_ttl_seconds()
-        missing = [k for k in ("run_id", "epoch") if k not in merged]
+        missing = [k for k in ("run_id", "epoch", "lease") if merged.get(k) in (None, "")]
         if missing:
             raise ValueError(
-                f"the staged reference lacks {missing}: the mirror run's lease must come with it"
+                f"the staged reference for the mirror {mirror_table} lacks {missing}: the mirror run's "
+                "lease (its name, run id and epoch) must come with it"
             )
         return cls(
-            str(merged.get("lease") or default_lease_name(mirror_table)),
+            str(merged["lease"]),
             str(merged["run_id"]),
             int(merged["epoch"]),
             float(merged["lease_ttl"]),
         )
-
-
-def _parquet_bytes(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
-    return sink.getvalue()
-
-
-def stage_net_changes(
-    store: ObjectStore, prefix: str, net: NetChangesLike, *, source: str = "", part_rows: int = 1_000_000
-) -> str:
-    """Stage ``net`` under ``prefix`` (Parquet parts of at most ``part_rows`` rows); returns the document's key."""
-    prefix = prefix.rstrip("/") + "/"
-
-    def parts(name: str, table: pa.Table) -> list[dict[str, Any]]:
-        out = []
-        for i, start in enumerate(range(0, table.num_rows, part_rows)):
-            key = f"{prefix}{name}-{i:05d}.parquet"
-            chunk = table.slice(start, part_rows)
-            store.put(key, _parquet_bytes(chunk))
-            out.append({"key": key, "rows": chunk.num_rows})
-        return out
-
-    document = {
-        "key_columns": list(net.key_columns),
-        "through": {
-            "changelog_snapshot_id": int(net.through.changelog_snapshot_id),
-            "source_snapshot_id": int(net.through.source_snapshot_id),
-            "ordinal": int(net.through.ordinal),
-        },
-        "upserts": parts("upserts", net.upserts),
-        "deletes": parts("deletes", net.deletes.select(list(net.key_columns))),
-        "source": source,
-    }
-    key = f"{prefix}net-changes.json"
-    store.put(key, json.dumps(document).encode())
-    return key

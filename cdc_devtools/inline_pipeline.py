@@ -1,7 +1,7 @@
-"""A whole pipeline in one process for tests: SQLite catalog, file:// (or S3) warehouse and shuffle.
+"""A whole pipeline in one process for tests and benches: SQLite catalog, file:// (or S3) warehouse and shuffle.
 
 :class:`InlinePipeline` writes a real config, creates the source table and
-runs snapshots through :mod:`iceberg_cdc.run.inline` — the DAG's
+runs snapshots through :mod:`cdc_devtools.inline_run` — the DAG's
 steps and the Spark tasks' functions, without Airflow or Spark.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.table import Table
 
+from cdc_devtools.inline_run import InlineRun, run_snapshot, run_until_caught_up
 from iceberg_cdc.config import CdcConfig, parse_config
-from iceberg_cdc.run.inline import InlineRun, run_snapshot, run_until_caught_up
 from iceberg_cdc.sink.table import read_watermark
 from iceberg_cdc.watermark import Watermark
 

@@ -2,7 +2,8 @@
 
 detect -> plan_apply -> (the Iceberg target's join tasks) -> apply, with cleanup
 always last as the DAG's teardown. Used by the property tests, the fault
-tests and the benchmark: the same step functions the DAG's tasks call.
+tests and the benchmark: the same step functions the DAG's tasks call;
+tooling, so outside the ``iceberg_cdc`` the wheel ships.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ executors (:mod:`iceberg_cdc.pipeline.groups`), so what is tested and
 benchmarked here is the pipeline's own code; only the scheduling differs.
 
 Used by the randomized correctness tests (hundreds of snapshot histories in
-seconds), the benchmarks (phase by phase) and ``make demo-engine``.
+seconds), the benchmarks (phase by phase) and ``make demo-engine``; tooling,
+so it lives here, outside the ``iceberg_cdc`` the wheel ships.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class InlineRun:
         return self.detected.snapshot_id
 
 
-def _run_phase(ctx: steps.Context, plan: SnapshotPlan, phase: str, groups: int) -> list[dict[str, Any]]:
+def run_phase(ctx: steps.Context, plan: SnapshotPlan, phase: str, groups: int) -> list[dict[str, Any]]:
+    """Every group of ``phase`` in turn, recorded as the Spark driver records them; the units' results."""
     store = ctx.runtime.store()
     function = PHASE_FUNCTIONS[phase]
     results: list[dict[str, Any]] = []
@@ -79,10 +81,10 @@ def run_snapshot(
             store = ctx.runtime.store()
             plan = SnapshotPlan.load(store, detected.plan)
             if run.action == "insert":
-                run.units["insert"] = _run_phase(ctx, plan, "insert", len(plan.groups))
+                run.units["insert"] = run_phase(ctx, plan, "insert", len(plan.groups))
                 lap("insert")
             else:
-                run.units["write"] = _run_phase(ctx, plan, "write", len(plan.groups))
+                run.units["write"] = run_phase(ctx, plan, "write", len(plan.groups))
                 lap("write")
                 missing, failed = steps.missing_map_outputs(ctx, detected)
                 if missing or failed:
@@ -90,7 +92,7 @@ def run_snapshot(
                 lap("barrier")
                 steps.coalesce(ctx, detected)
                 lap("coalesce")
-                run.units["read"] = _run_phase(ctx, plan, "read", read_group_count(plan, store))
+                run.units["read"] = run_phase(ctx, plan, "read", read_group_count(plan, store))
                 lap("read")
         run.committed = steps.commit(ctx, detected)
         lap("commit")
