@@ -36,6 +36,7 @@ from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.inline_run import run_snapshot
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.replay import ADDED, REMOVED, multiset
+from iceberg_cdc.coordination import commit_in_flight
 from iceberg_cdc.errors import (
     ConservationError,
     CorruptShuffleError,
@@ -44,7 +45,6 @@ from iceberg_cdc.errors import (
     SourceHistoryError,
 )
 from iceberg_cdc.run import commit_step, steps
-from iceberg_cdc.run import detect as detect_module
 from iceberg_cdc.shuffle.layout import data_key, index_key
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.writer import MapOutputWriter
@@ -349,7 +349,7 @@ def test_a_commit_whose_answer_was_lost_keeps_its_files(pipeline, monkeypatch):
     objects, _ = leftovers(pipeline)
     assert objects and all(key.endswith("commit-pending.json") for key in objects), objects
     # ... after it, they sweep the attempt like any other leftovers.
-    monkeypatch.setattr(detect_module, "COMMIT_GRACE_SECONDS", -10 * TTL)
+    monkeypatch.setattr(commit_in_flight, "LATE_COMMIT_GRACE_SECONDS", -10 * TTL)
     assert run_snapshot(pipeline.config, SOURCE).action == "caught_up"
     assert leftovers(pipeline) == ([], 0)
 

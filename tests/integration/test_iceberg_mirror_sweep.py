@@ -20,6 +20,7 @@ import pytest
 
 from cdc_devtools.inline_mirror import run_mirror
 from cdc_devtools.inline_pipeline import SOURCE
+from iceberg_cdc.coordination.commit_in_flight import sweep_after
 from iceberg_cdc.mirror import steps
 from iceberg_cdc.mirror.iceberg import steps as iceberg_steps
 from iceberg_cdc.mirror.iceberg.plan import MirrorPaths, MirrorPlan
@@ -29,6 +30,7 @@ from iceberg_cdc.storage import open_store
 from tests.property.test_iceberg_mirror_changelog import IcebergMirrorPipeline, assert_iceberg_mirror_exact
 from tests.support.history import HistoryShape, HistoryTable
 
+TTL = 30.0  # the lease TTL the sweeps below are told
 SHAPE = HistoryShape(columns=("string",), identifier=("id",), partitioning="region")
 
 
@@ -100,13 +102,11 @@ def test_a_commit_of_unknown_outcome_keeps_its_files_for_the_grace(mirrored):
     store.put(MirrorPaths("", 0, "", root).commit_pending, json.dumps({"at": at}).encode())
     left = _staged(ctx, plan)
     mirror = ctx.table.mirror("ice")
-    kept = iceberg_steps.sweep_attempt(ctx, mirror, root, now=at + 60)
+    kept = iceberg_steps.sweep_attempt(ctx, mirror, root, lease_ttl=TTL, now=at + 60)
     assert kept.get("kept") and _staged(ctx, plan) == left
     run = run_mirror(pipeline.config, SOURCE, "ice")  # within the grace: the namespace stays too
     assert run.action == "apply" and _staged(ctx, plan) == left
-    late = iceberg_steps.sweep_attempt(
-        ctx, mirror, root, now=at + iceberg_steps.LATE_COMMIT_GRACE_SECONDS + 1
-    )
+    late = iceberg_steps.sweep_attempt(ctx, mirror, root, lease_ttl=TTL, now=at + sweep_after(TTL) + 1)
     assert not late.get("kept") and late["deleted_files"] == len(left)
     assert _staged(ctx, plan) == set()
     assert_iceberg_mirror_exact(pipeline, history.table)

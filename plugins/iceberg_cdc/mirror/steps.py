@@ -157,7 +157,9 @@ def sweep_leftovers(ctx: Context, mirror: MirrorConfig, keep_attempt: str) -> in
         if mirror.type == "iceberg":
             # Its staged data files are in the mirror's location, named by its plan: sweep them first.
             try:
-                swept = iceberg_steps(mirror).sweep_attempt(ctx, mirror, paths.join_prefix)
+                swept = iceberg_steps(mirror).sweep_attempt(
+                    ctx, mirror, paths.join_prefix, lease_ttl=lease_ttl_seconds()
+                )
             except CdcError as exc:  # a later run sweeps again; this one goes on
                 log.warning("%s: could not sweep %s: %s", mirror.describe(), attempt, exc)
                 continue
@@ -312,19 +314,23 @@ def cleanup(
     removed = 0
     target: dict[str, Any] = {}
     epoch = int(detected["epoch"]) if detected and detected.get("epoch") is not None else None
-    if epoch is not None and mirror.type == "iceberg" and planned and planned.get("action") == "apply":
+    if epoch is None:
+        return {"objects_deleted": 0, "lease_released": False}
+    # The lease goes first (the commit-in-flight protocol's order): a zombie commit of this run that
+    # has not yet put its marker then fails its lease check, and one that has is seen below.
+    try:
+        released = mirror_lease(ctx, mirror).release(run_id, epoch)
+    except Exception:
+        log.exception("run %r could not release the lease of %s", run_id, mirror.describe())
+    if mirror.type == "iceberg" and planned and planned.get("action") == "apply":
         try:
             target = iceberg_steps(mirror).cleanup(ctx, mirror, planned)
         except Exception:  # a teardown: the run's own error (if any) matters more
             log.exception("run %r could not clean up the staged files of %s", run_id, mirror.describe())
-    if epoch is not None:
-        try:
-            released = mirror_lease(ctx, mirror).release(run_id, epoch)
-        except Exception:
-            log.exception("run %r could not release the lease of %s", run_id, mirror.describe())
-        if not ctx.config.shuffle.retain_files:
-            paths = MirrorPaths.of(ctx.table.source, mirror.mirror_name, epoch)
-            removed = ctx.runtime.store().delete_prefix(paths.prefix)
+            target = {"kept": "cleanup failed"}  # the namespace leads a later sweep back to the files
+    if not ctx.config.shuffle.retain_files and not target.get("kept"):
+        paths = MirrorPaths.of(ctx.table.source, mirror.mirror_name, epoch)
+        removed = ctx.runtime.store().delete_prefix(paths.prefix)
     return {
         "objects_deleted": removed,
         "lease_released": released,
