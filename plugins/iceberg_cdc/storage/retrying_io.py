@@ -44,11 +44,15 @@ from typing import IO, Any, TypeVar
 
 from pyarrow.fs import AwsDefaultS3RetryStrategy, FileSystem, LocalFileSystem
 from pyiceberg.io import S3_RETRY_STRATEGY_IMPL, InputFile, OutputFile
-from pyiceberg.io.pyarrow import ONE_MEGABYTE, PyArrowFile, PyArrowFileIO
 from pyiceberg.typedef import EMPTY_DICT, Properties
 
 from iceberg_cdc.errors import ConfigError
-from iceberg_cdc.pyiceberg_internals.file_io import pyarrow_file_arguments
+from iceberg_cdc.pyiceberg_internals.file_io import (
+    ONE_MEGABYTE,
+    PyArrowFile,
+    PyArrowFileIO,
+    pyarrow_file_arguments,
+)
 from iceberg_cdc.retry import FILE_IO, RetryPolicy
 from iceberg_cdc.storage.retrying_streams import ResumableInputStream, RetryingUploadStream, call_with_retries
 
