@@ -66,7 +66,7 @@ from iceberg_cdc.sink import commit as commit_module
 from iceberg_cdc.sink.commit import commit_changes
 from iceberg_cdc.sink.datafiles import data_files_from_parquet
 from iceberg_cdc.sink.table import ensure_sink_table, find_commit
-from iceberg_cdc.storage.retrying_io import PATIENT_S3_RETRY_STRATEGY_IMPL, PatientS3RetryStrategy
+from iceberg_cdc.storage.retrying_io import ONE_ATTEMPT_S3_RETRY_STRATEGY_IMPL, OneAttemptS3RetryStrategy
 from tests.support.sink_tables import (
     SINK,
     SOURCE,
@@ -434,8 +434,8 @@ def test_file_arguments_are_the_ones_pyiceberg_builds_its_files_with(tmp_path):
 
 
 def test_pyiceberg_instantiates_the_s3_retry_strategy_without_arguments():
-    strategy = _import_retry_strategy(PATIENT_S3_RETRY_STRATEGY_IMPL)
-    assert isinstance(strategy, PatientS3RetryStrategy)
+    strategy = _import_retry_strategy(ONE_ATTEMPT_S3_RETRY_STRATEGY_IMPL)
+    assert isinstance(strategy, OneAttemptS3RetryStrategy)
 
 
 # ----------------------------------------------------------------------------- data files from footers

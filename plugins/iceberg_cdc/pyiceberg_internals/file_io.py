@@ -14,8 +14,8 @@ do. :func:`pyarrow_file_arguments` is that part of pyiceberg 0.12's
 
 And on one more: pyiceberg instantiates the class named by
 ``s3.retry-strategy-impl`` *without arguments* (its ``_import_retry_strategy``),
-which is why :class:`~iceberg_cdc.storage.retrying_io.PatientS3RetryStrategy`
-sets its attempts in its constructor's default.
+which is why :class:`~iceberg_cdc.storage.retrying_io.OneAttemptS3RetryStrategy`
+sets its attempts in its constructor.
 
 ``PyArrowFile``, ``PyArrowFileIO`` and ``ONE_MEGABYTE`` are re-exported from
 here, so no module outside this package imports ``pyiceberg.io.pyarrow``
