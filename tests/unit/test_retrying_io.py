@@ -19,7 +19,7 @@ from pyarrow.fs import AwsStandardS3RetryStrategy
 from pyiceberg.io import S3_RETRY_STRATEGY_IMPL, load_file_io
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from cdc_devtools.fault_proxy import FaultProxy
+from cdc_devtools.fault_proxy import FaultProxy, first_requests
 from cdc_devtools.local_s3 import LocalS3Server
 from iceberg_cdc.errors import ConfigError, StorageError, TransientStorageError
 from iceberg_cdc.pipeline import runtime as runtime_module
@@ -254,23 +254,6 @@ def test_exhausted_retries_name_the_object_and_say_a_retry_is_safe(proxy, s3_pro
         stream.close()
 
 
-def _first_requests_fail(count: int, method: str, key: str):
-    """A fault filter: the first ``count`` ``method`` requests for ``key`` are eligible (all fail at error_rate 1)."""
-    seen = [0]
-
-    def eligible(asked: str, target: str) -> bool:
-        if asked != method or key not in target:
-            return False
-        seen[0] += 1
-        return seen[0] <= count
-
-    return eligible
-
-
-def _requests(proxy: FaultProxy, method: str, key: str) -> int:
-    return sum(1 for r in proxy.records if r.method == method and key in r.target)
-
-
 def _read_all(fio: RetryingPyArrowFileIO, path: str) -> bytes:
     with fio.new_input(path).open(seekable=False) as stream:
         return stream.read()
@@ -283,12 +266,12 @@ def test_n_transient_failures_then_success_reach_s3_n_plus_one_times(proxy, s3_p
     key = path.split("/", 3)[3]
     fio = RetryingPyArrowFileIO({**proxy.properties(s3_properties), RETRY_BASE_DELAY_MS: "0"})
     assert _read_all(fio, path) == files[path][1]
-    clean = _requests(proxy, "GET", key)
-    proxy.fault_filter = _first_requests_fail(failures, "GET", key)
+    clean = proxy.requests_for(key, "GET")
+    proxy.fault_filter = first_requests(failures, key, "GET")
     proxy.error_statuses = (503,)
     proxy.set_rates(error_rate=1.0)
     assert _read_all(fio, path) == files[path][1]
-    assert _requests(proxy, "GET", key) - clean == clean + failures
+    assert proxy.requests_for(key, "GET") - clean == clean + failures
     assert proxy.counts["error_503"] == failures
 
 
@@ -299,13 +282,13 @@ def test_more_failures_than_the_budget_name_the_object_and_the_requests_made(pro
         {**proxy.properties(s3_properties), RETRY_ATTEMPTS: "4", RETRY_BASE_DELAY_MS: "0"}
     )
     stream = fio.new_input(path).open(seekable=False)
-    proxy.fault_filter = _first_requests_fail(100, "GET", key)
+    proxy.fault_filter = first_requests(100, key, "GET")
     proxy.error_statuses = (503,)
     proxy.set_rates(error_rate=1.0)
     with pytest.raises(TransientStorageError) as raised:
         stream.read()
     assert (raised.value.location, raised.value.operation, raised.value.attempts) == (path, "read", 4)
-    assert _requests(proxy, "GET", key) == 4
+    assert proxy.requests_for(key, "GET") == 4
     assert path in str(raised.value) and "4 attempts" in str(raised.value)
 
 

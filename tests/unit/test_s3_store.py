@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from cdc_devtools.fault_proxy import first_requests
 from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError, StorageError, TransientStorageError
 from iceberg_cdc.retry import RetryPolicy
 from iceberg_cdc.shuffle.layout import data_key, index_key
@@ -290,23 +291,6 @@ def proxied_store(proxy, s3_properties, bucket: str, attempts: int = 8) -> S3Obj
     return S3ObjectStore(f"s3://{bucket}/shuffle", client, part_size=5 * MIB, request_attempts=attempts)
 
 
-def _first_requests_fail(count: int, key: str):
-    """A fault filter: the first ``count`` requests for ``key`` are eligible (all fail at error_rate 1)."""
-    seen = [0]
-
-    def eligible(method: str, target: str) -> bool:
-        if key not in target:
-            return False
-        seen[0] += 1
-        return seen[0] <= count
-
-    return eligible
-
-
-def _requests_for(proxy, key: str, method: str) -> int:
-    return sum(1 for r in proxy.records if r.method == method and key in r.target)
-
-
 @pytest.mark.parametrize("failures", [0, 1, 3, 7])
 @pytest.mark.parametrize("verb", ["GET", "PUT"])
 def test_n_transient_failures_then_success_reach_s3_n_plus_one_times(
@@ -317,13 +301,13 @@ def test_n_transient_failures_then_success_reach_s3_n_plus_one_times(
     s3_client.put_object(Bucket=s3_bucket, Key=f"shuffle/{key}", Body=b"before")
     store = proxied_store(proxy, s3_properties, s3_bucket)
     store.policy = RetryPolicy(store.policy.attempts, 0.0, 0.0)
-    proxy.fault_filter = _first_requests_fail(failures, key)
+    proxy.fault_filter = first_requests(failures, key)
     proxy.set_rates(error_rate=1.0)
     if verb == "GET":
         assert store.get(key) == b"before"
     else:
         store.put(key, b"after")
-    assert _requests_for(proxy, key, verb) == failures + 1
+    assert proxy.requests_for(key, verb) == failures + 1
     assert s3_client.get_object(Bucket=s3_bucket, Key=f"shuffle/{key}")["Body"].read() == (
         b"before" if verb == "GET" else b"after"
     )
@@ -336,12 +320,12 @@ def test_more_failures_than_the_budget_name_the_object_and_the_requests_made(
     s3_client.put_object(Bucket=s3_bucket, Key=f"shuffle/{key}", Body=b"x")
     store = proxied_store(proxy, s3_properties, s3_bucket, attempts=4)
     store.policy = RetryPolicy(4, 0.0, 0.0)
-    proxy.fault_filter = _first_requests_fail(100, key)
+    proxy.fault_filter = first_requests(100, key)
     proxy.error_statuses = (503,)
     proxy.set_rates(error_rate=1.0)
     with pytest.raises(TransientStorageError) as raised:
         store.get(key)
-    assert raised.value.attempts == 4 == _requests_for(proxy, key, "GET")
+    assert raised.value.attempts == 4 == proxy.requests_for(key, "GET")
     assert f"s3://{s3_bucket}/shuffle/{key}" in str(raised.value)
     assert "SlowDown for 4 attempts" in str(raised.value)
 
