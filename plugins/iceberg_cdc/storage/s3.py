@@ -283,9 +283,13 @@ class S3ObjectStore(ObjectStore):
 
         def stream(response: Any) -> None:
             nonlocal position
-            for piece in response["Body"].iter_chunks(_STREAM_CHUNK):
-                sink.write(piece)
-                position += len(piece)
+            try:
+                for piece in response["Body"].iter_chunks(_STREAM_CHUNK):
+                    sink.write(piece)
+                    position += len(piece)
+            except _STREAM_ERRORS:
+                if position < end:  # else every byte arrived before the connection broke: done
+                    raise
 
         self._request(self.client.get_object, key, remaining, consume=stream)
         if position != end:
