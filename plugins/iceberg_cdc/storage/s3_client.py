@@ -5,10 +5,11 @@ botocore makes **one attempt** per call (``retries={"mode": "standard",
 :meth:`iceberg_cdc.storage.s3.S3ObjectStore._request` alone, which also
 covers what botocore cannot (a body cut mid-stream, a batch DELETE's failed
 keys) and counts every request it makes. With botocore retrying too, the
-attempts multiplied (8 of botocore's x 3 rounds = 24 requests per failing
-call) and its standard mode's per-client retry quota, emptied by a burst of
-errors, could only be widened through botocore's private attributes. With
-one attempt the quota is never drawn on.
+attempts multiplied (its ``max_attempts=8`` means 9 attempts, times 3 of
+the store's rounds: 27 requests per failing call, 135 for a GET whose body
+kept breaking off) and its standard mode's per-client retry quota, emptied
+by a burst of errors, could only be widened through botocore's private
+attributes. With one attempt the quota is never drawn on.
 """
 
 from __future__ import annotations
