@@ -51,6 +51,26 @@ _ERRORS = {
 FaultFilter = Callable[[str, str], bool]  # (method, target) -> may this request be faulted?
 
 
+def first_requests(count: int, key: str, method: str | None = None) -> FaultFilter:
+    """A fault filter: only the first ``count`` requests whose target holds ``key`` (and of ``method``) may fault.
+
+    With ``error_rate=1.0``: N failures, then every request for ``key`` goes
+    through -- what a retry budget is measured against.
+    """
+    seen = 0
+    lock = threading.Lock()
+
+    def eligible(asked: str, target: str) -> bool:
+        nonlocal seen
+        if key not in target or (method is not None and asked != method):
+            return False
+        with lock:
+            seen += 1
+            return seen <= count
+
+    return eligible
+
+
 class ProxyProtocolError(Exception):
     """A peer sent something that is not HTTP/1.x; the connection is closed."""
 
@@ -365,6 +385,11 @@ class FaultProxy:
             yield
         finally:
             self.set_rates(**saved)
+
+    def requests_for(self, key: str, method: str | None = None) -> int:
+        """How many of the kept :attr:`records` are requests whose target holds ``key`` (of ``method``)."""
+        with self._lock:
+            return sum(1 for r in self.records if key in r.target and (method is None or r.method == method))
 
     @property
     def faults(self) -> int:

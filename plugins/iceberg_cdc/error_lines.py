@@ -32,7 +32,9 @@ ERROR_LIMIT = 900  # an error line in a note (notes hold 1,000 characters) or on
 ELLIPSIS = " … "
 # Exceptions that only carry another error's line: ``AirflowFailException("LeaseHeldError: ...")``.
 _WRAPPERS = frozenset({"AirflowFailException", "AirflowException", "AirflowSkipException"})
-_NAMED_LINE = re.compile(r"^[A-Z][A-Za-z0-9_]*(?:Error|Exception|Timeout|Exit)\b:")
+# A line that starts with a named error, its module optional: ``LeaseHeldError: ...``,
+# ``iceberg_cdc.errors.ConfigError: ...``. The one pattern for "this line names an error".
+_NAMED_LINE = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*([A-Z][A-Za-z0-9_]*(?:Error|Exception|Timeout|Exit))\b\s*:")
 _PIPELINE_IN_TEXT = re.compile(r"iceberg_cdc\.errors\.(\w+): ([^\n]+)")
 _ANY_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(\w+(?:Error|Exception|Exit)): (.+)$", re.MULTILINE)
 # Messages Airflow's log reader writes about the log itself, not the task's own errors.
@@ -85,6 +87,25 @@ def line_of(error: BaseException | str, message: str | None = None, *, secrets: 
     else:
         line = f"{type_name}: {first}" if first else type_name
     return clip(redact(line, secrets))
+
+
+def error_name(line: str) -> str | None:
+    """The error type a ``Type: message`` line starts with, without its module; None if it names none."""
+    match = _NAMED_LINE.match(line or "")
+    return match.group(1) if match else None
+
+
+def is_final_line(line: str) -> bool:
+    """Whether an error line (``Type: message``, e.g. from a Spark driver) names a final pipeline error.
+
+    The line-only twin of :func:`iceberg_cdc.errors.is_final`, for callers that
+    have the error's line but not the exception (the Spark operators).
+    """
+    from iceberg_cdc.errors import error_class
+
+    name = error_name(line)
+    cls = error_class(name) if name else None
+    return cls is not None and cls.final
 
 
 def line_in_text(error: BaseException | str, *, secrets: Iterable[Any] = ()) -> str:

@@ -9,12 +9,11 @@ the same task can fix (bad config or history, a damaged or missing file, a lost
 lease, rows that do not add up): the task fails at once instead of retrying
 for minutes. It is the one classification every place uses -- the Airflow
 tasks (:func:`is_final`) and the Spark operators, which only have the error's
-line (:func:`is_final_line`).
+line (:func:`iceberg_cdc.error_lines.is_final_line`).
 """
 
 from __future__ import annotations
 
-import re
 from typing import ClassVar
 
 
@@ -238,23 +237,42 @@ class SourceFileMissingError(CdcError):
         )
 
 
+class UnitFailed(Exception):
+    """Raised on the Spark Connect server's Python worker: a unit failed; the message carries the marker line.
+
+    Not a :class:`CdcError`: it only carries the unit's own error (as a marker
+    line) to the client, which raises that error again
+    (:mod:`iceberg_cdc.pipeline.connect_errors`).
+    """
+
+
+class ConnectJobError(RuntimeError):
+    """The Spark Connect job failed outside the units' code (server unreachable, worker crashed ...)."""
+
+
+class IncompleteBodyError(OSError):
+    """S3 sent fewer bytes than asked for inside the object: the body was cut.
+
+    An ``OSError`` so the storage retries treat it as transient
+    (:func:`iceberg_cdc.storage.retrying_streams.is_transient`).
+    """
+
+
+class StaleDeltaError(ValueError):
+    """The table is not in the state a row delta was planned on (a file to remove is not live).
+
+    Raised by :class:`iceberg_cdc.pyiceberg_internals.row_delta.RowDelta`; the
+    Iceberg mirror plans again (:mod:`iceberg_cdc.mirror.iceberg.commit`).
+    """
+
+
 def is_final(error: BaseException | type[BaseException]) -> bool:
     """Whether no retry of the same task can fix ``error`` (its class's ``final`` flag)."""
     cls = error if isinstance(error, type) else type(error)
     return bool(getattr(cls, "final", False)) and issubclass(cls, CdcError)
 
 
-_LINE_NAME = re.compile(r"^\s*(?:iceberg_cdc\.errors\.)?([A-Z]\w*)\s*:")
-
-
 def error_class(name: str) -> type[CdcError] | None:
     """The pipeline's error class called ``name``, if there is one."""
     found = globals().get(name)
     return found if isinstance(found, type) and issubclass(found, CdcError) else None
-
-
-def is_final_line(line: str) -> bool:
-    """Whether an error line (``Type: message``, e.g. from a Spark driver) names a final pipeline error."""
-    match = _LINE_NAME.match(line or "")
-    cls = error_class(match.group(1)) if match else None
-    return cls is not None and cls.final

@@ -61,11 +61,11 @@ class RetryPolicy:
         time.sleep(self.delay(retry))
 
 
-# S3 requests of the shuffle store (:class:`iceberg_cdc.storage.s3.S3ObjectStore`): a new round of
-# a request when botocore's own retries gave up on a transient error.
-S3_REQUEST_ROUNDS = RetryPolicy(attempts=3, base_delay=0.2, max_delay=5.0)
-# ... a GET whose body broke off mid-stream, and keys a batch DELETE reported as failed.
-S3_STREAM_RETRIES = RetryPolicy(attempts=5, base_delay=0.2, max_delay=5.0)
+# Every S3 request of the shuffle store and the leases (:class:`iceberg_cdc.storage.s3.S3ObjectStore`),
+# the only retry layer of its boto3 client (botocore makes one attempt): a 5xx or throttling answer,
+# a dropped connection, a body cut mid-stream, keys a batch DELETE reported as failed. 8 attempts,
+# waits of at most 0.2, 0.4 ... 5 s (16.2 s in all).
+S3_REQUEST = RetryPolicy(attempts=8, base_delay=0.2, max_delay=5.0)
 # Reads, uploads and deletes of the retrying FileIO (:mod:`iceberg_cdc.storage.retrying_io`); the
 # catalog properties ``cdc.io.retry-*`` override them.
 FILE_IO = RetryPolicy(attempts=8, base_delay=0.1, max_delay=3.0)

@@ -10,9 +10,9 @@ import uuid
 import pyarrow as pa
 import pytest
 
-from iceberg_cdc.errors import AmbiguousUpdateError, CorruptShuffleError
+from iceberg_cdc.errors import AmbiguousUpdateError, ConnectJobError, CorruptShuffleError, UnitFailed
 from iceberg_cdc.pipeline import connect_app, worker_heap
-from iceberg_cdc.pipeline.connect_app import ConnectJobError, UnitFailed, describe, job_error
+from iceberg_cdc.pipeline.connect_app import describe, job_error
 
 
 def server_report(worker_error: BaseException) -> Exception:

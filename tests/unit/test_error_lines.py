@@ -7,8 +7,17 @@ from pathlib import Path
 
 import iceberg_cdc
 from iceberg_cdc import errors
-from iceberg_cdc.error_lines import ERROR_LIMIT, FailedTask, clip, line_in_log, line_in_text, line_of
-from iceberg_cdc.errors import SourceFileMissingError, is_final, is_final_line
+from iceberg_cdc.error_lines import (
+    ERROR_LIMIT,
+    FailedTask,
+    clip,
+    error_name,
+    is_final_line,
+    line_in_log,
+    line_in_text,
+    line_of,
+)
+from iceberg_cdc.errors import SourceFileMissingError, is_final
 
 FIX = "Set duplicate_keys: emit_unpaired for the table to emit them unpaired."
 
@@ -97,3 +106,17 @@ def test_final_errors_are_one_flag():
     assert (
         "restore the file, or roll the source back past snapshot 5200992516889735211" in str(missing).lower()
     )
+
+
+def test_one_pattern_reads_the_error_a_line_names():
+    assert error_name("LeaseHeldError: lease of t held by run 7") == "LeaseHeldError"
+    assert error_name("  iceberg_cdc.errors.ConfigError : bad key") == "ConfigError"
+    assert (
+        error_name("airflow.sdk.exceptions.AirflowFailException: LeaseLostError: x") == "AirflowFailException"
+    )
+    assert error_name("Traceback (most recent call last):") is None
+    assert error_name("lowercase: not an error") is None
+    assert is_final_line("  iceberg_cdc.errors.MirrorKeyError: key column id missing")
+    # errors.py keeps the classes and the flag; reading lines is error_lines' alone.
+    assert "re.compile" not in Path(errors.__file__).read_text()
+    assert not hasattr(errors, "is_final_line")

@@ -14,7 +14,7 @@ import botocore.config
 import botocore.exceptions
 import pytest
 
-from cdc_devtools.fault_proxy import FaultProxy
+from cdc_devtools.fault_proxy import FaultProxy, first_requests
 from cdc_devtools.local_s3 import DUMMY_CREDENTIALS, LocalS3Server
 
 pytestmark = pytest.mark.s3
@@ -243,3 +243,18 @@ def test_stop_ends_every_thread_and_the_port(moto_server, bucket):
     assert proxy.live_threads == 0
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass
+
+
+def test_first_requests_fault_only_the_first_n_for_one_key(proxy, bucket, s3_client):
+    s3_client.put_object(Bucket=bucket, Key="first/a", Body=b"a")
+    s3_client.put_object(Bucket=bucket, Key="first/b", Body=b"b")
+    proxied = client(proxy)
+    proxy.fault_filter = first_requests(2, "first/a", "GET")
+    proxy.set_rates(error_rate=1.0)
+    assert proxied.get_object(Bucket=bucket, Key="first/b")["Body"].read() == b"b"
+    for _ in range(2):
+        with pytest.raises(botocore.exceptions.ClientError):
+            proxied.get_object(Bucket=bucket, Key="first/a")
+    assert proxied.get_object(Bucket=bucket, Key="first/a")["Body"].read() == b"a"
+    assert proxy.requests_for("first/a", "GET") == 3 and proxy.requests_for("first/b") == 1
+    assert proxy.faults == 2

@@ -8,7 +8,6 @@ commit that lost a race is decided again by the sink's marker check.
 
 from __future__ import annotations
 
-import ast
 import inspect
 import re
 from pathlib import Path
@@ -67,7 +66,7 @@ from iceberg_cdc.sink import commit as commit_module
 from iceberg_cdc.sink.commit import commit_changes
 from iceberg_cdc.sink.datafiles import data_files_from_parquet
 from iceberg_cdc.sink.table import ensure_sink_table, find_commit
-from iceberg_cdc.storage.retrying_io import PATIENT_S3_RETRY_STRATEGY_IMPL, PatientS3RetryStrategy
+from iceberg_cdc.storage.retrying_io import ONE_ATTEMPT_S3_RETRY_STRATEGY_IMPL, OneAttemptS3RetryStrategy
 from tests.support.sink_tables import (
     SINK,
     SOURCE,
@@ -118,74 +117,6 @@ def test_the_pins_fall_inside_the_supported_range(name):
     assert release is not None
     assert pyiceberg_internals.MIN_VERSION <= release < pyiceberg_internals.MAX_VERSION
     assert pyiceberg_internals.SUPPORTED in (pyiceberg_internals.__doc__ or "")
-
-
-# pyiceberg classes whose subclasses lean on internals (visitors, private hooks), and private
-# attributes of pyiceberg objects the door reads or writes.
-_INTERNAL_BASES = {
-    "ArrowProjectionVisitor",
-    "UpdateTableMetadata",
-    "SchemaWithPartnerVisitor",
-    "_SnapshotProducer",
-}
-_PRIVATE_ATTRIBUTES = {"_filesystem", "_path", "_buffer_size", "_commit", "_do_commit", "_table", "_data"}
-# Importable but undocumented names the door owns: used anywhere else, they would bypass its pins.
-_DOOR_NAMES = {
-    "AvroFile",
-    "MANIFEST_ENTRY_SCHEMAS",
-    "DATA_FILE_TYPE",
-    "ArrowAccessor",
-    "ArrowProjectionVisitor",
-    "visit_with_partner",
-    "UpdateTableMetadata",
-    "compute_statistics_plan",
-    "data_file_statistics_from_parquet_metadata",
-    "parquet_path_to_id_mapping",
-}
-
-
-def _internal_uses(tree: ast.AST) -> list[str]:
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "pyiceberg":
-            found += [
-                f"imports {a.name}" for a in node.names if a.name.startswith("_") or a.name in _DOOR_NAMES
-            ]
-        elif isinstance(node, ast.ClassDef):
-            bases = {ast.unparse(b).split("[")[0].rsplit(".", 1)[-1] for b in node.bases}
-            found += [f"subclasses {b}" for b in sorted(bases & _INTERNAL_BASES)]
-        elif (
-            isinstance(node, ast.Attribute)
-            and node.attr in _PRIVATE_ATTRIBUTES
-            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
-        ):
-            found.append(f"reads .{node.attr}")
-    return found
-
-
-def test_no_module_outside_the_door_uses_pyiceberg_internals():
-    """Underscored pyiceberg names, its visitors' subclasses and its private attributes: only in the door.
-
-    The shipped package only: test tooling (``cdc_devtools``) writes merge-on-read
-    histories with pyiceberg's snapshot producer and is not shipped.
-    """
-    package = REPO / "plugins" / "iceberg_cdc"
-    door = package / "pyiceberg_internals"
-    leaks = {}
-    for path in sorted(package.rglob("*.py")):
-        if door in path.parents:
-            continue
-        uses = _internal_uses(ast.parse(path.read_text()))
-        if uses:
-            leaks[str(path.relative_to(package))] = uses
-    assert leaks == {}
-    # ... and the check finds what it looks for
-    in_the_door = _internal_uses(ast.parse((door / "projection.py").read_text()))
-    assert "subclasses ArrowProjectionVisitor" in in_the_door
-    assert "reads ._filesystem" in _internal_uses(ast.parse("f(io.new_input(p)._filesystem)"))
-    assert "imports _inherit_from_manifest" in _internal_uses(
-        ast.parse("from pyiceberg.manifest import (\n    DataFile,\n    _inherit_from_manifest,\n)")
-    )
 
 
 # ----------------------------------------------------------------------------- commit: no retry inside pyiceberg
@@ -503,8 +434,8 @@ def test_file_arguments_are_the_ones_pyiceberg_builds_its_files_with(tmp_path):
 
 
 def test_pyiceberg_instantiates_the_s3_retry_strategy_without_arguments():
-    strategy = _import_retry_strategy(PATIENT_S3_RETRY_STRATEGY_IMPL)
-    assert isinstance(strategy, PatientS3RetryStrategy)
+    strategy = _import_retry_strategy(ONE_ATTEMPT_S3_RETRY_STRATEGY_IMPL)
+    assert isinstance(strategy, OneAttemptS3RetryStrategy)
 
 
 # ----------------------------------------------------------------------------- data files from footers

@@ -19,10 +19,11 @@ from pyiceberg.table.snapshots import Operation
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
+from iceberg_cdc.errors import StaleDeltaError
 from iceberg_cdc.mirror.iceberg.delete_files import FileDeletes, position_delete_file
 from iceberg_cdc.pyiceberg_internals.data_writer import metadata_for_units, parse_metadata, write_data_files
 from iceberg_cdc.pyiceberg_internals.format_v3 import writing_v3_metadata
-from iceberg_cdc.pyiceberg_internals.row_delta import AssertedProperties, RowDelta, StaleDeltaError, file_key
+from iceberg_cdc.pyiceberg_internals.row_delta import AssertedProperties, RowDelta, file_key
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "region", StringType()))
 SPEC = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "region"))

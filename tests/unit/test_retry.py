@@ -13,8 +13,7 @@ from iceberg_cdc.mirror.iceberg import commit as mirror_commit
 from iceberg_cdc.retry import (
     FILE_IO,
     MIRROR_COMMIT,
-    S3_REQUEST_ROUNDS,
-    S3_STREAM_RETRIES,
+    S3_REQUEST,
     SINK_COMMIT,
     RetryPolicy,
 )
@@ -68,12 +67,7 @@ def test_nonsense_policies_are_refused(attempts, base, cap):
 
 def test_the_named_policies_keep_their_figures():
     """The waits each loop had before the policies had one owner (the ceilings, not the jitter)."""
-    assert (S3_REQUEST_ROUNDS.attempts, S3_REQUEST_ROUNDS.base_delay, S3_REQUEST_ROUNDS.max_delay) == (
-        3,
-        0.2,
-        5.0,
-    )
-    assert (S3_STREAM_RETRIES.retries, S3_STREAM_RETRIES.max_delay) == (4, 5.0)
+    assert (S3_REQUEST.attempts, S3_REQUEST.base_delay, S3_REQUEST.max_delay) == (8, 0.2, 5.0)
     assert (FILE_IO.attempts, FILE_IO.base_delay, FILE_IO.max_delay) == (8, 0.1, 3.0)
     assert SINK_COMMIT.attempts == commit_module.DEFAULT_ATTEMPTS == 6
     assert [SINK_COMMIT.ceiling(n) for n in range(5)] == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2])
@@ -83,7 +77,7 @@ def test_the_named_policies_keep_their_figures():
         SINK_COMMIT.max_delay,
     )
     store = S3ObjectStore("s3://bucket/prefix", client=None)
-    assert (store.request_rounds, store.stream_retries) == (3, 4)
+    assert store.policy == S3_REQUEST
 
 
 def test_sink_commit_retries_wait_by_the_sink_policy(monkeypatch):

@@ -19,7 +19,7 @@ from pyarrow.fs import AwsStandardS3RetryStrategy
 from pyiceberg.io import S3_RETRY_STRATEGY_IMPL, load_file_io
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from cdc_devtools.fault_proxy import FaultProxy
+from cdc_devtools.fault_proxy import FaultProxy, first_requests
 from cdc_devtools.local_s3 import LocalS3Server
 from iceberg_cdc.errors import ConfigError, StorageError, TransientStorageError
 from iceberg_cdc.pipeline import runtime as runtime_module
@@ -27,7 +27,7 @@ from iceberg_cdc.pipeline.runtime import Runtime, with_retrying_io
 from iceberg_cdc.sink.staging import write_staged_file
 from iceberg_cdc.storage import RETRYING_IO_IMPL
 from iceberg_cdc.storage.retrying_io import (
-    PATIENT_S3_RETRY_STRATEGY_IMPL,
+    ONE_ATTEMPT_S3_RETRY_STRATEGY_IMPL,
     RETRY_ATTEMPTS,
     RETRY_BASE_DELAY_MS,
     RETRY_MAX_DELAY_MS,
@@ -84,11 +84,11 @@ def files(s3_client) -> dict[str, tuple[pa.Table, bytes]]:
     return made
 
 
-class NoSdkRetries(AwsStandardS3RetryStrategy):
-    """One attempt per request inside pyarrow: every fault reaches the retrying FileIO."""
+class SdkRetries(AwsStandardS3RetryStrategy):
+    """pyarrow's own retries, as a catalog that names its own ``s3.retry-strategy-impl`` gets them."""
 
     def __init__(self) -> None:
-        super().__init__(max_attempts=1)
+        super().__init__(max_attempts=4)
 
 
 @pytest.mark.parametrize(
@@ -97,15 +97,17 @@ class NoSdkRetries(AwsStandardS3RetryStrategy):
 def test_reads_survive_heavy_faults_bit_identical(proxy, s3_properties, files, sdk_retries):
     """Reads are exact through 50% faults, whether pyarrow's own retries absorb some faults or none.
 
-    pyarrow's AWS SDK retries many faults itself (with PatientS3RetryStrategy
-    even most cut bodies); without its retries every fault reaches the
-    streams, which must then reopen the object mid-read and go on where they were.
+    By default pyarrow makes one attempt per request (OneAttemptS3RetryStrategy):
+    every fault reaches the streams, which must then reopen the object mid-read
+    and go on where they were. A catalog naming its own strategy gets pyarrow's
+    retries too, which absorb many faults (even most cut bodies) first.
     """
     properties = {**proxy.properties(s3_properties), "py-io-impl": RETRYING_IO_IMPL}
-    if not sdk_retries:
+    if sdk_retries:
+        properties[S3_RETRY_STRATEGY_IMPL] = f"{__name__}.SdkRetries"
+    else:
         properties.update(
             {
-                S3_RETRY_STRATEGY_IMPL: f"{__name__}.NoSdkRetries",
                 RETRY_ATTEMPTS: "25",  # 50% of requests fail: 8 attempts would not do for ~150 reads
                 RETRY_BASE_DELAY_MS: "5",
                 RETRY_MAX_DELAY_MS: "50",
@@ -252,6 +254,44 @@ def test_exhausted_retries_name_the_object_and_say_a_retry_is_safe(proxy, s3_pro
         stream.close()
 
 
+def _read_all(fio: RetryingPyArrowFileIO, path: str) -> bytes:
+    with fio.new_input(path).open(seekable=False) as stream:
+        return stream.read()
+
+
+@pytest.mark.parametrize("failures", [1, 4, 7])
+def test_n_transient_failures_then_success_reach_s3_n_plus_one_times(proxy, s3_properties, files, failures):
+    """One retry layer: pyarrow makes one attempt per request, the FileIO retries; nothing multiplies them."""
+    path = sorted(files)[0]
+    key = path.split("/", 3)[3]
+    fio = RetryingPyArrowFileIO({**proxy.properties(s3_properties), RETRY_BASE_DELAY_MS: "0"})
+    assert _read_all(fio, path) == files[path][1]
+    clean = proxy.requests_for(key, "GET")
+    proxy.fault_filter = first_requests(failures, key, "GET")
+    proxy.error_statuses = (503,)
+    proxy.set_rates(error_rate=1.0)
+    assert _read_all(fio, path) == files[path][1]
+    assert proxy.requests_for(key, "GET") - clean == clean + failures
+    assert proxy.counts["error_503"] == failures
+
+
+def test_more_failures_than_the_budget_name_the_object_and_the_requests_made(proxy, s3_properties, files):
+    path = sorted(files)[0]
+    key = path.split("/", 3)[3]
+    fio = RetryingPyArrowFileIO(
+        {**proxy.properties(s3_properties), RETRY_ATTEMPTS: "4", RETRY_BASE_DELAY_MS: "0"}
+    )
+    stream = fio.new_input(path).open(seekable=False)
+    proxy.fault_filter = first_requests(100, key, "GET")
+    proxy.error_statuses = (503,)
+    proxy.set_rates(error_rate=1.0)
+    with pytest.raises(TransientStorageError) as raised:
+        stream.read()
+    assert (raised.value.location, raised.value.operation, raised.value.attempts) == (path, "read", 4)
+    assert proxy.requests_for(key, "GET") == 4
+    assert path in str(raised.value) and "4 attempts" in str(raised.value)
+
+
 def test_plain_pyarrow_fileio_fails_through_the_same_proxy(proxy, s3_properties, files):
     """The proxy reproduces the measured failure: without the retrying FileIO, reads fail."""
     plain = PyArrowFileIO(proxy.properties(s3_properties))
@@ -316,7 +356,7 @@ def test_local_files_go_straight_through(tmp_path):
 def test_policy_properties_and_pickling(proxy, s3_properties, files):
     fio = RetryingPyArrowFileIO({**proxy.properties(s3_properties), RETRY_ATTEMPTS: "5"})
     assert fio.policy.attempts == 5
-    assert fio.properties[S3_RETRY_STRATEGY_IMPL] == PATIENT_S3_RETRY_STRATEGY_IMPL
+    assert fio.properties[S3_RETRY_STRATEGY_IMPL] == ONE_ATTEMPT_S3_RETRY_STRATEGY_IMPL
     own = RetryingPyArrowFileIO({S3_RETRY_STRATEGY_IMPL: "my.Strategy"})
     assert own.properties[S3_RETRY_STRATEGY_IMPL] == "my.Strategy"
     copy = pickle.loads(pickle.dumps(fio))

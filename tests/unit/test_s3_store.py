@@ -12,7 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from cdc_devtools.fault_proxy import first_requests
 from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError, StorageError, TransientStorageError
+from iceberg_cdc.retry import RetryPolicy
 from iceberg_cdc.shuffle.layout import data_key, index_key
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.reader import read_index, read_range
@@ -200,7 +202,7 @@ def test_unreachable_endpoint_is_a_storage_error(s3_properties):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # nothing listens here once the socket closes
     properties = {**s3_properties, "s3.endpoint": f"http://127.0.0.1:{port}"}
-    store = S3ObjectStore("s3://bucket/p", make_s3_client(properties, max_attempts=1))
+    store = S3ObjectStore("s3://bucket/p", make_s3_client(properties), request_attempts=1)
     with pytest.raises(StorageError, match="reachable"):
         store.get("x")
 
@@ -284,9 +286,48 @@ def proxy(moto_server):
         yield running
 
 
-def proxied_store(proxy, s3_properties, bucket: str, attempts: int = 8, rounds: int = 3) -> S3ObjectStore:
-    client = make_s3_client(proxy.properties(s3_properties), max_attempts=attempts)
-    return S3ObjectStore(f"s3://{bucket}/shuffle", client, part_size=5 * MIB, request_rounds=rounds)
+def proxied_store(proxy, s3_properties, bucket: str, attempts: int = 8) -> S3ObjectStore:
+    client = make_s3_client(proxy.properties(s3_properties))
+    return S3ObjectStore(f"s3://{bucket}/shuffle", client, part_size=5 * MIB, request_attempts=attempts)
+
+
+@pytest.mark.parametrize("failures", [0, 1, 3, 7])
+@pytest.mark.parametrize("verb", ["GET", "PUT"])
+def test_n_transient_failures_then_success_reach_s3_n_plus_one_times(
+    proxy, s3_properties, s3_bucket, s3_client, verb, failures
+):
+    """One retry layer: botocore makes one attempt, the store retries; nothing multiplies the requests."""
+    key = f"n-plus-one-{verb}-{failures}.data"
+    s3_client.put_object(Bucket=s3_bucket, Key=f"shuffle/{key}", Body=b"before")
+    store = proxied_store(proxy, s3_properties, s3_bucket)
+    store.policy = RetryPolicy(store.policy.attempts, 0.0, 0.0)
+    proxy.fault_filter = first_requests(failures, key)
+    proxy.set_rates(error_rate=1.0)
+    if verb == "GET":
+        assert store.get(key) == b"before"
+    else:
+        store.put(key, b"after")
+    assert proxy.requests_for(key, verb) == failures + 1
+    assert s3_client.get_object(Bucket=s3_bucket, Key=f"shuffle/{key}")["Body"].read() == (
+        b"before" if verb == "GET" else b"after"
+    )
+
+
+def test_more_failures_than_the_budget_name_the_object_and_the_requests_made(
+    proxy, s3_properties, s3_bucket, s3_client
+):
+    key = "over-budget.data"
+    s3_client.put_object(Bucket=s3_bucket, Key=f"shuffle/{key}", Body=b"x")
+    store = proxied_store(proxy, s3_properties, s3_bucket, attempts=4)
+    store.policy = RetryPolicy(4, 0.0, 0.0)
+    proxy.fault_filter = first_requests(100, key)
+    proxy.error_statuses = (503,)
+    proxy.set_rates(error_rate=1.0)
+    with pytest.raises(TransientStorageError) as raised:
+        store.get(key)
+    assert raised.value.attempts == 4 == proxy.requests_for(key, "GET")
+    assert f"s3://{s3_bucket}/shuffle/{key}" in str(raised.value)
+    assert "SlowDown for 4 attempts" in str(raised.value)
 
 
 def test_every_verb_survives_errors_drops_and_cut_bodies(proxy, s3_properties, s3_bucket, s3_client):
@@ -330,9 +371,8 @@ def test_every_verb_survives_errors_drops_and_cut_bodies(proxy, s3_properties, s
 
 
 def test_exhausted_retries_are_transient_errors_naming_the_object(proxy, s3_properties, s3_bucket):
-    store = proxied_store(proxy, s3_properties, s3_bucket, attempts=2, rounds=2)
+    store = proxied_store(proxy, s3_properties, s3_bucket, attempts=3)
     proxy.set_rates(error_rate=1.0)
-    proxy.error_statuses = (500,)  # no SlowDown: botocore waits seconds before retrying those
     where = f"s3://{s3_bucket}/shuffle/k.data"
     for call in (
         lambda: store.get("k.data"),
@@ -345,7 +385,7 @@ def test_exhausted_retries_are_transient_errors_naming_the_object(proxy, s3_prop
             call()
         error = raised.value
         assert isinstance(error, StorageError) and error.retry_safe
-        assert error.attempts == 6  # botocore's 3 attempts, in 2 rounds
+        assert error.attempts == 3  # the store's attempts; botocore makes one per attempt
         assert where in str(error) and "Retrying the DAG run is safe" in str(error)
     proxy.set_rates(error_rate=0.0, drop_rate=1.0)
     with pytest.raises(TransientStorageError, match="reachable"):
@@ -354,11 +394,10 @@ def test_exhausted_retries_are_transient_errors_naming_the_object(proxy, s3_prop
 
 def test_a_body_cut_on_every_attempt_is_a_transient_error(proxy, s3_properties, s3_bucket, s3_client):
     s3_client.put_object(Bucket=s3_bucket, Key="shuffle/cut.data", Body=os.urandom(100_000))
-    store = proxied_store(proxy, s3_properties, s3_bucket)
-    store.stream_retries = 1
+    store = proxied_store(proxy, s3_properties, s3_bucket, attempts=2)
     proxy.set_rates(cut_rate=1.0)
     with pytest.raises(
-        TransientStorageError, match=r"cut\.data: reading the response body of GET failed 2 times"
+        TransientStorageError, match=r"cut\.data: S3 get_object response body broke off 2 times"
     ):
         store.get("cut.data")
 
@@ -473,10 +512,9 @@ def test_a_streamed_range_cut_on_every_attempt_is_a_transient_error(
     proxy, s3_properties, s3_bucket, s3_client
 ):
     s3_client.put_object(Bucket=s3_bucket, Key="shuffle/cut.data", Body=os.urandom(2 * MIB))
-    store = proxied_store(proxy, s3_properties, s3_bucket)
-    store.stream_retries = 1
+    store = proxied_store(proxy, s3_properties, s3_bucket, attempts=2)
     proxy.set_rates(cut_rate=1.0)
     with pytest.raises(
-        TransientStorageError, match=r"cut\.data: reading the response body of GET_RANGE failed"
+        TransientStorageError, match=r"cut\.data: S3 get_object response body broke off 2 times"
     ):
         store.get_range_into("cut.data", 0, 2 * MIB, io.BytesIO())

@@ -41,7 +41,7 @@ def _run(monkeypatch, recorded: str | None, asked: list | None = None) -> None:
 
 
 def test_a_final_error_recorded_by_the_group_fails_the_task_without_retries(monkeypatch, failing_submit):
-    final = "AmbiguousUpdateError"  # final: its class says no retry can fix it (errors.is_final_line)
+    final = "AmbiguousUpdateError"  # final: its class says no retry can fix it (error_lines.is_final_line)
     with pytest.raises(AirflowFailException) as raised:
         _run(monkeypatch, f"{final}: key id=3 has 2 DELETE rows")
     assert str(raised.value).startswith(f"{final}: key id=3 has 2 DELETE rows\n(spark-submit failed")

@@ -26,7 +26,6 @@ import time
 from typing import Any
 
 import pyarrow as pa
-from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from iceberg_cdc.config import MirrorConfig, load_config
 from iceberg_cdc.errors import CdcError, MirrorKeyError
@@ -36,6 +35,7 @@ from iceberg_cdc.mirror.net_changes import ChangelogMark, NetChanges
 from iceberg_cdc.mirror.postgres.target import ApplyResult
 from iceberg_cdc.mirror.steps import mirror_lease
 from iceberg_cdc.mirror.targets import iceberg_steps, postgres_target
+from iceberg_cdc.pyiceberg_internals.arrow_schema import to_arrow_type
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.lease import lease_ttl_seconds
 from iceberg_cdc.source.tables import load_source_table
@@ -51,7 +51,7 @@ def _from_source(source_table, through: ChangelogMark, fields, key: tuple[str, .
         if field.name not in upserts.column_names:
             # A column the source dropped: the changelog keeps it, null in rows written since.
             upserts = upserts.append_column(
-                field.name, pa.nulls(upserts.num_rows, schema_to_pyarrow(field.field_type))
+                field.name, pa.nulls(upserts.num_rows, to_arrow_type(field.field_type))
             )
     upserts = upserts.select([f.name for f in fields])
     distinct = upserts.select(list(key)).group_by(list(key)).aggregate([]).num_rows

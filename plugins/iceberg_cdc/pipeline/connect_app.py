@@ -40,12 +40,11 @@ from collections.abc import Callable
 from typing import Any
 
 from iceberg_cdc.error_lines import line_of
+from iceberg_cdc.errors import ConnectJobError, UnitFailed
 from iceberg_cdc.pipeline import worker_heap
 from iceberg_cdc.pipeline.connect_errors import (
     MARKER,
     TRACE_MARKER,
-    ConnectJobError,
-    UnitFailed,
     describe,
     job_error,
     unit_error,
@@ -218,9 +217,7 @@ if __name__ == "__main__":
 __all__ = [
     "MARKER",
     "TRACE_MARKER",
-    "ConnectJobError",
     "ConnectUnitRunner",
-    "UnitFailed",
     "close_sessions",
     "describe",
     "forget_session",

@@ -16,20 +16,13 @@ from urllib.parse import urlparse
 
 from iceberg_cdc import errors
 from iceberg_cdc.error_lines import line_in_text
+from iceberg_cdc.errors import ConnectJobError
 from iceberg_cdc.redaction import secret_values
 
 MARKER = "CDC-UNIT-FAILED "
 TRACE_MARKER = "CDC-UNIT-TRACEBACK "
 _MARKED = re.compile(re.escape(MARKER) + r"(\{.*\})\s*$", re.MULTILINE)
 _TRACED = re.compile(re.escape(TRACE_MARKER) + r'(".*")\s*$', re.MULTILINE)
-
-
-class UnitFailed(Exception):
-    """Raised on the server's Python worker: a unit failed; the message carries the marker line."""
-
-
-class ConnectJobError(RuntimeError):
-    """The Spark Connect job failed outside the units' code (server unreachable, worker crashed ...)."""
 
 
 def describe(url: str) -> str:

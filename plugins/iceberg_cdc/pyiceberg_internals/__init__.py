@@ -27,7 +27,15 @@ live in this package, one module per area, and nowhere else in :mod:`iceberg_cdc
 * :mod:`.file_io` -- the file objects a ``PyArrowFileIO`` makes, for the
   retrying FileIO;
 * :mod:`.datafiles` -- a ``DataFile`` with statistics from a Parquet footer,
-  as pyiceberg's ``add_files`` computes them.
+  as pyiceberg's ``add_files`` computes them, and a format-v3 ``DataFile``
+  record (``from_args``' private ``_table_format_version``);
+* :mod:`.arrow_schema` -- Iceberg <-> Arrow schemas and column pruning
+  (``schema_to_pyarrow``, ``pyarrow_to_schema``, ``prune_columns``).
+
+``tests/unit/test_pyiceberg_door.py`` guards the door: outside this package,
+an import from a private pyiceberg module or of a private name, any import of
+``pyiceberg.io.pyarrow`` and a private keyword argument on a pyiceberg object
+fail it.
 
 Each assumption these modules make is pinned by a test in
 ``tests/unit/test_pyiceberg_internals.py`` or

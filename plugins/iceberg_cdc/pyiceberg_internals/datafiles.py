@@ -16,9 +16,17 @@ functions of ``pyiceberg.io.pyarrow`` that are importable but not documented
   ``DataFile`` fields (``record_count``, sizes, counts, bounds, ``split_offsets``);
 * ``DataFile.from_args`` ignores a ``spec_id`` argument (not a field of the
   record): the spec id is the ``spec_id`` attribute, set after.
+
+It also owns the one way to build a format-v3 ``DataFile`` record
+(:func:`v3_data_file`): ``DataFile.from_args`` takes the struct's format
+version as a private keyword, ``_table_format_version``, and defaults to
+the v2 struct, which has no ``first_row_id`` / ``referenced_data_file`` /
+``content_offset`` / ``content_size_in_bytes`` (a deletion vector's fields).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pyarrow.parquet as pq
 from pyiceberg.io.pyarrow import (
@@ -64,3 +72,12 @@ def data_file_from_footer(
     # Not a field of the record (from_args drops a spec_id argument): pyiceberg keeps it as an attribute.
     data_file.spec_id = table_metadata.default_spec_id
     return data_file
+
+
+def v3_data_file(**fields: Any) -> DataFile:
+    """A ``DataFile`` record of the format-v3 ``data_file`` struct (``DataFile.from_args(_table_format_version=3)``).
+
+    Fields the struct does not name are dropped by pyiceberg (``spec_id`` is an
+    attribute, set by the caller).
+    """
+    return DataFile.from_args(_table_format_version=3, **fields)

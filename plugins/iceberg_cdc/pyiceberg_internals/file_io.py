@@ -14,15 +14,21 @@ do. :func:`pyarrow_file_arguments` is that part of pyiceberg 0.12's
 
 And on one more: pyiceberg instantiates the class named by
 ``s3.retry-strategy-impl`` *without arguments* (its ``_import_retry_strategy``),
-which is why :class:`~iceberg_cdc.storage.retrying_io.PatientS3RetryStrategy`
-sets its attempts in its constructor's default.
+which is why :class:`~iceberg_cdc.storage.retrying_io.OneAttemptS3RetryStrategy`
+sets its attempts in its constructor.
+
+``PyArrowFile``, ``PyArrowFileIO`` and ``ONE_MEGABYTE`` are re-exported from
+here, so no module outside this package imports ``pyiceberg.io.pyarrow``
+(the guard in ``tests/unit/test_pyiceberg_internals.py`` checks that).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pyiceberg.io.pyarrow import BUFFER_SIZE, ONE_MEGABYTE, PyArrowFileIO
+from pyiceberg.io.pyarrow import BUFFER_SIZE, ONE_MEGABYTE, PyArrowFile, PyArrowFileIO
+
+__all__ = ["ONE_MEGABYTE", "PyArrowFile", "PyArrowFileIO", "pyarrow_file_arguments"]
 
 
 def pyarrow_file_arguments(io: PyArrowFileIO, location: str) -> dict[str, Any]:

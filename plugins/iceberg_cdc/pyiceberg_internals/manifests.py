@@ -42,6 +42,7 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 
+from iceberg_cdc.pyiceberg_internals.datafiles import v3_data_file
 from iceberg_cdc.pyiceberg_internals.manifest_reader import v3_field
 
 EQUALITY_IDS_FIELD_ID = 135
@@ -106,7 +107,7 @@ def as_record(data_file: DataFile) -> DataFile:
     fields = {f.name: v3_field(data_file, f.name) for f in DATA_FILE_TYPE[3].fields}
     if fields.get("equality_ids") is not None:
         fields["equality_ids"] = [int(i) for i in fields["equality_ids"]]
-    record = DataFile.from_args(_table_format_version=3, **fields)
+    record = v3_data_file(**fields)
     record.spec_id = data_file.spec_id
     return record
 

@@ -47,6 +47,7 @@ from pyiceberg.table.update import (
     UpdateTableMetadata,
 )
 
+from iceberg_cdc.errors import StaleDeltaError
 from iceberg_cdc.pyiceberg_internals.manifest_reader import manifest_entries, v3_field
 from iceberg_cdc.pyiceberg_internals.manifests import (
     SpecManifestListWriter,
@@ -56,10 +57,6 @@ from iceberg_cdc.pyiceberg_internals.manifests import (
 )
 
 FileKey = tuple[str, int | None]
-
-
-class StaleDeltaError(ValueError):
-    """The table is not in the state the delta was planned on (a file to remove is not live)."""
 
 
 def file_key(data_file: DataFile) -> FileKey:

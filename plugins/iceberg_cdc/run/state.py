@@ -76,10 +76,6 @@ class Detected:
         if self.action not in ACTIONS:
             raise ValueError(f"unknown action {self.action!r}; expected one of {', '.join(ACTIONS)}")
 
-    @property
-    def has_snapshot(self) -> bool:
-        return self.snapshot_id is not None
-
     def to_xcom(self) -> dict[str, Any]:
         """The JSON form stored as the detect task's XCom (snapshot ids as strings of digits)."""
         out = asdict(self)

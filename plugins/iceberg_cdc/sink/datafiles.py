@@ -27,13 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import pyarrow_to_schema
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import FixedType, IcebergType, UUIDType
 
 from iceberg_cdc.errors import SinkSchemaError
+from iceberg_cdc.pyiceberg_internals.arrow_schema import from_arrow_schema
 from iceberg_cdc.pyiceberg_internals.datafiles import data_file_from_footer
 
 _FOOTER_READERS = 8
@@ -80,7 +80,7 @@ def data_file_from_parquet(io: FileIO, table_metadata: TableMetadata, path: str)
     with input_file.open() as stream:
         parquet_metadata = pq.read_metadata(stream)
     try:
-        file_schema = pyarrow_to_schema(parquet_metadata.schema.to_arrow_schema())
+        file_schema = from_arrow_schema(parquet_metadata.schema.to_arrow_schema())
     except ValueError as exc:
         raise SinkSchemaError(
             f"staged file {path} has columns without Iceberg field ids ({exc}); write staged files "

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 
 from iceberg_cdc.errors import SinkSchemaError
+from iceberg_cdc.pyiceberg_internals.arrow_schema import to_arrow_schema
 from iceberg_cdc.sink.columns import (
     CHANGE_ORDINAL,
     CHANGE_TYPE,
@@ -36,7 +36,7 @@ def sink_arrow_schema(sink_schema: Schema) -> pa.Schema:
     Parquet written from it carries the field ids, which is what lets the files
     be committed as they are and read back by id.
     """
-    return schema_to_pyarrow(sink_schema, include_field_ids=True)
+    return to_arrow_schema(sink_schema, include_field_ids=True)
 
 
 def _plain_type(typ: pa.DataType) -> pa.DataType:

@@ -41,12 +41,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import prune_columns
 from pyiceberg.schema import Schema
 
 from iceberg_cdc import canonical
 from iceberg_cdc.changelog.merge import group_ids
 from iceberg_cdc.errors import UnsupportedSnapshotError
+from iceberg_cdc.pyiceberg_internals.arrow_schema import select_columns
 from iceberg_cdc.source.deletes import DeleteFileRef
 from iceberg_cdc.source.deletion_vectors import read_deletion_vector
 from iceberg_cdc.source.reading import output_schema, read_data_file
@@ -154,7 +154,7 @@ class DeleteLoader:
 
     def _load_equality(self, field_ids: tuple[int, ...], paths: list[str]) -> _EqualitySet:
         names = _column_names(self._schema, field_ids, paths[0])
-        key_schema = prune_columns(self._schema, set(field_ids), select_full_types=False)
+        key_schema = select_columns(self._schema, set(field_ids))
         batches = [batch for path in paths for batch in read_data_file(self._io, path, key_schema)]
         rows = pa.Table.from_batches(batches, schema=output_schema(key_schema))
         keys = [canonical.comparable(canonical.column_at(rows, name)) for name in names]

@@ -30,7 +30,7 @@ and has no notion of row lineage, hence this module.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -140,16 +140,3 @@ class LineageFiller:
             except StopIteration as done:
                 return done.value
             yield self.fill(batch)
-
-
-def split_lineage(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, tuple[pa.Array, pa.Array] | None]:
-    """The table's columns, and the lineage columns when the batch has them."""
-    names = batch.schema.names
-    if ROW_ID_COLUMN not in names:
-        return batch, None
-    data = [i for i, name in enumerate(names) if name not in LINEAGE_COLUMNS]
-    return batch.select(data), (batch.column(ROW_ID_COLUMN), batch.column(SEQUENCE_COLUMN))
-
-
-def has_lineage(columns: Iterable[str]) -> bool:
-    return ROW_ID_COLUMN in set(columns)

@@ -64,7 +64,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO, load_file_io
-from pyiceberg.io.pyarrow import prune_columns, pyarrow_to_schema, schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.table.name_mapping import NameMapping, parse_mapping_from_json
 from pyiceberg.types import (
@@ -83,6 +82,7 @@ from pyiceberg.types import (
 from pyiceberg.utils.datetime import date_to_days, time_to_micros
 
 from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.pyiceberg_internals.arrow_schema import from_arrow_schema, select_columns, to_arrow_schema
 from iceberg_cdc.pyiceberg_internals.projection import project_batch
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ def file_io(properties: Mapping[str, str], location: str | None = None) -> FileI
 
 def output_schema(schema: Schema) -> pa.Schema:
     """The Arrow schema of every batch :func:`read_data_file` yields for ``schema``."""
-    return schema_to_pyarrow(schema, include_field_ids=False)
+    return to_arrow_schema(schema, include_field_ids=False)
 
 
 def _has_nanosecond_timestamps(schema: Schema) -> bool:
@@ -246,7 +246,7 @@ def read_data_file(
     with io.new_input(path).open() as stream:
         parquet = pq.ParquetFile(stream, buffer_size=_READ_BUFFER_BYTES, pre_buffer=False)
         try:
-            file_schema = pyarrow_to_schema(
+            file_schema = from_arrow_schema(
                 parquet.schema_arrow, name_mapping, downcast_ns_timestamp_to_us=downcast_ns, format_version=3
             )
         except ValueError as error:
@@ -263,7 +263,7 @@ def read_data_file(
                     "add the missing names to the mapping (under the field id of the column they stand for)."
                 )
             raise ConfigError(f"cannot resolve the columns of data file {path}: {error}. {hint}") from error
-        file_projection = prune_columns(file_schema, _projected_field_ids(schema), select_full_types=False)
+        file_projection = select_columns(file_schema, _projected_field_ids(schema))
         columns = [field.name for field in file_projection.columns]
         constants = _constant_columns(schema, file_schema, partition_values)
         for batch in _raw_batches(parquet, columns, batch_size, positions):

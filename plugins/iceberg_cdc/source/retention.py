@@ -35,7 +35,7 @@ Pure functions over pyiceberg's table metadata: no catalog call, no clock
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -300,9 +300,3 @@ def table_outlook(
     return outlook(
         table.metadata, needed_snapshots(table, watermark, start), protection_prefix=protection_prefix
     )
-
-
-def min_seconds_left(outlooks: Iterable[RetentionOutlook], now_ms: int) -> float | None:
-    """The smallest time left over several tables (None when none is limited)."""
-    lefts = [left for o in outlooks if (left := o.seconds_left(now_ms)) is not None]
-    return min(lefts, default=None)

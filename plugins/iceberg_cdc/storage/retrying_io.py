@@ -18,10 +18,13 @@ every run failed). :class:`RetryingPyArrowFileIO` fixes that at the stream
   (:class:`~iceberg_cdc.storage.retrying_streams.RetryingUploadStream`).
 * **Deletes** retry; a delete that failed transiently and then finds the
   object gone counts as done (the lost attempt deleted it).
-* The underlying ``S3FileSystem`` also gets more, quicker retries of its own
-  (:class:`PatientS3RetryStrategy` through pyiceberg's
-  ``s3.retry-strategy-impl``, unless the properties name another), which
-  absorb most 5xx answers and dropped connections before a response.
+* **One retry layer.** The underlying ``S3FileSystem`` makes one attempt
+  per request (:class:`OneAttemptS3RetryStrategy` through pyiceberg's
+  ``s3.retry-strategy-impl``, unless the properties name another), so the
+  retries above are the only ones: a request that meets N transient failures
+  and then succeeds reaches S3 N + 1 times, and the attempts an error
+  reports are the requests made. (With pyarrow retrying too, each of the 8
+  attempts was up to 7 requests: 56 per read.)
 
 Only transient errors are retried
 (:func:`~iceberg_cdc.storage.retrying_streams.is_transient`); when retries run
@@ -44,17 +47,21 @@ from typing import IO, Any, TypeVar
 
 from pyarrow.fs import AwsDefaultS3RetryStrategy, FileSystem, LocalFileSystem
 from pyiceberg.io import S3_RETRY_STRATEGY_IMPL, InputFile, OutputFile
-from pyiceberg.io.pyarrow import ONE_MEGABYTE, PyArrowFile, PyArrowFileIO
 from pyiceberg.typedef import EMPTY_DICT, Properties
 
 from iceberg_cdc.errors import ConfigError
-from iceberg_cdc.pyiceberg_internals.file_io import pyarrow_file_arguments
+from iceberg_cdc.pyiceberg_internals.file_io import (
+    ONE_MEGABYTE,
+    PyArrowFile,
+    PyArrowFileIO,
+    pyarrow_file_arguments,
+)
 from iceberg_cdc.retry import FILE_IO, RetryPolicy
 from iceberg_cdc.storage.retrying_streams import ResumableInputStream, RetryingUploadStream, call_with_retries
 
 T = TypeVar("T")
 
-PATIENT_S3_RETRY_STRATEGY_IMPL = "iceberg_cdc.storage.retrying_io.PatientS3RetryStrategy"
+ONE_ATTEMPT_S3_RETRY_STRATEGY_IMPL = "iceberg_cdc.storage.retrying_io.OneAttemptS3RetryStrategy"
 RETRY_ATTEMPTS = "cdc.io.retry-attempts"
 RETRY_BASE_DELAY_MS = "cdc.io.retry-base-delay-ms"
 RETRY_MAX_DELAY_MS = "cdc.io.retry-max-delay-ms"
@@ -64,21 +71,19 @@ DEFAULT_SPOOL_BYTES = 32 * ONE_MEGABYTE
 _UPLOAD_CHUNK = 8 * ONE_MEGABYTE
 
 
-class PatientS3RetryStrategy(AwsDefaultS3RetryStrategy):
-    """The AWS SDK's "default" retry strategy with 6 retries, instead of pyarrow's standard one with 3 attempts.
+class OneAttemptS3RetryStrategy(AwsDefaultS3RetryStrategy):
+    """The AWS SDK's "default" retry strategy with no retries: pyarrow makes one attempt per request.
 
-    It retries 5xx answers and connection errors inside pyarrow, before a
-    failure reaches :class:`ResumableInputStream`. Why "default" rather than
-    "standard": measured here, the standard strategy's backoff grows to
-    seconds by the 4th attempt (about 1.5 s, then 6.5 s) and it spends a
-    retry quota that a burst of errors empties; the default one waits
-    25 ms x 2^n (1.6 s for all 6 retries), leaving longer waits to
-    :func:`call_with_retries` (:data:`iceberg_cdc.retry.FILE_IO`), which also covers cut bodies. pyiceberg instantiates
-    ``s3.retry-strategy-impl`` without arguments, hence the class.
+    Retrying belongs to :func:`call_with_retries` (:data:`iceberg_cdc.retry.FILE_IO`,
+    or the ``cdc.io.retry-*`` properties), which also covers bodies cut
+    mid-stream; a second layer inside pyarrow would multiply the attempts.
+    ``max_attempts`` of pyarrow's default strategy counts *retries* (the AWS
+    SDK's ``DefaultRetryStrategy(maxRetries)``), hence 0. pyiceberg
+    instantiates ``s3.retry-strategy-impl`` without arguments, hence the class.
     """
 
-    def __init__(self, max_attempts: int = 6) -> None:
-        super().__init__(max_attempts=max_attempts)
+    def __init__(self) -> None:
+        super().__init__(max_attempts=0)
 
 
 def policy_from_properties(properties: Mapping[str, str]) -> RetryPolicy:
@@ -161,7 +166,7 @@ class RetryingPyArrowFileIO(PyArrowFileIO):
 
     def __init__(self, properties: Properties = EMPTY_DICT) -> None:
         merged = dict(properties)
-        merged.setdefault(S3_RETRY_STRATEGY_IMPL, PATIENT_S3_RETRY_STRATEGY_IMPL)
+        merged.setdefault(S3_RETRY_STRATEGY_IMPL, ONE_ATTEMPT_S3_RETRY_STRATEGY_IMPL)
         super().__init__(properties=merged)
         self.policy = policy_from_properties(merged)
         self.spool_bytes = int(merged.get(SPOOL_BYTES, DEFAULT_SPOOL_BYTES))

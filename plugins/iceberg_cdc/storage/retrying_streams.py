@@ -47,7 +47,7 @@ from typing import IO, Any, TypeVar
 
 import pyarrow as pa
 
-from iceberg_cdc.errors import TransientStorageError
+from iceberg_cdc.errors import IncompleteBodyError, TransientStorageError
 from iceberg_cdc.retry import RetryPolicy
 from iceberg_cdc.units import MiB
 
@@ -74,10 +74,6 @@ _TRANSIENT = re.compile(
     r"incomplete (read|body)|IncompleteRead|unexpected end|premature end|InternalError|SlowDown",
     re.IGNORECASE,
 )
-
-
-class IncompleteBodyError(OSError):
-    """S3 sent fewer bytes than asked for inside the object: the body was cut."""
 
 
 def is_transient(error: BaseException) -> bool:

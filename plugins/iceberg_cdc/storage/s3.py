@@ -1,29 +1,34 @@
 """S3 object store through boto3.
 
 Retries, on every verb (GET, ranged GET, PUT, multipart create / part /
-complete, LIST, DELETE, conditional PUT / DELETE): botocore's ``standard``
-mode retries 5xx answers, throttling (``SlowDown``, 503, 429) and connection
-errors -- refused, reset, closed before the answer, a response cut
-mid-body for non-streaming calls (measured through ``cdc_devtools.fault_proxy``)
--- with exponential backoff and jitter, ``max_attempts`` in all. botocore
-only retries until a GET's response headers arrive, so a GET whose body
-breaks off mid-stream is retried here (:meth:`S3ObjectStore._read_versioned`).
-botocore's per-client retry quota (which, once a burst of errors has
-emptied it, lets no request retry at all) is widened (:func:`widen_retry_quota`),
-and when botocore gives up on a transient failure the call is made again, up
-to ``request_rounds`` times with backoff (:meth:`S3ObjectStore._request`).
-Three more gaps are closed here: a batch DELETE answers 200 with per-key
-``InternalError`` / ``SlowDown`` entries (those keys are deleted again); a
+complete, LIST, DELETE, conditional PUT / DELETE), have **one owner**:
+:meth:`S3ObjectStore._request`, timed by :data:`iceberg_cdc.retry.S3_REQUEST`
+(8 attempts in all, full-jitter backoff). botocore makes one attempt per call
+(:func:`~iceberg_cdc.storage.s3_client.s3_client`), so a request that meets N
+transient failures and then succeeds reaches S3 exactly N + 1 times, and the
+attempts a message reports are the requests made. Transient: 5xx answers,
+throttling (``SlowDown``, 503, 429), connection errors (refused, reset, closed
+before the answer) and a response body that breaks off mid-stream -- the
+request and the reading of its body are one attempt, so a cut GET is made
+again (a streamed range resumes where it stopped). Two more gaps are closed
+in the same loop: a batch DELETE answers 200 with per-key ``InternalError`` /
+``SlowDown`` entries (those keys are deleted again, as the next attempt); a
 multipart COMPLETE whose answer was lost and that is retried may find the
 upload gone (``NoSuchUpload``) -- it is done when the object's ETag is the one
-the parts make; and when retries run out on a transient error, the error is
+the parts make. When the attempts run out on a transient error, the error is
 :class:`~iceberg_cdc.errors.TransientStorageError` naming the object, the
 operation and the attempts. 4xx answers (not found, access denied, bad
 request) are never retried.
 
+Why the project's loop and not botocore's: botocore retries only until a
+GET's headers arrive (a cut body would need a second loop around it), and its
+standard mode spends a per-client retry quota that a burst of errors empties
+for every later request of the process; widening it meant writing botocore's
+private attributes.
+
 Whole-object writes are idempotent: repeating a PUT whose answer was lost
 writes the same bytes again. Conditional writes are not: a conditional PUT or
-DELETE that S3 applied but whose answer was lost is retried by botocore and
+DELETE that S3 applied but whose answer was lost is retried and
 then fails its own precondition (the ETag changed, or the key is gone), so it
 comes back as "not done" (None / False) although it was done. Callers must
 read the object back and recognise their own write; ``coordination.lease``
@@ -50,15 +55,15 @@ without a lock, so two *concurrent* conditional requests can both pass
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
-import botocore.config
 import botocore.exceptions
 
 from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError, StorageError, TransientStorageError
-from iceberg_cdc.retry import S3_REQUEST_ROUNDS, S3_STREAM_RETRIES
+from iceberg_cdc.retry import S3_REQUEST, RetryPolicy
 from iceberg_cdc.storage.base import ObjectInfo, ObjectStore, ObjectWriter
-from iceberg_cdc.storage.s3_client import s3_client, split_s3_uri, widen_retry_quota
+from iceberg_cdc.storage.s3_client import s3_client, split_s3_uri
 from iceberg_cdc.storage.s3_writer import DEFAULT_PART_SIZE, MIN_PART_SIZE, S3Writer, multipart_etag
 
 __all__ = [
@@ -68,7 +73,6 @@ __all__ = [
     "multipart_etag",
     "s3_client",
     "split_s3_uri",
-    "widen_retry_quota",
 ]
 
 # Answers to a conditional request whose precondition did not hold: nothing was done.
@@ -104,6 +108,10 @@ _STREAM_ERRORS = (
 )
 
 
+class _KeysFailed(Exception):
+    """A batch DELETE answered 200 but listed keys that failed transiently: the next attempt deletes them."""
+
+
 def _condition_failed(exc: botocore.exceptions.ClientError) -> bool:
     """S3's "precondition did not hold" answers to a conditional request: nothing was done."""
     code = exc.response.get("Error", {}).get("Code", "")
@@ -120,8 +128,7 @@ class S3ObjectStore(ObjectStore):
         part_size: int = DEFAULT_PART_SIZE,
         sse: str | None = None,
         sse_kms_key_id: str | None = None,
-        stream_retries: int = S3_STREAM_RETRIES.retries,
-        request_rounds: int = S3_REQUEST_ROUNDS.attempts,
+        request_attempts: int = S3_REQUEST.attempts,
     ) -> None:
         if part_size < MIN_PART_SIZE:
             raise ValueError(f"S3 multipart part size must be at least 5 MiB, got {part_size}")
@@ -134,8 +141,7 @@ class S3ObjectStore(ObjectStore):
             self.sse_args["ServerSideEncryption"] = sse
         if sse_kms_key_id:
             self.sse_args["SSEKMSKeyId"] = sse_kms_key_id
-        self.stream_retries = stream_retries
-        self.request_rounds = request_rounds
+        self.policy = RetryPolicy(request_attempts, S3_REQUEST.base_delay, S3_REQUEST.max_delay)
         self.requests: Counter[str] = Counter()
 
     def full_key(self, key: str) -> str:
@@ -143,60 +149,76 @@ class S3ObjectStore(ObjectStore):
 
     def _call(self, method: Any, key: str, **kwargs: Any) -> Any:
         """``method(**kwargs)``; see :meth:`_request`."""
-        return self._request(method, key, kwargs, conditional=False)
+        return self._request(method, key, lambda: kwargs)
 
     def _conditional(self, method: Any, key: str, **kwargs: Any) -> Any | None:
         """``method(**kwargs)``, or None when S3 says a precondition did not hold."""
-        return self._request(method, key, kwargs, conditional=True)
+        return self._request(method, key, lambda: kwargs, conditional=True)
 
-    def _request(self, method: Any, key: str, kwargs: dict[str, Any], *, conditional: bool) -> Any:
-        """One S3 call with botocore's retries, repeated (bounded, with backoff) while it fails transiently.
+    def _request(
+        self,
+        method: Any,
+        key: str,
+        kwargs: Callable[[], dict[str, Any]],
+        *,
+        conditional: bool = False,
+        consume: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """``consume(method(**kwargs()))`` (the response without ``consume``), retried while it fails transiently.
 
-        Why a second layer: when botocore gives up (all its attempts failed,
-        or its retry quota ran dry where :func:`widen_retry_quota` could not
-        widen it), a short wait and a new round still often succeed in an
-        error burst. Errors are translated into :class:`StorageError`
-        subclasses naming the object.
+        The one retry loop of the client (see the module docstring): an
+        attempt is the request and the reading of its answer by ``consume``,
+        so a body cut mid-stream is retried like a 503. ``kwargs`` is asked
+        again for each attempt (a streamed range resumes at its position).
+        Errors are translated into :class:`StorageError` subclasses naming
+        the object; the transient ones, once :attr:`policy` runs out, into
+        :class:`TransientStorageError` with the attempts made.
         """
-        for round_ in range(1, self.request_rounds + 1):
+        for attempt in range(1, self.policy.attempts + 1):
+            reading = False  # the answer arrived: a connection error now is a body cut mid-stream
             try:
-                return method(**kwargs)
+                response = method(**kwargs())
+                if consume is None:
+                    return response
+                reading = True
+                return consume(response)
             except botocore.exceptions.ClientError as exc:
                 if conditional and _condition_failed(exc):
                     return None
-                error = self._translate(exc, key, method, round_)
-            except _CONNECTION_ERRORS as exc:
-                error = self._unreachable(exc, key, method, round_)
+                error = self._translate(exc, key, method, attempt)
+            except (*_STREAM_ERRORS, *_CONNECTION_ERRORS) as exc:
+                if reading:
+                    error = self._transient(
+                        key, method, attempt, "response body broke off {attempts} times ({exc})", exc=exc
+                    )
+                else:
+                    error = self._unreachable(exc, key, method, attempt)
+            except _KeysFailed as exc:
+                error = self._transient(
+                    key, method, attempt, "left keys failing for {attempts} attempts ({exc})", exc=exc
+                )
             except botocore.exceptions.BotoCoreError as exc:  # no credentials, bad parameters...
                 raise StorageError(f"{self.describe(key)}: S3 request not made: {exc}") from None
-            if not isinstance(error, TransientStorageError) or round_ == self.request_rounds:
+            if not isinstance(error, TransientStorageError) or attempt == self.policy.attempts:
                 raise error from None
-            S3_REQUEST_ROUNDS.sleep(round_ - 1)
+            self.policy.sleep(attempt - 1)
         raise AssertionError("unreachable")
 
-    def _attempts(self) -> int:
-        """How many attempts botocore makes of a request (for messages)."""
-        config = getattr(getattr(self.client, "meta", None), "config", None)
-        retries = getattr(config, "retries", None) or {}
-        configured = retries.get("total_max_attempts") or retries.get("max_attempts")
-        return int(configured) if configured else 1
-
-    def _unreachable(self, exc: Exception, key: str, method: Any, rounds: int = 1) -> TransientStorageError:
+    def _unreachable(self, exc: Exception, key: str, method: Any, attempts: int) -> TransientStorageError:
         """A connection-level failure that outlasted the retries."""
         return self._transient(
             key,
             method,
-            rounds,
+            attempts,
             "failed after {attempts} attempts ({exc}); check that the endpoint is reachable and healthy",
             exc=exc,
         )
 
     def _transient(
-        self, key: str, method: Any, rounds: int, what: str, **values: Any
+        self, key: str, method: Any, attempts: int, what: str, **values: Any
     ) -> TransientStorageError:
         """Retries ran out on a transient failure: name the object, the operation and the attempts."""
         operation = getattr(method, "__name__", "request")
-        attempts = self._attempts() * rounds
         return TransientStorageError(
             f"{self.describe(key)}: S3 {operation} {what.format(attempts=attempts, **values)}. {_RETRY_SAFE}",
             retry_safe=True,
@@ -206,7 +228,7 @@ class S3ObjectStore(ObjectStore):
         )
 
     def _translate(
-        self, exc: botocore.exceptions.ClientError, key: str, method: Any = None, rounds: int = 1
+        self, exc: botocore.exceptions.ClientError, key: str, method: Any = None, attempts: int = 1
     ) -> StorageError:
         code = exc.response.get("Error", {}).get("Code", "")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -215,7 +237,7 @@ class S3ObjectStore(ObjectStore):
             return self._transient(
                 key,
                 method,
-                rounds,
+                attempts,
                 "kept answering {answer} for {attempts} attempts; check the endpoint's "
                 "health (or raise its request rate limit)",
                 answer=code or status,
@@ -254,26 +276,22 @@ class S3ObjectStore(ObjectStore):
     def get_range_into(self, key: str, start: int, end: int, sink: BinaryIO) -> None:
         """One ranged GET streamed to ``sink`` in 1 MiB pieces; a body that breaks off resumes where it stopped."""
         position = start
-        for attempt in range(self.stream_retries + 1):
-            if position >= end:
-                break
+
+        def remaining() -> dict[str, Any]:
             self.requests["GET_RANGE"] += 1
-            response = self._call(
-                self.client.get_object,
-                key,
-                Bucket=self.bucket,
-                Key=self.full_key(key),
-                Range=f"bytes={position}-{end - 1}",
-            )
+            return {"Bucket": self.bucket, "Key": self.full_key(key), "Range": f"bytes={position}-{end - 1}"}
+
+        def stream(response: Any) -> None:
+            nonlocal position
             try:
                 for piece in response["Body"].iter_chunks(_STREAM_CHUNK):
                     sink.write(piece)
                     position += len(piece)
-                break
-            except _STREAM_ERRORS as exc:
-                if attempt == self.stream_retries:
-                    raise self._body_failed(key, "GET_RANGE", attempt + 1, exc) from None
-                S3_STREAM_RETRIES.sleep(attempt)
+            except _STREAM_ERRORS:
+                if position < end:  # else every byte arrived before the connection broke: done
+                    raise
+
+        self._request(self.client.get_object, key, remaining, consume=stream)
         if position != end:
             raise ShortObjectError(
                 f"{self.describe(key)}: asked for bytes [{start}, {end}) but got {position - start}"
@@ -288,26 +306,15 @@ class S3ObjectStore(ObjectStore):
         if byte_range is not None:
             kwargs["Range"] = f"bytes={byte_range[0]}-{byte_range[1] - 1}"
         kind = "GET_RANGE" if byte_range else "GET"
-        for attempt in range(self.stream_retries + 1):
-            self.requests[kind] += 1
-            response = self._call(self.client.get_object, key, **kwargs)
-            try:
-                return response["Body"].read(), response["ETag"]
-            except _STREAM_ERRORS as exc:
-                if attempt == self.stream_retries:
-                    raise self._body_failed(key, kind, attempt + 1, exc) from None
-                S3_STREAM_RETRIES.sleep(attempt)
-        raise AssertionError("unreachable")
 
-    def _body_failed(self, key: str, kind: str, attempts: int, exc: BaseException) -> TransientStorageError:
-        return TransientStorageError(
-            f"{self.describe(key)}: reading the response body of {kind} failed {attempts} times ({exc}). "
-            f"{_RETRY_SAFE}",
-            retry_safe=True,
-            location=self.describe(key),
-            operation=kind,
-            attempts=attempts,
-        )
+        def request() -> dict[str, Any]:
+            self.requests[kind] += 1
+            return kwargs
+
+        def body(response: Any) -> tuple[bytes, str]:
+            return response["Body"].read(), response["ETag"]
+
+        return self._request(self.client.get_object, key, request, consume=body)
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         found: list[ObjectInfo] = []
@@ -338,30 +345,29 @@ class S3ObjectStore(ObjectStore):
         with their own code (``InternalError``, ``SlowDown``...): botocore sees
         a success and retries nothing.
         """
-        errors: list[dict[str, Any]] = []
-        for attempt in range(self.stream_retries + 1):
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        pending = list(keys)
+
+        def request() -> dict[str, Any]:
             self.requests["DELETE"] += 1
-            response = self._call(
-                self.client.delete_objects,
-                prefix,
-                Bucket=self.bucket,
-                Delete={"Objects": [{"Key": self.full_key(k)} for k in keys], "Quiet": True},
-            )
+            objects = [{"Key": self.full_key(k)} for k in pending]
+            return {"Bucket": self.bucket, "Delete": {"Objects": objects, "Quiet": True}}
+
+        def check(response: Any) -> None:
             errors = response.get("Errors") or []
             if not errors:
                 return
-            if any(e.get("Code") not in _TRANSIENT_CODES for e in errors) or attempt == self.stream_retries:
-                break
-            strip = len(self.prefix) + 1 if self.prefix else 0
-            keys = [e["Key"][strip:] for e in errors]
-            S3_STREAM_RETRIES.sleep(attempt)
-        first = errors[0]
-        strip = len(self.prefix) + 1 if self.prefix else 0
-        raise StorageError(
-            f"{self.describe(first.get('Key', self.full_key(prefix))[strip:])}: delete failed "
-            f"({first.get('Code')}: {first.get('Message')}); {len(errors)} objects left. "
-            "Deleting is repeated by the next run's cleanup, so retrying the DAG run is safe."
-        )
+            first = errors[0]
+            if any(e.get("Code") not in _TRANSIENT_CODES for e in errors):
+                raise StorageError(
+                    f"{self.describe(first.get('Key', self.full_key(prefix))[strip:])}: delete failed "
+                    f"({first.get('Code')}: {first.get('Message')}); {len(errors)} objects left. "
+                    "Deleting is repeated by the next run's cleanup, so retrying the DAG run is safe."
+                )
+            pending[:] = [e["Key"][strip:] for e in errors]
+            raise _KeysFailed(f"{len(errors)} keys, first {first.get('Key')}: {first.get('Code')}")
+
+        self._request(self.client.delete_objects, prefix, request, consume=check)
 
     # Conditional operations (leases): see the module docstring.
 

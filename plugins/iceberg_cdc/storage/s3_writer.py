@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import botocore.exceptions
 
+from iceberg_cdc.errors import ObjectNotFoundError
 from iceberg_cdc.storage.base import ObjectWriter
 
 
@@ -105,7 +106,7 @@ class S3Writer(ObjectWriter):
     def _complete(self) -> None:
         """COMPLETE the upload; a retry that finds it gone checks whether the lost attempt completed it.
 
-        botocore retries a COMPLETE whose answer was lost; S3 may then answer
+        The store retries a COMPLETE whose answer was lost; S3 may then answer
         ``NoSuchUpload`` because the first attempt did complete it. The
         object's ETag then is the MD5 of the parts' MD5s, "-" and their count.
         """
@@ -133,8 +134,10 @@ class S3Writer(ObjectWriter):
         store = self._store
         store.requests["HEAD"] += 1
         try:
-            head = store.client.head_object(Bucket=store.bucket, Key=store.full_key(self._key))
-        except botocore.exceptions.ClientError:
+            head = store._call(
+                store.client.head_object, self._key, Bucket=store.bucket, Key=store.full_key(self._key)
+            )
+        except ObjectNotFoundError:
             return False
         try:
             expected = multipart_etag([p["ETag"] for p in self._parts])

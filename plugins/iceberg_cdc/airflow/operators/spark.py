@@ -24,7 +24,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.policy import final_errors
 from iceberg_cdc.config import CdcConfig, load_config
-from iceberg_cdc.errors import CdcError, is_final_line
+from iceberg_cdc.error_lines import is_final_line
+from iceberg_cdc.errors import CdcError
 from iceberg_cdc.mirror.iceberg import phase as mirror_phase
 from iceberg_cdc.pipeline.pyfiles import package_zip
 from iceberg_cdc.pipeline.submit_conf import submit_conf

@@ -37,7 +37,7 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
-from iceberg_cdc.errors import ConservationError, MirrorStateError
+from iceberg_cdc.errors import ConservationError, MirrorStateError, StaleDeltaError
 from iceberg_cdc.mirror.iceberg.datafile_json import data_file_from_json
 from iceberg_cdc.mirror.iceberg.inputs import Through
 from iceberg_cdc.mirror.iceberg.plan import MirrorPlan
@@ -45,7 +45,7 @@ from iceberg_cdc.mirror.iceberg.summary import marker_summary, watermark_propert
 from iceberg_cdc.mirror.iceberg.table import find_apply, read_mirror_watermark
 from iceberg_cdc.pyiceberg_internals.format_v3 import writing_v3_metadata
 from iceberg_cdc.pyiceberg_internals.manifest_reader import v3_field
-from iceberg_cdc.pyiceberg_internals.row_delta import AssertedProperties, FileKey, RowDelta, StaleDeltaError
+from iceberg_cdc.pyiceberg_internals.row_delta import AssertedProperties, FileKey, RowDelta
 from iceberg_cdc.retry import MIRROR_COMMIT
 
 DEFAULT_ATTEMPTS = MIRROR_COMMIT.attempts

@@ -16,6 +16,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.typedef import Record
 from pyiceberg.types import StructType
 
+from iceberg_cdc.pyiceberg_internals.datafiles import v3_data_file
 from iceberg_cdc.source.manifests import v3_field
 from iceberg_cdc.source.reading import partition_value_from_json, partition_value_to_json
 
@@ -81,6 +82,6 @@ def data_file_from_json(data: dict[str, Any], partition_type: StructType) -> Dat
         kwargs[name] = {int(k): bytes.fromhex(v) for k, v in raw.items()} if raw else None
     for name in _V3_SCALARS:
         kwargs[name] = data.get(name)
-    data_file = DataFile.from_args(_table_format_version=3, **kwargs)
+    data_file = v3_data_file(**kwargs)
     data_file.spec_id = int(data.get("spec_id", 0))
     return data_file

@@ -38,6 +38,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, StringType
 from pyroaring import BitMap
 
+from iceberg_cdc.pyiceberg_internals.datafiles import v3_data_file
 from iceberg_cdc.source.deletes import POSITION_PATH_FIELD_ID
 from iceberg_cdc.source.deletion_vectors import DV_MAGIC
 
@@ -94,8 +95,7 @@ def position_delete_file(file_io: FileIO, path: str, deletes: FileDeletes) -> Da
     _put(file_io, path, payload)
     encoded = to_bytes(StringType(), deletes.data_path)
     count = len(positions)
-    data_file = DataFile.from_args(
-        _table_format_version=3,
+    data_file = v3_data_file(
         content=DataFileContent.POSITION_DELETES,
         file_path=path,
         file_format=FileFormat.PARQUET,
@@ -165,8 +165,7 @@ def deletion_vector_file(file_io: FileIO, path: str, files: Sequence[FileDeletes
     _put(file_io, path, bytes(content))
     entries = []
     for deletes, offset, length, cardinality in placed:
-        entry = DataFile.from_args(
-            _table_format_version=3,
+        entry = v3_data_file(
             content=DataFileContent.POSITION_DELETES,
             file_path=path,
             file_format=FileFormat.PUFFIN,

@@ -39,7 +39,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.io.pyarrow import prune_columns
 from pyiceberg.schema import Schema
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
@@ -51,6 +50,7 @@ from iceberg_cdc.mirror.iceberg.datafile_json import data_file_to_json
 from iceberg_cdc.mirror.iceberg.delete_files import FileDeletes, deletion_vector_file, position_delete_file
 from iceberg_cdc.mirror.iceberg.plan import CandidateFile, MirrorPlan, Unit
 from iceberg_cdc.pipeline.runtime import Runtime
+from iceberg_cdc.pyiceberg_internals.arrow_schema import select_columns
 from iceberg_cdc.pyiceberg_internals.data_writer import parse_metadata, write_data_files
 from iceberg_cdc.source.delete_filter import DeleteLoader
 from iceberg_cdc.source.deletes import DeleteFileRef
@@ -125,7 +125,7 @@ def _matched_positions(
     plan: MirrorPlan, runtime: Runtime, schema: Schema, file: CandidateFile, matcher: KeyMatcher
 ) -> np.ndarray:
     key_ids = {schema.find_field(name).field_id for name in matcher.names}
-    key_schema = prune_columns(schema, key_ids, select_full_types=False)
+    key_schema = select_columns(schema, key_ids)
     found, offset = [], 0
     for batch in read_data_file(runtime.file_io(plan.location), file.path, key_schema):
         hits = np.flatnonzero(matcher.matches(batch))
