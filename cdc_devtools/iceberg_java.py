@@ -197,7 +197,10 @@ class IcebergJava:
                 env=env,
             )
             if done.returncode != 0:
-                tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
+                lines = (done.stdout + done.stderr).splitlines()
+                step = next((line for line in reversed(lines) if line.startswith("iceberg-java step")), "")
+                causes = [line for line in lines if "Exception:" in line or "Error:" in line][:5]
+                tail = "\n".join([step, *causes, *lines[-15:]])
                 raise JavaJudgeError(f"Iceberg Java failed (exit {done.returncode}):\n{tail}")
             print(f"iceberg java: {len(steps)} step(s) in {time.monotonic() - started:.1f} s")
             return json.loads(results.read_text())

@@ -33,8 +33,11 @@ def main(job_path: str) -> None:
         .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
         .config(prefix, "org.apache.iceberg.spark.SparkCatalog")
         .config(f"{prefix}.catalog-impl", "org.apache.iceberg.jdbc.JdbcCatalog")
-        .config(f"{prefix}.uri", f"jdbc:sqlite:{job['sqlite']}")
+        # WAL: a reader (the rewrite planning the table) does not lock out the commit that follows.
+        .config(f"{prefix}.uri", f"jdbc:sqlite:{job['sqlite']}?journal_mode=WAL&busy_timeout=30000")
         .config(f"{prefix}.warehouse", job["warehouse"])
+        # One connection: SQLite allows one writer, and a pool of two locks itself out.
+        .config(f"{prefix}.clients", "1")
         .config("spark.sql.defaultCatalog", name)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -44,7 +47,8 @@ def main(job_path: str) -> None:
     spark.sparkContext.setLogLevel("ERROR")
     results = []
     try:
-        for step in job["steps"]:
+        for number, step in enumerate(job["steps"]):
+            print(f"iceberg-java step {number}: {step}", file=sys.stderr, flush=True)
             if "sql" in step:
                 spark.sql(step["sql"]).collect()
                 results.append({"ok": True})
