@@ -30,7 +30,8 @@ from typing import Any
 from pyiceberg.exceptions import NoSuchTableError
 
 from iceberg_cdc.config import MirrorConfig
-from iceberg_cdc.coordination.lease import HolderState, LeaseInfo, TableLease, probe_conditional_writes
+from iceberg_cdc.coordination.lease import HolderState, LeaseInfo, TableLease
+from iceberg_cdc.coordination.store_probe import probe_once
 from iceberg_cdc.errors import CdcError
 from iceberg_cdc.mirror.changelog import Pending, pending, read_net_changes
 from iceberg_cdc.mirror.columns import mirror_fields, mirror_key
@@ -50,7 +51,6 @@ from iceberg_cdc.run.lease import lease_ttl_seconds
 from iceberg_cdc.source.tables import load_source_table
 
 log = logging.getLogger("iceberg_cdc")
-_PROBED: set[str] = set()
 
 
 def mirror_lease(ctx: Context, mirror: MirrorConfig) -> TableLease:
@@ -75,9 +75,7 @@ def detect(
 ) -> dict[str, Any]:
     """Take the mirror's lease, sweep leftovers, and say whether anything is pending."""
     lease = mirror_lease(ctx, mirror)
-    if lease.store.uri not in _PROBED:
-        probe_conditional_writes(lease.store)
-        _PROBED.add(lease.store.uri)
+    probe_once(lease.store)
     held = lease.acquire(
         run_id, lease_ttl_seconds(), dag_id=dag_id, try_number=try_number, holder_state=holder_state
     )
