@@ -36,6 +36,7 @@ from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.inline_run import run_snapshot
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.replay import ADDED, REMOVED, multiset
+from iceberg_cdc.coordination import commit_in_flight
 from iceberg_cdc.errors import (
     ConservationError,
     CorruptShuffleError,
@@ -44,14 +45,22 @@ from iceberg_cdc.errors import (
     SourceHistoryError,
 )
 from iceberg_cdc.run import commit_step, steps
-from iceberg_cdc.run import detect as detect_module
+from iceberg_cdc.run.shuffle_steps import attempt_paths
 from iceberg_cdc.shuffle.layout import data_key, index_key
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.writer import MapOutputWriter
 from iceberg_cdc.sink.staging import list_staged
 from iceberg_cdc.source.reading import output_schema
 from tests.support.fault_report import CaseOutcome, FaultReport
-from tests.support.fault_runs import POINTS, Crash, RunState, run_steps, verdict
+from tests.support.fault_runs import (
+    POINTS,
+    Crash,
+    RunState,
+    attempt_staged,
+    dead_attempt_with_its_commit_in_flight,
+    run_steps,
+    verdict,
+)
 
 REPORT = Path(__file__).resolve().parents[2] / ".cdc" / "fault-report.md"
 TTL = 1.0
@@ -349,7 +358,7 @@ def test_a_commit_whose_answer_was_lost_keeps_its_files(pipeline, monkeypatch):
     objects, _ = leftovers(pipeline)
     assert objects and all(key.endswith("commit-pending.json") for key in objects), objects
     # ... after it, they sweep the attempt like any other leftovers.
-    monkeypatch.setattr(detect_module, "COMMIT_GRACE_SECONDS", -10 * TTL)
+    monkeypatch.setattr(commit_in_flight, "LATE_COMMIT_GRACE_SECONDS", -10 * TTL)
     assert run_snapshot(pipeline.config, SOURCE).action == "caught_up"
     assert leftovers(pipeline) == ([], 0)
 
@@ -439,3 +448,89 @@ def test_a_live_run_renewing_its_lease_is_never_overtaken(pipeline):
 
     run_steps(ctx, "long-run", hook=long_phase)
     finish(pipeline, "live run with a renewed lease (intruders refused)")
+
+
+# --- the commit-in-flight protocol (coordination/commit_in_flight.py) --------------------------------
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [b'{"run_id": "in-flight", "epo', b'{"run_id": "in-flight", "epoch": 1}', b'{"written_at": "soon"}'],
+    ids=["truncated", "no-time", "garbled-time"],
+)
+def test_an_unreadable_marker_keeps_the_staged_files_of_a_commit_in_flight(pipeline, monkeypatch, marker):
+    ctx, state = dead_attempt_with_its_commit_in_flight(pipeline, monkeypatch)
+    store = ctx.runtime.store()
+    pending = attempt_paths(state.detected).commit_pending
+    store.put(pending, marker)
+    staged = attempt_staged(pipeline, state)
+    # Past every grace: only a readable marker's age may let the files go, never an unreadable one.
+    monkeypatch.setattr(commit_in_flight, "LATE_COMMIT_GRACE_SECONDS", -10 * TTL)
+    pipeline.catch_up()
+    assert attempt_staged(pipeline, state) == staged, "a commit of unknown outcome lost its files"
+    assert [i.key for i in store.list(pending)] == [pending], "the marker leads a later sweep back"
+    # Once the marker reads as an old commit's, the next sweep takes the files (the guard can pass).
+    store.put(pending, commit_in_flight.marker_bytes("in-flight", 1, now=time.time() - 3600))
+    pipeline.catch_up()
+    assert attempt_staged(pipeline, state) == []
+    finish(pipeline, f"unreadable commit-pending marker ({marker[:12]!r}...)")
+
+
+def test_a_zombie_commit_racing_its_own_cleanup_is_refused(pipeline, monkeypatch):
+    """The teardown releases the lease before it looks: a zombie commit then fails its lease check.
+
+    The zombie's commit runs at the worst moment for the cleanup: after it decided which staged
+    files no commit references, before it deletes them. Releasing the lease only after the
+    deletion (the order the mirror's teardown had) lets that commit land on deleted files.
+    """
+    from iceberg_cdc.sink import staging
+
+    ctx = steps.Context.of(pipeline.config, SOURCE)
+    real_referenced = staging.referenced_staged_paths
+    seen: dict[str, object] = {}
+
+    def zombie_commits_now(*args, **kwargs):
+        referenced = real_referenced(*args, **kwargs)
+        if "outcome" not in seen:
+            try:
+                seen["outcome"] = steps.commit(ctx, seen["detected"])
+            except LeaseLostError as exc:
+                seen["outcome"] = exc
+        return referenced
+
+    def teardown_at_commit(at: str, state: RunState) -> None:
+        if at == "before_commit":
+            seen["detected"] = state.detected
+            with monkeypatch.context() as patched:
+                patched.setattr(staging, "referenced_staged_paths", zombie_commits_now)
+                steps.cleanup(ctx, state.detected, "zombie")
+            raise Crash("the teardown ran with the zombie's commit inside it")
+
+    with pytest.raises(Crash):
+        run_steps(ctx, "zombie", hook=teardown_at_commit)
+    assert isinstance(seen.get("outcome"), LeaseLostError), f"the zombie committed: {seen.get('outcome')}"
+    for task in pipeline.sink.scan().plan_files():
+        assert Path(task.file.file_path.removeprefix("file://")).exists(), "the sink lost a committed file"
+    finish(pipeline, "zombie commit racing its cleanup")
+
+
+def test_a_commit_whose_marker_is_up_when_cleanup_looks_keeps_its_files(pipeline, monkeypatch):
+    """The other half: the zombie put its marker and passed its lease check before the teardown looked."""
+    ctx = steps.Context.of(pipeline.config, SOURCE)
+    real = commit_step.commit_changes
+    teardown: dict[str, object] = {}
+
+    def teardown_runs_first(*args, **kwargs):
+        teardown["result"] = steps.cleanup(ctx, teardown["detected"], "zombie")
+        return real(*args, **kwargs)
+
+    def remember(at: str, state: RunState) -> None:
+        teardown["detected"] = state.detected
+
+    with monkeypatch.context() as patched:
+        patched.setattr(commit_step, "commit_changes", teardown_runs_first)
+        run_steps(ctx, "zombie", hook=remember)
+    assert teardown["result"]["staged_kept"] is True
+    for task in pipeline.sink.scan().plan_files():
+        assert Path(task.file.file_path.removeprefix("file://")).exists(), "the sink lost a committed file"
+    finish(pipeline, "zombie commit seen by its cleanup")

@@ -15,12 +15,16 @@ from __future__ import annotations
 import json
 import random
 import time
+from pathlib import Path
 
 import pytest
 
 from cdc_devtools.inline_mirror import run_mirror
 from cdc_devtools.inline_pipeline import SOURCE
+from iceberg_cdc.coordination.commit_in_flight import marker_bytes, sweep_after
+from iceberg_cdc.errors import LeaseLostError
 from iceberg_cdc.mirror import steps
+from iceberg_cdc.mirror.iceberg import cleanup as cleanup_module
 from iceberg_cdc.mirror.iceberg import steps as iceberg_steps
 from iceberg_cdc.mirror.iceberg.plan import MirrorPaths, MirrorPlan
 from iceberg_cdc.mirror.staging import MirrorPaths as StagingPaths
@@ -29,6 +33,7 @@ from iceberg_cdc.storage import open_store
 from tests.property.test_iceberg_mirror_changelog import IcebergMirrorPipeline, assert_iceberg_mirror_exact
 from tests.support.history import HistoryShape, HistoryTable
 
+TTL = 30.0  # the lease TTL the sweeps below are told
 SHAPE = HistoryShape(columns=("string",), identifier=("id",), partitioning="region")
 
 
@@ -100,13 +105,68 @@ def test_a_commit_of_unknown_outcome_keeps_its_files_for_the_grace(mirrored):
     store.put(MirrorPaths("", 0, "", root).commit_pending, json.dumps({"at": at}).encode())
     left = _staged(ctx, plan)
     mirror = ctx.table.mirror("ice")
-    kept = iceberg_steps.sweep_attempt(ctx, mirror, root, now=at + 60)
+    kept = iceberg_steps.sweep_attempt(ctx, mirror, root, lease_ttl=TTL, now=at + 60)
     assert kept.get("kept") and _staged(ctx, plan) == left
     run = run_mirror(pipeline.config, SOURCE, "ice")  # within the grace: the namespace stays too
     assert run.action == "apply" and _staged(ctx, plan) == left
-    late = iceberg_steps.sweep_attempt(
-        ctx, mirror, root, now=at + iceberg_steps.LATE_COMMIT_GRACE_SECONDS + 1
-    )
+    late = iceberg_steps.sweep_attempt(ctx, mirror, root, lease_ttl=TTL, now=at + sweep_after(TTL) + 1)
     assert not late.get("kept") and late["deleted_files"] == len(left)
     assert _staged(ctx, plan) == set()
+    assert_iceberg_mirror_exact(pipeline, history.table)
+
+
+@pytest.mark.parametrize(
+    "marker", [b'{"run_id": "killed-run", "ep', b'{"run_id": "killed-run"}'], ids=["truncated", "no-time"]
+)
+def test_an_unreadable_marker_keeps_the_files_past_every_grace(mirrored, marker):
+    pipeline, history = mirrored
+    ctx, detected, plan = _die_after(pipeline, "join")
+    root = StagingPaths.of(SOURCE, "ice", int(detected["epoch"])).join_prefix
+    store = ctx.runtime.store()
+    pending = MirrorPaths("", 0, "", root).commit_pending
+    store.put(pending, marker)
+    left = _staged(ctx, plan)
+    mirror = ctx.table.mirror("ice")
+    far = time.time() + 10 * sweep_after(TTL)
+    assert iceberg_steps.sweep_attempt(ctx, mirror, root, lease_ttl=TTL, now=far).get("kept")
+    assert _staged(ctx, plan) == left, "a commit of unknown outcome lost its files"
+    # A readable marker that old no longer keeps them: the mirror's history tells (the guard can pass).
+    store.put(pending, marker_bytes("killed-run", int(detected["epoch"])))
+    late = iceberg_steps.sweep_attempt(ctx, mirror, root, lease_ttl=TTL, now=far)
+    assert not late.get("kept") and _staged(ctx, plan) == set()
+    assert run_mirror(pipeline.config, SOURCE, "ice").action == "apply"
+    assert_iceberg_mirror_exact(pipeline, history.table)
+
+
+def test_a_zombie_commit_racing_the_mirror_teardown_is_refused(mirrored, monkeypatch):
+    """The teardown releases the lease first; a zombie commit between its look and its deletes then fails.
+
+    The mirror's teardown used to delete the staged files before releasing the lease: a zombie
+    commit run at that moment landed on files the teardown then deleted.
+    """
+    pipeline, history = mirrored
+    ctx = Context.of(pipeline.config, SOURCE)
+    mirror = ctx.table.mirror("ice")
+    detected = steps.detect(ctx, mirror, "zombie")
+    planned = steps.plan_apply(ctx, mirror, detected)
+    iceberg_steps.run_units_inline(ctx.runtime, planned)
+    real_find_apply = cleanup_module.find_apply
+    seen: dict[str, object] = {}
+
+    def zombie_commits_now(*args, **kwargs):
+        found = real_find_apply(*args, **kwargs)
+        if "outcome" not in seen:
+            try:
+                seen["outcome"] = steps.apply(ctx, mirror, detected, planned)
+            except LeaseLostError as exc:
+                seen["outcome"] = exc
+        return found
+
+    with monkeypatch.context() as patched:
+        patched.setattr(cleanup_module, "find_apply", zombie_commits_now)
+        steps.cleanup(ctx, mirror, detected, "zombie", planned)
+    assert isinstance(seen.get("outcome"), LeaseLostError), f"the zombie committed: {seen.get('outcome')}"
+    for path in _referenced(pipeline.catalog.load_table("mirror.orders")):
+        assert Path(path.removeprefix("file://")).exists(), f"the mirror references a deleted file: {path}"
+    assert run_mirror(pipeline.config, SOURCE, "ice").action == "apply"
     assert_iceberg_mirror_exact(pipeline, history.table)

@@ -28,7 +28,9 @@ from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.local_s3 import LocalS3Server
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.replay import assert_replay
+from iceberg_cdc.coordination import commit_in_flight
 from iceberg_cdc.sink.table import SOURCE_SNAPSHOT_ID_KEY, SOURCE_TABLE_KEY, summary_properties
+from tests.support.fault_runs import attempt_staged, dead_attempt_with_its_commit_in_flight
 
 pytestmark = pytest.mark.s3
 
@@ -125,3 +127,42 @@ def test_every_run_succeeds_through_s3_errors_drops_and_cut_bodies(
     # pyarrow's own retries do not cover a body cut mid-read ("Failed to flush response stream"):
     # without the retrying FileIO these runs fail (measured: 34 of 46 runs, 4 seeds)
     assert resumed["read"] > 0, resumed
+
+
+def test_a_marker_the_store_cannot_read_keeps_the_files_of_a_commit_in_flight(
+    tmp_path, moto_server: LocalS3Server, s3_client, monkeypatch
+):
+    """A 503 on every GET of a commit-pending marker: the sweep keeps what that commit would reference.
+
+    Before the one commit-in-flight protocol, the changelog's sweep read an unreadable marker as
+    "cannot land" and deleted the staged files of a commit whose outcome was unknown.
+    """
+    monkeypatch.setenv("CDC_LEASE_TTL_SECONDS", "1")
+    bucket = f"cdc-marker-{uuid.uuid4().hex[:10]}"
+    s3_client.create_bucket(Bucket=bucket)
+
+    def marker_gets(method: str, target: str) -> bool:
+        return method == "GET" and "commit-pending" in target
+
+    with FaultProxy(
+        moto_server.endpoint, seed=SEED, fault_filter=marker_gets, error_statuses=(503,)
+    ) as proxy:
+        properties = proxy.properties(moto_server.properties)
+        pipeline = InlinePipeline(tmp_path, shuffle={"uri": f"s3://{bucket}/shuffle", **properties})
+        source = pipeline.create_source(SCHEMA, partition_spec=BY_REGION)
+        source.append(rows(range(60), region=["us", "eu", "ap"] * 20))
+        pipeline.catch_up()
+        cow_merge(source, upserts=rows(range(0, 30, 3), region="eu", status="v1"), delete_keys=[40])
+        _, state = dead_attempt_with_its_commit_in_flight(pipeline, monkeypatch)
+        staged = attempt_staged(pipeline, state)
+        monkeypatch.setattr(commit_in_flight, "LATE_COMMIT_GRACE_SECONDS", -3600.0)  # past every grace
+
+        proxy.set_rates(error_rate=1.0)
+        pipeline.catch_up()
+        assert proxy.counts["error_503"] > 0, "the marker was never read"
+        assert attempt_staged(pipeline, state) == staged, "a commit of unknown outcome lost its files"
+
+        proxy.set_rates(error_rate=0.0)  # readable again, and old: the next sweep takes the files
+        pipeline.catch_up()
+        assert attempt_staged(pipeline, state) == []
+        assert_replay(pipeline.source, pipeline.sink, source.current_snapshot().snapshot_id, ["id"])

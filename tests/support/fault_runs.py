@@ -14,6 +14,7 @@ source's current rows -- counted as rows lost and rows duplicated.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,10 +23,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_devtools.inline_pipeline import SOURCE
 from cdc_devtools.replay import ADDED, REMOVED, assert_replay, multiset
 from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS, read_group_count, record_group, units_of
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.run import steps
+from iceberg_cdc.run.shuffle_steps import attempt_paths
+from iceberg_cdc.sink.staging import list_staged
 from iceberg_cdc.sink.table import SOURCE_SNAPSHOT_ID_KEY, summary_properties
 from iceberg_cdc.source.history import current_ancestry
 
@@ -157,3 +161,43 @@ def verdict(pipeline, identifier_columns=("id",)) -> Verdict:
         commits=sink_commits(sink),
         snapshots=ancestry,
     )
+
+
+def attempt_staged(pipeline: Any, state: RunState) -> list[str]:
+    """The staged files of ``state``'s attempt, committed or not."""
+    attempt = attempt_paths(state.detected).attempt
+    return sorted(
+        f.path for f in list_staged(pipeline.sink.location(), state.detected.snapshot_id, attempt=attempt)
+    )
+
+
+def dead_attempt_with_its_commit_in_flight(pipeline: Any, monkeypatch: Any) -> tuple[steps.Context, RunState]:
+    """A run whose process died inside the catalog call: marker up, staged files not yet committed.
+
+    Returns once the dead run's lease has expired (the caller sets a short
+    ``CDC_LEASE_TTL_SECONDS``), so the next run sweeps its namespace.
+    """
+    from iceberg_cdc.run import commit_step
+
+    ctx = steps.Context.of(pipeline.config, SOURCE)
+    captured: dict[str, RunState] = {}
+
+    def died_in_the_call(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionResetError("the task died while the catalog call was on its way")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(commit_step, "commit_changes", died_in_the_call)
+        try:
+            run_steps(ctx, "in-flight", hook=lambda at, state: captured.setdefault("state", state))
+        except ConnectionResetError:
+            pass
+        else:
+            raise AssertionError("the commit was meant to die in the catalog call")
+    state = captured["state"]
+    assert attempt_staged(pipeline, state), "the dead attempt staged files its commit would reference"
+    lease = ctx.lease()
+    deadline = time.monotonic() + 30
+    while lease.held() is not None:
+        assert time.monotonic() < deadline, "the dead run's lease did not expire"
+        time.sleep(0.05)
+    return ctx, state

@@ -20,24 +20,22 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, TriggerRule, task
-from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
 from iceberg_cdc.airflow.dag_factory import sink_asset
 from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (conn_id -> DSN)
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
+from iceberg_cdc.airflow.lease_wait import take_waiting
 from iceberg_cdc.airflow.operators.detect import lease_wait_seconds, sensor_mode
 from iceberg_cdc.airflow.operators.lineage import lineage_task
 from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
 from iceberg_cdc.airflow.policy import airflow_holder_state, final_errors, record_error, task_retries
 from iceberg_cdc.config import CdcConfig, MirrorConfig, TableConfig, load_config
-from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.mirror import steps
 from iceberg_cdc.run.context import Context
-from iceberg_cdc.run.lease import lease_wait_step
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -97,36 +95,29 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
         @task(task_id="detect")
         def detect(run_id: str | None = None, ti=None) -> dict[str, Any]:
             try_started = time.time()
-            while True:
-                ctx, mine = context()
-                try:
-                    with final_errors():
-                        return steps.detect(
-                            ctx,
-                            mine,
-                            run_id or "manual",
-                            dag_id=dag.dag_id,
-                            try_number=getattr(ti, "try_number", None),
-                            holder_state=airflow_holder_state(ti),
-                        )
-                except LeaseHeldError as exc:
-                    action, seconds = lease_wait_step(
-                        now=time.time(),
-                        waiting_since=try_started,
-                        holder_since=None,
-                        window=lease_wait_seconds(),
-                        try_started=try_started,
-                        reschedule=sensor_mode() != "poke",
-                        in_process_seconds=5.0,
+            ctx, mine = context()
+
+            def take() -> dict[str, Any]:
+                with final_errors():
+                    return steps.detect(
+                        ctx,
+                        mine,
+                        run_id or "manual",
+                        dag_id=dag.dag_id,
+                        try_number=getattr(ti, "try_number", None),
+                        holder_state=airflow_holder_state(ti),
                     )
-                    if action == "fail":
-                        raise AirflowFailException(f"LeaseHeldError: {exc}") from None
-                    if action == "reschedule":
-                        raise AirflowRescheduleException(
-                            datetime.now(UTC) + timedelta(seconds=seconds)
-                        ) from None
-                    log.info("mirror busy, looking again in %.0f s: %s", seconds, exc)
-                    time.sleep(seconds)
+
+            return take_waiting(
+                take,
+                what="mirror",
+                lease=lambda: steps.mirror_lease(ctx, mine),
+                window=lease_wait_seconds(),
+                try_started=try_started,
+                waiting_since=try_started,
+                reschedule=sensor_mode() != "poke",
+                in_process_seconds=5.0,
+            )
 
         detected = detect()
 

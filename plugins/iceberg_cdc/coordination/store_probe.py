@@ -38,3 +38,14 @@ def probe_conditional_writes(store: ObjectStore) -> None:
             f"{store.uri} does not honour conditional writes: {'; '.join(problems)}. Table leases "
             "cannot be atomic on this store: use AWS S3 or a store that supports S3 preconditions"
         )
+
+
+_PROBED: set[str] = set()  # stores whose conditional writes were checked in this process
+
+
+def probe_once(store: ObjectStore) -> None:
+    """:func:`probe_conditional_writes`, once per store and process (before a lease is first taken there)."""
+    if store.uri in _PROBED:
+        return
+    probe_conditional_writes(store)
+    _PROBED.add(store.uri)

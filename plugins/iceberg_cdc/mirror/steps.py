@@ -30,7 +30,8 @@ from typing import Any
 from pyiceberg.exceptions import NoSuchTableError
 
 from iceberg_cdc.config import MirrorConfig
-from iceberg_cdc.coordination.lease import HolderState, LeaseInfo, TableLease, probe_conditional_writes
+from iceberg_cdc.coordination.lease import HolderState, LeaseInfo, TableLease
+from iceberg_cdc.coordination.store_probe import probe_once
 from iceberg_cdc.errors import CdcError
 from iceberg_cdc.mirror.changelog import Pending, pending, read_net_changes
 from iceberg_cdc.mirror.columns import mirror_fields, mirror_key
@@ -50,7 +51,6 @@ from iceberg_cdc.run.lease import lease_ttl_seconds
 from iceberg_cdc.source.tables import load_source_table
 
 log = logging.getLogger("iceberg_cdc")
-_PROBED: set[str] = set()
 
 
 def mirror_lease(ctx: Context, mirror: MirrorConfig) -> TableLease:
@@ -75,9 +75,7 @@ def detect(
 ) -> dict[str, Any]:
     """Take the mirror's lease, sweep leftovers, and say whether anything is pending."""
     lease = mirror_lease(ctx, mirror)
-    if lease.store.uri not in _PROBED:
-        probe_conditional_writes(lease.store)
-        _PROBED.add(lease.store.uri)
+    probe_once(lease.store)
     held = lease.acquire(
         run_id, lease_ttl_seconds(), dag_id=dag_id, try_number=try_number, holder_state=holder_state
     )
@@ -157,7 +155,9 @@ def sweep_leftovers(ctx: Context, mirror: MirrorConfig, keep_attempt: str) -> in
         if mirror.type == "iceberg":
             # Its staged data files are in the mirror's location, named by its plan: sweep them first.
             try:
-                swept = iceberg_steps(mirror).sweep_attempt(ctx, mirror, paths.join_prefix)
+                swept = iceberg_steps(mirror).sweep_attempt(
+                    ctx, mirror, paths.join_prefix, lease_ttl=lease_ttl_seconds()
+                )
             except CdcError as exc:  # a later run sweeps again; this one goes on
                 log.warning("%s: could not sweep %s: %s", mirror.describe(), attempt, exc)
                 continue
@@ -312,19 +312,23 @@ def cleanup(
     removed = 0
     target: dict[str, Any] = {}
     epoch = int(detected["epoch"]) if detected and detected.get("epoch") is not None else None
-    if epoch is not None and mirror.type == "iceberg" and planned and planned.get("action") == "apply":
+    if epoch is None:
+        return {"objects_deleted": 0, "lease_released": False}
+    # The lease goes first (the commit-in-flight protocol's order): a zombie commit of this run that
+    # has not yet put its marker then fails its lease check, and one that has is seen below.
+    try:
+        released = mirror_lease(ctx, mirror).release(run_id, epoch)
+    except Exception:
+        log.exception("run %r could not release the lease of %s", run_id, mirror.describe())
+    if mirror.type == "iceberg" and planned and planned.get("action") == "apply":
         try:
             target = iceberg_steps(mirror).cleanup(ctx, mirror, planned)
         except Exception:  # a teardown: the run's own error (if any) matters more
             log.exception("run %r could not clean up the staged files of %s", run_id, mirror.describe())
-    if epoch is not None:
-        try:
-            released = mirror_lease(ctx, mirror).release(run_id, epoch)
-        except Exception:
-            log.exception("run %r could not release the lease of %s", run_id, mirror.describe())
-        if not ctx.config.shuffle.retain_files:
-            paths = MirrorPaths.of(ctx.table.source, mirror.mirror_name, epoch)
-            removed = ctx.runtime.store().delete_prefix(paths.prefix)
+            target = {"kept": "cleanup failed"}  # the namespace leads a later sweep back to the files
+    if not ctx.config.shuffle.retain_files and not target.get("kept"):
+        paths = MirrorPaths.of(ctx.table.source, mirror.mirror_name, epoch)
+        removed = ctx.runtime.store().delete_prefix(paths.prefix)
     return {
         "objects_deleted": removed,
         "lease_released": released,

@@ -8,6 +8,11 @@ metadata: :func:`writing_v3_metadata` lifts the guard for the duration of one
 catalog call, keeping the catalog's optimistic-concurrency check (the SQL
 catalog's compare-and-swap, a REST catalog's requirements) intact.
 
+pyiceberg 0.12 also leaves a new v3 table without ``next-row-id`` (and keeps
+it unset through every later snapshot), which the spec requires and Iceberg's
+Java implementation refuses to load without: :func:`next_row_id` derives it
+from the snapshots' row ranges, and :func:`dump_v3` writes it.
+
 The guard is process-wide while lifted; commits are short and the lift is
 re-entrant (a counter), so nested or concurrent commits in one process
 restore it only when the last one leaves.
@@ -28,8 +33,30 @@ _lock = threading.Lock()
 _depth = 0
 
 
+def next_row_id(metadata: Any) -> int:
+    """The table's next row id: its own field, else past the highest row range a snapshot assigned.
+
+    Row ids only grow (each snapshot's ``first-row-id`` is the table's
+    ``next-row-id`` before it, which then grows by its ``added-rows``), so the
+    highest ``first-row-id + added-rows`` over the retained snapshots -- the
+    current one's at least -- is where the next range starts.
+    """
+    if getattr(metadata, "next_row_id", None) is not None:
+        return int(metadata.next_row_id)
+    return max(
+        (
+            int(s.first_row_id) + int(s.added_rows or 0)
+            for s in getattr(metadata, "snapshots", ())
+            if getattr(s, "first_row_id", None) is not None
+        ),
+        default=0,
+    )
+
+
 def dump_v3(metadata: TableMetadataV3, **kwargs: Any) -> str:
-    """v3 metadata as JSON, with pyiceberg's own defaults for its metadata files."""
+    """v3 metadata as JSON, with pyiceberg's own defaults for its metadata files and ``next-row-id`` set."""
+    if metadata.next_row_id is None:
+        metadata = metadata.model_copy(update={"next_row_id": next_row_id(metadata)})
     kwargs.setdefault("exclude_none", True)
     kwargs.setdefault("by_alias", True)
     return IcebergBaseModel.model_dump_json(metadata, **kwargs)

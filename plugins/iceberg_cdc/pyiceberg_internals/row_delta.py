@@ -48,6 +48,7 @@ from pyiceberg.table.update import (
 )
 
 from iceberg_cdc.errors import StaleDeltaError
+from iceberg_cdc.pyiceberg_internals.format_v3 import next_row_id
 from iceberg_cdc.pyiceberg_internals.manifest_reader import manifest_entries, v3_field
 from iceberg_cdc.pyiceberg_internals.manifests import (
     SpecManifestListWriter,
@@ -204,9 +205,8 @@ class RowDelta(UpdateTableMetadata["RowDelta"]):
             )
         manifests = self._manifests()
         sequence_number = metadata.next_sequence_number()
-        first_row_id = metadata.next_row_id if self._version >= 3 else None
-        if self._version >= 3 and first_row_id is None:
-            first_row_id = 0
+        # v3: the snapshot's rows start at the table's next row id (derived when pyiceberg left it unset).
+        first_row_id = next_row_id(metadata) if self._version >= 3 else None
         list_path = self._metadata_path(f"snap-{self.snapshot_id}-0-{self._commit_uuid}.avro")
         self.written_files.append(list_path)
         with SpecManifestListWriter(

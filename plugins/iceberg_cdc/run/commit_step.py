@@ -13,23 +13,20 @@ In order:
    marker (:func:`~iceberg_cdc.sink.commit.commit_changes`).
 
 Around the catalog call a ``commit-pending`` marker sits in the run's
-namespace; it is removed when the outcome is known (committed, or certainly
-not). If the catalog call fails in a way that leaves the outcome unknown, the
-marker stays and cleanup keeps the staged files, which a commit that lands late
-would reference; a later run's sweep deletes them if no commit did.
+namespace, by the one protocol of :mod:`iceberg_cdc.coordination.commit_in_flight`:
+while a commit's outcome is unknown, no cleanup or sweep deletes its staged files.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException
 
+from iceberg_cdc.coordination.commit_in_flight import commit_in_flight
 from iceberg_cdc.errors import CdcError, ConservationError, LeaseLostError
 from iceberg_cdc.pipeline.conservation import check_snapshot
 from iceberg_cdc.pipeline.groups import phase_records, phase_seconds, skew_summary
@@ -61,11 +58,6 @@ def _own_plan(store: ObjectStore, detected: Detected | Mapping[str, Any]) -> Sna
             f"run {detected.run_id!r} (epoch {detected.epoch}); nothing was committed"
         )
     return plan
-
-
-def pending_marker(plan: SnapshotPlan) -> bytes:
-    """The ``commit-pending`` marker: who is committing, and since when (for the sweep's grace)."""
-    return json.dumps({"run_id": plan.run_id, "epoch": plan.epoch, "written_at": time.time()}).encode()
 
 
 def _footers(sink, staged_paths: list[str], plan: SnapshotPlan) -> list:
@@ -138,18 +130,13 @@ def commit(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str, An
         rows=conservation.rows(),
         skew=skew,
     )
-    # The marker goes up *before* the last lease check: a cleanup or sweep that looks after that
-    # check sees it (and keeps the staged files), and one that looked before has released or taken
-    # the lease, so the check fails and nothing is committed.
-    store.put(paths.commit_pending, pending_marker(plan))
-    try:
-        run_lease.confirm(ctx, detected)
-    except BaseException:
-        with contextlib.suppress(CdcError):
-            store.delete_prefix(paths.commit_pending)
-        raise
-    try:
-        result = commit_changes(
+    result = commit_in_flight(
+        store,
+        paths.commit_pending,
+        run_id=plan.run_id,
+        epoch=plan.epoch,
+        confirm_lease=lambda: run_lease.confirm(ctx, detected),
+        commit=lambda: commit_changes(
             sink,
             staged_paths=staged_paths,
             data_files=data_files,
@@ -159,14 +146,9 @@ def commit(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str, An
             ordinal=plan.ordinal,
             replace_existing=plan.replace_existing,
             summary=summary,
-        )
-    except (CommitFailedException, CdcError):
-        # Certainly not committed: the marker can go, cleanup may delete the staged files.
-        with contextlib.suppress(CdcError):
-            store.delete_prefix(paths.commit_pending)
-        raise
-    with contextlib.suppress(CdcError):  # the outcome is known; a marker left behind only keeps files
-        store.delete_prefix(paths.commit_pending)
+        ),
+        certainly_not_committed=(CommitFailedException, CdcError),
+    )
     log.info(
         "commit of snapshot %s to %s: %s; rows: %d input, %d cancelled before the shuffle, %d shuffled, "
         "%d read, %d carryover, %d changes; %s",

@@ -9,14 +9,15 @@ namespaces and their staged files that no sink commit references.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from iceberg_cdc.coordination.commit_in_flight import describe as describe_marker
+from iceberg_cdc.coordination.commit_in_flight import may_sweep, read_marker
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
-from iceberg_cdc.errors import CdcError, SourceHistoryError
+from iceberg_cdc.errors import SourceHistoryError
 from iceberg_cdc.pipeline.groups import record_phase
 from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_key, table_prefix
 from iceberg_cdc.pipeline.plan import SnapshotPlan, group_tasks
@@ -37,8 +38,6 @@ from iceberg_cdc.source.reprocess import validate_manual_snapshot, validate_repr
 from iceberg_cdc.source.tables import load_source_table, resolve_identifier_columns
 
 log = logging.getLogger("iceberg_cdc")
-
-COMMIT_GRACE_SECONDS = 600.0
 
 
 def detect(
@@ -101,15 +100,11 @@ def sweep_leftovers(ctx: Context, sink, keep_attempt: str) -> dict[str, int]:
     removed = staged = 0
     for snapshot_id, attempt in sorted(attempts):
         paths = SnapshotPaths(table, snapshot_id, attempt)
-        if paths.commit_pending in keys[(snapshot_id, attempt)] and _commit_may_land(
-            store, paths, run_lease.lease_ttl_seconds(ctx.table)
-        ):
-            log.warning(
-                "%s: keeping %s: its sink commit started recently and its outcome is unknown",
-                table,
-                paths.prefix,
-            )
-            continue
+        if paths.commit_pending in keys[(snapshot_id, attempt)]:
+            marker = read_marker(store, paths.commit_pending)
+            if not may_sweep(marker, run_lease.lease_ttl_seconds(ctx.table)):
+                log.warning("%s: keeping %s: %s", table, paths.prefix, describe_marker(marker))
+                continue
         staged += len(
             delete_uncommitted_staged(
                 sink, snapshot_id, properties=ctx.runtime.io_properties, attempt=attempt
@@ -127,21 +122,6 @@ def sweep_leftovers(ctx: Context, sink, keep_attempt: str) -> dict[str, int]:
             staged,
         )
     return {"namespaces": len(attempts), "shuffle_objects": removed, "staged_files": staged}
-
-
-def _commit_may_land(store, paths: SnapshotPaths, ttl: float) -> bool:
-    """Whether a dead attempt's sink commit, begun at its ``commit-pending`` marker, might still land.
-
-    A catalog commit finishes within seconds of its start or not at all, but the
-    run that began it may be a zombie past its lease; within two TTLs plus ten
-    minutes of the marker its staged files are kept (a late commit references
-    them), after that they are swept like any other leftovers.
-    """
-    try:
-        written_at = float(json.loads(store.get(paths.commit_pending)).get("written_at", 0))
-    except (CdcError, ValueError, TypeError):
-        return False
-    return time.time() - written_at < 2 * ttl + COMMIT_GRACE_SECONDS
 
 
 def _detect(

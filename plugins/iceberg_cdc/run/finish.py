@@ -14,6 +14,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from iceberg_cdc.coordination.commit_in_flight import MarkerState, read_marker
+from iceberg_cdc.coordination.commit_in_flight import describe as describe_marker
 from iceberg_cdc.errors import CdcError
 from iceberg_cdc.run import lease as run_lease
 from iceberg_cdc.run.context import Context
@@ -94,12 +96,14 @@ def cleanup(ctx: Context, detected: Detected | Mapping[str, Any] | None, run_id:
     if detected and detected.snapshot_id is not None and epoch is not None:
         paths = attempt_paths(detected)
         store = ctx.runtime.store()
-        kept_staged = bool(store.list(paths.commit_pending))
+        marker = read_marker(store, paths.commit_pending)
+        kept_staged = marker.keeps_files
         if kept_staged:
             log.warning(
-                "the sink commit of snapshot %s had an unknown outcome: its staged files are kept "
+                "the sink commit of snapshot %s had an unknown outcome (%s): its staged files are kept "
                 "(a late commit references them); a later run's sweep removes them if unused",
                 detected.snapshot_id,
+                describe_marker(marker),
             )
         else:
             # Staged files first: if cleanup stops half way, the namespace left behind leads
@@ -110,6 +114,9 @@ def cleanup(ctx: Context, detected: Detected | Mapping[str, Any] | None, run_id:
             )
         if ctx.config.shuffle.retain_files:
             log.info("retain_files is set: keeping %s", store.describe(paths.prefix))
+        elif marker.state is MarkerState.UNREADABLE:
+            # Not even known whether the marker exists: the whole namespace leads a later sweep back.
+            removed = 0
         elif kept_staged:
             # Keep only the marker: it leads a later sweep to the staged files.
             removed = sum(

@@ -25,7 +25,8 @@ from typing import Any
 
 from iceberg_cdc.config import TableConfig
 from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
-from iceberg_cdc.coordination.lease import HolderState, LeaseInfo, probe_conditional_writes
+from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
+from iceberg_cdc.coordination.store_probe import probe_once
 from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.state import Detected
@@ -35,7 +36,6 @@ log = logging.getLogger("iceberg_cdc")
 LEASE_TTL_ENV = "CDC_LEASE_TTL_SECONDS"
 LEASE_TTL_KNOB = f"tables[].lease_ttl in the config (or the environment variable {LEASE_TTL_ENV})"
 DEFAULT_LEASE_TTL_SECONDS = 300.0
-_PROBED: set[str] = set()  # stores whose conditional writes were checked in this process
 
 
 def lease_ttl_seconds(table: TableConfig | None = None) -> float:
@@ -71,9 +71,7 @@ def take(
     that ignores conditional requests would let two runs hold one table.
     """
     lease = ctx.lease()
-    if lease.store.uri not in _PROBED:
-        probe_conditional_writes(lease.store)
-        _PROBED.add(lease.store.uri)
+    probe_once(lease.store)
     return lease.acquire(
         run_id, lease_ttl_seconds(ctx.table), dag_id=dag_id, try_number=try_number, holder_state=holder_state
     )

@@ -13,23 +13,21 @@ from __future__ import annotations
 import logging
 import os
 import time
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
+from airflow.sdk.exceptions import AirflowFailException
 
 from iceberg_cdc import snapshot_ids
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
+from iceberg_cdc.airflow.lease_wait import take_waiting
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.lineage import LineageReporting, changelog_datasets
 from iceberg_cdc.airflow.policy import airflow_holder_state, final_errors
 from iceberg_cdc.config import TableConfig
-from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.run import steps
-from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.kinds import backfill_refusal, is_backfill
-from iceberg_cdc.run.lease import lease_ttl_seconds, lease_wait_step
+from iceberg_cdc.run.lease import lease_ttl_seconds
 from iceberg_cdc.run.metrics import emit_retention
 from iceberg_cdc.run.story import story
 
@@ -79,47 +77,37 @@ class DetectOperator(LineageReporting, BaseOperator):
             through = snapshot_ids.parse(params.get("through_snapshot_id"), "through_snapshot_id")
         try_started = time.time()
         waiting_since = _first_reschedule(ti, context) or try_started
-        reschedule = sensor_mode() != "poke"
-        while True:
-            try:
-                with final_errors():
-                    detected = steps.detect(
-                        ctx,
-                        context.get("run_id") or "manual",
-                        requested,
-                        dag_id=self.dag_id,
-                        try_number=getattr(ti, "try_number", None),
-                        holder_state=airflow_holder_state(ti),
-                        through_snapshot_id=through,
-                    )
-                log.info("this run: %s", story(detected))
-                emit_safely(emit_retention, self.source, dict(detected.retention))
-                # Kept for the OpenLineage listener, which asks after the task in a forked process.
-                self._lineage_detected = detected.to_xcom()
-                return self._lineage_detected
-            except LeaseHeldError as exc:
-                holder_since, holder_expired = _holder(ctx)
-                action, seconds = lease_wait_step(
-                    now=time.time(),
-                    waiting_since=waiting_since,
-                    holder_since=holder_since,
-                    holder_expired=holder_expired,
-                    window=lease_wait_seconds(ctx.table),
-                    try_started=try_started,
-                    reschedule=reschedule,
-                    # Only a first attempt polls in process (a predecessor finishing its cleanup);
-                    # a backfill's runs queue for the table: they give their slots back at once.
-                    in_process_seconds=0.0
-                    if backfill or waiting_since != try_started
-                    else IN_PROCESS_WAIT_SECONDS,
+        run_id = context.get("run_id") or "manual"
+
+        def take() -> dict[str, Any]:
+            with final_errors():
+                detected = steps.detect(
+                    ctx,
+                    run_id,
+                    requested,
+                    dag_id=self.dag_id,
+                    try_number=getattr(ti, "try_number", None),
+                    holder_state=airflow_holder_state(ti),
+                    through_snapshot_id=through,
                 )
-                if action == "fail":
-                    raise AirflowFailException(f"LeaseHeldError: {exc}") from None
-                if action == "reschedule":
-                    log.warning("table busy, looking again in %.0f s (slot given back): %s", seconds, exc)
-                    raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=seconds)) from None
-                log.info("table busy, looking again in %.0f s: %s", seconds, exc)
-                time.sleep(seconds)
+            log.info("this run: %s", story(detected))
+            emit_safely(emit_retention, self.source, dict(detected.retention))
+            # Kept for the OpenLineage listener, which asks after the task in a forked process.
+            self._lineage_detected = detected.to_xcom()
+            return self._lineage_detected
+
+        return take_waiting(
+            take,
+            what="table",
+            lease=ctx.lease,
+            window=lease_wait_seconds(ctx.table),
+            try_started=try_started,
+            waiting_since=waiting_since,
+            reschedule=sensor_mode() != "poke",
+            # Only a first attempt polls in process (a predecessor finishing its cleanup);
+            # a backfill's runs queue for the table: they give their slots back at once.
+            in_process_seconds=0.0 if backfill or waiting_since != try_started else IN_PROCESS_WAIT_SECONDS,
+        )
 
     def lineage_datasets(self, task_instance: Any) -> tuple[list, list]:
         detected = getattr(self, "_lineage_detected", None) or {}
@@ -135,14 +123,3 @@ def _first_reschedule(ti: Any, context: Any) -> float | None:
     except Exception:  # no scheduler behind the task (a test), or an older task SDK
         return None
     return first.timestamp() if first is not None else None
-
-
-def _holder(ctx: Context) -> tuple[float | None, bool]:
-    """When the current holder of the table's lease took it (epoch seconds), and whether its lease expired."""
-    try:
-        current = ctx.lease().current()
-    except Exception:  # the wait is then counted from this run's own start
-        return None, False
-    if current is None or current.released:
-        return None, False
-    return current.acquired_at.timestamp(), current.expired(datetime.now(UTC))

@@ -5,22 +5,23 @@ mirror's own location (the plan's ``staging_dir``) before the commit. What
 the attempt's commit added must stay; everything else it wrote is garbage
 once the attempt is over. :func:`cleanup` is the attempt's teardown;
 :func:`sweep_attempt` is the same for an attempt that died before it, run by
-a later run's detect. A ``commit-pending`` marker (an outcome not known)
-keeps everything, for a teardown always, for a sweep during
-:data:`LATE_COMMIT_GRACE_SECONDS`.
+a later run's detect. Whether a ``commit-pending`` marker keeps everything is
+the one rule of :mod:`iceberg_cdc.coordination.commit_in_flight`: for a
+teardown whenever the marker is not known to be absent, for a sweep until
+the lease's two TTLs plus the grace have passed.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.manifest import ManifestEntryStatus
 
+from iceberg_cdc.coordination.commit_in_flight import describe as describe_marker
+from iceberg_cdc.coordination.commit_in_flight import may_sweep, read_marker
 from iceberg_cdc.errors import CdcError
 from iceberg_cdc.mirror.iceberg.plan import MirrorPaths, MirrorPlan
 from iceberg_cdc.mirror.iceberg.table import find_apply
@@ -36,25 +37,21 @@ def unit_records(store: Any, paths: MirrorPaths) -> list[dict[str, Any]]:
     return get_json_many(store, keys)
 
 
-# How long a commit whose outcome is unknown may still land (its process stalled between the last
-# lease check and the catalog's answer): an earlier attempt's staged files are kept that long.
-LATE_COMMIT_GRACE_SECONDS = 600.0
-
-
 def cleanup(
     ctx: Any,
     mirror: Any,
     planned: Mapping[str, Any],
     *,
-    late_commit_grace: float | None = None,
+    sweep_lease_ttl: float | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
     """Delete the attempt's objects and its staged files no commit references (a teardown: never raises on them).
 
     A ``commit-pending`` marker (an outcome not known) keeps everything: a
-    commit that lands late references those files. With ``late_commit_grace``
-    (a later run sweeping a dead attempt), a marker older than that no longer
-    keeps them: the mirror's history then says whether the commit landed.
+    commit that lands late references those files. With ``sweep_lease_ttl``
+    (a later run sweeping a dead attempt), a readable marker older than the
+    protocol's sweep delay no longer keeps them: the mirror's history then
+    says whether the commit landed. An unreadable marker always keeps them.
     """
     if planned.get("action") != "apply":
         return {"deleted_objects": 0, "deleted_files": 0}
@@ -65,8 +62,14 @@ def cleanup(
         f"epoch-{planned['epoch']}",
         planned.get("root"),
     )
-    if store.list(paths.commit_pending) and not _pending_expired(store, paths, late_commit_grace, now):
-        log.warning("mirror %s: a commit's outcome is unknown; its files are kept", planned["mirror"])
+    marker = read_marker(store, paths.commit_pending)
+    keep = marker.keeps_files if sweep_lease_ttl is None else not may_sweep(marker, sweep_lease_ttl, now=now)
+    if keep:
+        log.warning(
+            "mirror %s: a commit's outcome is unknown (%s); its files are kept",
+            planned["mirror"],
+            describe_marker(marker),
+        )
         return {"deleted_objects": 0, "deleted_files": 0, "kept": "commit outcome unknown"}
     deleted_files = 0
     try:
@@ -95,26 +98,17 @@ def cleanup(
     return {"deleted_objects": deleted_objects, "deleted_files": deleted_files}
 
 
-def _pending_expired(store: Any, paths: MirrorPaths, grace: float | None, now: float | None) -> bool:
-    """Whether a commit-pending marker is older than ``grace`` (never, without a grace)."""
-    if grace is None:
-        return False
-    try:
-        at = float(json.loads(store.get(paths.commit_pending))["at"])
-    except (CdcError, ValueError, KeyError, TypeError):
-        return False  # unreadable: keep the files, a later sweep looks again
-    return (time.time() if now is None else now) - at > grace
-
-
-def sweep_attempt(ctx: Any, mirror: Any, root: str, *, now: float | None = None) -> dict[str, Any]:
+def sweep_attempt(
+    ctx: Any, mirror: Any, root: str, *, lease_ttl: float, now: float | None = None
+) -> dict[str, Any]:
     """The staged files of an earlier attempt that died before its cleanup (called holding the lease).
 
     ``root`` is the attempt's namespace for this target (the mirror DAG's
     ``.../epoch-<n>/join/``). Its plan names its staging directory; what the
     attempt's commit added stays when the mirror's history holds that commit,
     everything else goes, as its own cleanup would have done. A commit whose
-    outcome is unknown keeps its files for :data:`LATE_COMMIT_GRACE_SECONDS`
-    (``kept`` in the result: the caller leaves the namespace for a later sweep).
+    outcome is unknown keeps its files while the commit-in-flight protocol says
+    so (``kept`` in the result: the caller leaves the namespace for a later sweep).
     """
     store = ctx.runtime.store()
     key = MirrorPaths("", 0, "", root).plan
@@ -130,7 +124,7 @@ def sweep_attempt(ctx: Any, mirror: Any, root: str, *, now: float | None = None)
         "root": root,
         "plan": key,
     }
-    return cleanup(ctx, mirror, planned, late_commit_grace=LATE_COMMIT_GRACE_SECONDS, now=now)
+    return cleanup(ctx, mirror, planned, sweep_lease_ttl=lease_ttl, now=now)
 
 
 def files_added_by(table: Any, snapshot: Any) -> set[str]:

@@ -24,9 +24,7 @@ A mirror run calls, in order:
 
 from __future__ import annotations
 
-import contextlib
 import io
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -36,11 +34,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
+from iceberg_cdc.coordination.commit_in_flight import commit_in_flight
 from iceberg_cdc.coordination.lease import TableLease
 from iceberg_cdc.errors import CdcError, ConfigError, LeaseLostError
 from iceberg_cdc.mirror.iceberg import join
 from iceberg_cdc.mirror.iceberg.cleanup import (
-    LATE_COMMIT_GRACE_SECONDS,
     cleanup,
     files_added_by,
     sweep_attempt,
@@ -288,24 +286,15 @@ def commit(ctx: Any, mirror: Any, planned: Mapping[str, Any]) -> dict[str, Any]:
         mode=apply_plan.mode,
     )
     started = time.perf_counter()
-    store.put(
+    result = commit_in_flight(
+        store,
         paths.commit_pending,
-        json.dumps({"run_id": run.run_id, "epoch": run.epoch, "at": time.time()}).encode(),
+        run_id=run.run_id,
+        epoch=run.epoch,
+        confirm_lease=lambda: _confirm(ctx, run),
+        commit=lambda: commit_delta(table, apply_plan, delta, summary),
+        certainly_not_committed=(CommitFailedException, CdcError),
     )
-    try:
-        _confirm(ctx, run)
-    except BaseException:
-        with contextlib.suppress(CdcError):
-            store.delete_prefix(paths.commit_pending)
-        raise
-    try:
-        result = commit_delta(table, apply_plan, delta, summary)
-    except (CommitFailedException, CdcError):
-        with contextlib.suppress(CdcError):  # certainly not committed
-            store.delete_prefix(paths.commit_pending)
-        raise
-    with contextlib.suppress(CdcError):
-        store.delete_prefix(paths.commit_pending)
     log.info(
         "mirror %s: %s through changelog snapshot %s; %s",
         apply_plan.mirror,
@@ -347,7 +336,6 @@ def watermark(ctx: Any, mirror: Any) -> Any:
 
 
 __all__ = [
-    "LATE_COMMIT_GRACE_SECONDS",
     "cleanup",
     "commit",
     "files_added_by",
