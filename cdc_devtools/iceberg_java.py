@@ -104,8 +104,12 @@ def setup() -> None:
             )
     if not _python().exists():
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    # Without the project's PYTHONPATH: this venv holds Spark 3.5 alone, not the project.
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run(
-        [str(_python()), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *PINS], check=True
+        [str(_python()), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *PINS],
+        check=True,
+        env=clean,
     )
     target = _relocated_jackson()
     if not target.exists():
