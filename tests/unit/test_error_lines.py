@@ -5,9 +5,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 import iceberg_cdc
 from iceberg_cdc import errors
 from iceberg_cdc.error_lines import (
+    ELLIPSIS,
     ERROR_LIMIT,
     FailedTask,
     clip,
@@ -120,3 +124,18 @@ def test_one_pattern_reads_the_error_a_line_names():
     # errors.py keeps the classes and the flag; reading lines is error_lines' alone.
     assert "re.compile" not in Path(errors.__file__).read_text()
     assert not hasattr(errors, "is_final_line")
+
+
+@given(
+    st.text(min_size=0, max_size=300),
+    st.integers(min_value=len(ELLIPSIS) + 3, max_value=400),
+    st.one_of(st.none(), st.integers(min_value=-50, max_value=500)),
+)
+def test_clip_never_exceeds_its_limit_and_keeps_the_end(text, limit, keep_start):
+    """Any text, room and requested start: within the limit, untouched when it fits, the last character kept."""
+    clipped = clip(text, limit, keep_start=keep_start)
+    assert len(clipped) <= limit
+    if len(text) <= limit:
+        assert clipped == text
+    else:
+        assert ELLIPSIS in clipped and clipped.endswith(text[-1])

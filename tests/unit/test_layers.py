@@ -47,11 +47,33 @@ def _modules() -> dict[str, Path]:
     return found
 
 
+# Calls that import a module named by their first argument: a literal there is an import as much as
+# an ``import`` statement is (``importlib.import_module("airflow.sdk")`` in the core crosses the layer).
+_DYNAMIC_IMPORTS = {"import_module", "__import__", "find_spec"}
+
+
+def _dynamic_import(node: ast.AST) -> str | None:
+    """The literal module name of ``importlib.import_module(...)``, ``__import__(...)``, ``find_spec(...)``."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    first = node.args[0]
+    if called in _DYNAMIC_IMPORTS and isinstance(first, ast.Constant) and isinstance(first.value, str):
+        return first.value
+    return None
+
+
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """Every module ``name`` imports (resolving relative imports and ``from pkg import module``)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return _imports_in(path.read_text(), name, path.name == "__init__.py", known)
+
+
+def _imports_in(source: str, name: str, is_package: bool, known: set[str]) -> set[str]:
+    """Every module ``name`` imports (resolving relative imports and ``from pkg import module``),
+    by statement or by a dynamic import of a literal name."""
+    package = name if is_package else name.rpartition(".")[0]
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -62,6 +84,12 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
             for alias in node.names:
                 full = f"{base}.{alias.name}"
                 out.add(full if full in known else base)
+        elif (dynamic := _dynamic_import(node)) is not None:
+            level = len(dynamic) - len(dynamic.lstrip("."))
+            if level:
+                anchor = package.split(".")[: len(package.split(".")) - level + 1]
+                dynamic = ".".join([*anchor, dynamic[level:]] if dynamic[level:] else anchor)
+            out.add(dynamic)
     return out
 
 
@@ -159,3 +187,23 @@ def test_the_checks_see_a_planted_arrow_up_and_a_cycle():
     graph = _graph()
     assert any(t.startswith("iceberg_cdc.run") for t in graph["iceberg_cdc.airflow.dag_factory"])
     assert RANK[_package("iceberg_cdc.airflow.dag_factory")] > RANK[_package("iceberg_cdc.run.steps")]
+
+
+def test_the_checks_see_dynamic_imports_of_a_literal_name():
+    """``importlib.import_module``, ``__import__`` and ``find_spec`` of a literal count as imports."""
+    source = """
+import importlib
+import importlib.util
+from importlib import import_module
+
+
+def lazy():
+    importlib.import_module("airflow.sdk")
+    __import__("airflow")
+    importlib.util.find_spec("airflow.providers")
+    import_module(".plan", package=__package__)
+    importlib.import_module(name_from_config)  # not a literal: unknowable, not counted
+"""
+    found = _imports_in(source, "iceberg_cdc.run.detect", False, set())
+    assert {"airflow.sdk", "airflow", "airflow.providers", "iceberg_cdc.run.plan"} <= found
+    assert not any(target.startswith("name_from_config") for target in found)

@@ -47,7 +47,9 @@ def test_commit_figures_and_lag_are_emitted_per_table():
 
 
 def test_names_are_statsd_safe():
-    assert metric_prefix("db.my table") == "cdc.db__my_table"
+    assert metric_prefix("db.my_table") == "cdc.db__my_table"
+    # A space is written "_"; the hash keeps "db.my table" apart from "db.my_table".
+    assert metric_prefix("db.my table").startswith("cdc.db__my_table___")
 
 
 def test_a_caught_up_run_counts_no_snapshot():

@@ -111,3 +111,10 @@ def test_one_module_and_no_private_airflow_imports():
             assert not re.search(
                 r"_URL_PASSWORD|_SECRET_HINTS|def scrub\(|class _Redactor|_without_url_secrets", text
             ), path
+
+
+def test_a_known_secret_inside_a_longer_one_leaves_nothing_of_the_longer():
+    """Longest first: masking the short one first would leave the rest of the long one readable."""
+    long, short = "vault-abcd-efgh-ijkl", "vault-abcd"
+    assert redact(f"read {long} from the store", secrets=[short, long]) == f"read {MASK} from the store"
+    assert Redactor([long, short])(f"read {long} and {short}") == f"read {MASK} and {MASK}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -49,12 +50,17 @@ def test_waits_are_jittered_over_the_whole_range():
     assert 0.45 * ceiling < sum(waits) / len(waits) < 0.55 * ceiling
 
 
-def test_sleep_waits_the_delay(monkeypatch):
-    slept = []
-    monkeypatch.setattr(retry.time, "sleep", slept.append)
-    monkeypatch.setattr(retry.random, "uniform", lambda low, high: high)
-    FILE_IO.sleep(2)
-    assert slept == [FILE_IO.ceiling(2)]
+def test_sleep_waits_a_jittered_delay_not_the_ceiling(monkeypatch):
+    """What a retry loop actually waits: spread over ``[0, ceiling]`` by seeded draws, never all the ceiling."""
+    slept: list[float] = []
+    monkeypatch.setattr(retry, "time", SimpleNamespace(sleep=slept.append))
+    random.seed(25)
+    for _ in range(500):
+        FILE_IO.sleep(2)
+    ceiling = FILE_IO.ceiling(2)
+    assert len(slept) == 500 and all(0.0 <= s <= ceiling for s in slept)
+    assert len(set(slept)) > 450, "jittered: the waits differ"
+    assert min(slept) < 0.1 * ceiling and sum(slept) / len(slept) < 0.6 * ceiling
 
 
 @pytest.mark.parametrize(("attempts", "base", "cap"), [(0, 0.1, 1.0), (3, -0.1, 1.0), (3, 0.1, -1.0)])

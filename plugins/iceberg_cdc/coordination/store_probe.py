@@ -20,7 +20,11 @@ def probe_conditional_writes(store: ObjectStore) -> None:
     where = store.describe(key)
     first = store.put_if_absent(key, b"probe-1")
     if first is None:
-        raise StorageError(f"{where}: a create-if-absent of a new key failed")
+        raise StorageError(
+            f"{where}: a create-if-absent (If-None-Match: *) of a new key failed, so table leases cannot be "
+            "taken on this store: check its write permissions under _leases/, or use AWS S3 or a store that "
+            "supports S3 preconditions"
+        )
     problems = []
     if store.put_if_absent(key, b"probe-2") is not None:
         problems.append("create-if-absent (If-None-Match: *) overwrote an existing object")

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
 from iceberg_cdc.coordination.lease import TableLease
 from iceberg_cdc.error_lines import line_in_text
+from iceberg_cdc.errors import ObjectNotFoundError
 from iceberg_cdc.pipeline.groups import load_phase_plan, record_group, units_of
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import Runtime
@@ -72,16 +73,35 @@ def error_line(exc: BaseException, runtime: Runtime | None = None) -> str:
 
 def record_group_error(
     store: ObjectStore,
-    plan: SnapshotPlan,
+    plan: Any,
     phase: str,
     group: int,
     exc: BaseException,
     runtime: Runtime | None = None,
 ) -> str:
-    """Leave the group's error line where the Airflow task finds it; returns the line."""
+    """Leave the group's error line where the Airflow task finds it (:func:`read_group_error`); returns it.
+
+    ``plan`` is the plan the phase's group runs from (``load_phase_plan``): a
+    snapshot plan, or a registered phase's own (a mirror's apply plan).
+    """
     line = error_line(exc, runtime)
     store.put(plan.paths.group_error(phase, group), json.dumps({"error": line}).encode())
     return line
+
+
+def read_group_error(store: ObjectStore, plan_key: str, phase: str, group: int) -> str | None:
+    """The error line :func:`record_group_error` left for ``phase`` group ``group``, or None.
+
+    The plan is loaded as the group's driver loaded it (``load_phase_plan``),
+    so a mirror phase's group is found in its apply plan's namespace, not
+    looked for (and missed) as a snapshot plan's.
+    """
+    plan = load_phase_plan(phase, store, plan_key)
+    try:
+        recorded = store.get(plan.paths.group_error(phase, group))
+    except ObjectNotFoundError:
+        return None
+    return str(json.loads(recorded)["error"])
 
 
 def mark_failed_writes(

@@ -11,7 +11,9 @@ tests drive with a recorder.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import string
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -45,17 +47,51 @@ class StatsBackend(Protocol):
     def timing(self, stat: str, dt: Any, *, tags: Any = None) -> None: ...
 
 
+# What Airflow's StatsD name validator lets through (airflow...metrics.validators.ALLOWED_CHARACTERS,
+# less "/"); anything else in a table name is written "_" and the name made unique by a hash.
+_NAME_CHARACTERS = frozenset(string.ascii_letters + string.digits + "-")
+# StatsD and DogStatsD separators: in a name or a tag they cut the line into other fields.
+_STATSD_SEPARATORS = frozenset(":|@#,\n\r")
+
+
+def _plain(source: str) -> bool:
+    """Whether ``namespace.table`` -> ``namespace__table`` can be read back: letters, digits, ``-``, dots,
+    and single ``_`` between letters or digits (so ``__`` only ever stands for a dot)."""
+    for i, c in enumerate(source):
+        if c == "_":
+            if not (0 < i < len(source) - 1 and {source[i - 1], source[i + 1]} <= _NAME_CHARACTERS):
+                return False
+        elif c != "." and c not in _NAME_CHARACTERS:
+            return False
+    return True
+
+
 def metric_prefix(source: str) -> str:
-    """``cdc.<namespace>__<table>``: a StatsD-safe name for the source table."""
-    safe = "".join(c if c.isalnum() or c in "_-" else "_" for c in source.replace(".", "__"))
+    """``cdc.<namespace>__<table>``: a StatsD-safe name, distinct for distinct tables.
+
+    A plain name (``shop.orders``) reads as itself (``cdc.shop__orders``);
+    any other (spaces, ``:|@#``, ``__``, non-ASCII) has those characters
+    written ``_`` and a hash of the real name appended after ``___``, so two
+    tables never share their figures.
+    """
+    safe = "".join(c if c in _NAME_CHARACTERS else "_" for c in source.replace(".", "__"))
+    if not _plain(source):
+        safe += "___" + hashlib.sha256(source.encode()).hexdigest()[:12]
     return f"cdc.{safe}"
+
+
+def table_tag(source: str) -> dict[str, str]:
+    """The ``table`` tag: the table's name, or its metric name when the name holds a StatsD separator."""
+    if any(c in _STATSD_SEPARATORS for c in source):
+        return {"table": metric_prefix(source).removeprefix("cdc.")}
+    return {"table": source}
 
 
 def emit_commit(stats: StatsBackend, source: str, committed: dict[str, Any]) -> None:
     """Rows by change type, carryover, shuffle bytes and seconds per phase of one committed snapshot."""
     if committed.get("snapshot_id") is None:  # caught up: the run had no snapshot to count
         return
-    prefix, tags = metric_prefix(source), {"table": source}
+    prefix, tags = metric_prefix(source), table_tag(source)
     for key, name in COUNTERS.items():
         value = committed.get(key)
         if isinstance(value, int) and value:
@@ -71,7 +107,7 @@ def emit_commit(stats: StatsBackend, source: str, committed: dict[str, Any]) -> 
 
 def emit_lag(stats: StatsBackend, source: str, remaining: int) -> None:
     """Snapshots still pending after the watermark."""
-    stats.gauge(f"{metric_prefix(source)}.lag.snapshots", float(remaining), tags={"table": source})
+    stats.gauge(f"{metric_prefix(source)}.lag.snapshots", float(remaining), tags=table_tag(source))
 
 
 def emit_retention(stats: StatsBackend, source: str, retention: dict[str, Any] | None) -> None:
@@ -83,7 +119,7 @@ def emit_retention(stats: StatsBackend, source: str, retention: dict[str, Any] |
     """
     if not retention:
         return
-    prefix, tags = metric_prefix(source), {"table": source}
+    prefix, tags = metric_prefix(source), table_tag(source)
     left = retention.get("seconds_left")
     if isinstance(left, int | float):
         stats.gauge(f"{prefix}.retention.seconds_left", float(left), tags=tags)

@@ -12,7 +12,6 @@ mapped tasks expand, and are labelled, exactly alike.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -169,14 +168,13 @@ def _renewing(application_args: list[str]) -> Iterator[None]:
 
 def _group_error(application_args: list[str]) -> str | None:
     """The error line the phase driver recorded for this group, if any."""
-    from iceberg_cdc.pipeline.plan import SnapshotPlan
+    from iceberg_cdc.pipeline.phase_driver import read_group_error
     from iceberg_cdc.pipeline.spark_app import parse_args
 
     try:
         args = parse_args([str(a) for a in application_args])
         store = CdcHook(load_config(args.config)).runtime().store()
-        plan = SnapshotPlan.load(store, args.plan)
-        return str(json.loads(store.get(plan.paths.group_error(args.phase, args.group)))["error"])
+        return read_group_error(store, args.plan, args.phase, args.group)
     except (CdcError, SystemExit, ValueError, KeyError):
         return None
 
