@@ -26,7 +26,7 @@ from iceberg_cdc.errors import LeaseLostError
 from iceberg_cdc.mirror import steps
 from iceberg_cdc.mirror.iceberg import cleanup as cleanup_module
 from iceberg_cdc.mirror.iceberg import steps as iceberg_steps
-from iceberg_cdc.mirror.iceberg.plan import MirrorPaths, MirrorPlan
+from iceberg_cdc.mirror.iceberg.plan import ApplyPaths, ApplyPlan
 from iceberg_cdc.mirror.staging import MirrorPaths as StagingPaths
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.storage import open_store
@@ -59,11 +59,11 @@ def _die_after(pipeline, step: str):
     if step == "commit":
         steps.apply(ctx, mirror, detected, planned)
     steps.mirror_lease(ctx, mirror).release("killed-run", int(detected["epoch"]))  # as an expiry would
-    plan = MirrorPlan.load(ctx.runtime.store(), planned["plan"])
+    plan = ApplyPlan.load(ctx.runtime.store(), planned["plan"])
     return ctx, detected, plan
 
 
-def _staged(ctx, plan: MirrorPlan) -> set[str]:
+def _staged(ctx, plan: ApplyPlan) -> set[str]:
     store = open_store(plan.staging_dir, ctx.runtime.io_properties)
     return {f"{plan.staging_dir.rstrip('/')}/{info.key}" for info in store.list("")}
 
@@ -102,7 +102,7 @@ def test_a_commit_of_unknown_outcome_keeps_its_files_for_the_grace(mirrored):
     root = StagingPaths.of(SOURCE, "ice", int(detected["epoch"])).join_prefix
     store = ctx.runtime.store()
     at = time.time()
-    store.put(MirrorPaths("", 0, "", root).commit_pending, json.dumps({"at": at}).encode())
+    store.put(ApplyPaths("", 0, "", root).commit_pending, json.dumps({"at": at}).encode())
     left = _staged(ctx, plan)
     mirror = ctx.table.mirror("ice")
     kept = iceberg_steps.sweep_attempt(ctx, mirror, root, lease_ttl=TTL, now=at + 60)
@@ -123,7 +123,7 @@ def test_an_unreadable_marker_keeps_the_files_past_every_grace(mirrored, marker)
     ctx, detected, plan = _die_after(pipeline, "join")
     root = StagingPaths.of(SOURCE, "ice", int(detected["epoch"])).join_prefix
     store = ctx.runtime.store()
-    pending = MirrorPaths("", 0, "", root).commit_pending
+    pending = ApplyPaths("", 0, "", root).commit_pending
     store.put(pending, marker)
     left = _staged(ctx, plan)
     mirror = ctx.table.mirror("ice")

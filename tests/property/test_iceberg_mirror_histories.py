@@ -34,7 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from iceberg_cdc.mirror.iceberg import join, steps
-from iceberg_cdc.mirror.iceberg.plan import MirrorPlan
+from iceberg_cdc.mirror.iceberg.plan import ApplyPlan
 from iceberg_cdc.mirror.iceberg.table import read_mirror_watermark, snapshot_marker
 from tests.support.history import COLUMN_KINDS, HistoryShape, HistoryTable
 from tests.support.mirror_harness import MirrorHarness, MirrorTarget
@@ -126,7 +126,7 @@ class MirrorHistory(RuleBasedStateMachine):
             if fault == "plan":
                 return
             if fault == "join-partial" and planned.get("action") == "apply":
-                plan = MirrorPlan.load(harness.ctx.runtime.store(), planned["plan"])
+                plan = ApplyPlan.load(harness.ctx.runtime.store(), planned["plan"])
                 if plan.units:
                     join.run_mirror_join_task(plan, harness.ctx.runtime, plan.units[0].unit_id)
                 return

@@ -21,14 +21,14 @@ import pytest
 
 from iceberg_cdc.errors import ConservationError
 from iceberg_cdc.mirror.iceberg import join
-from iceberg_cdc.mirror.iceberg.plan import MirrorPlan
+from iceberg_cdc.mirror.iceberg.plan import ApplyPlan
 from iceberg_cdc.pipeline.runtime import Runtime
 
 ROOT = "db.orders/mirror-ice/epoch-1/join/"
 
 
-def _plan(run_id: str, key_count: int, changelog_snapshot_id: int) -> MirrorPlan:
-    return MirrorPlan(
+def _plan(run_id: str, key_count: int, changelog_snapshot_id: int) -> ApplyPlan:
+    return ApplyPlan(
         mirror="mirror.orders",
         source="db.orders",
         lease_name="_mirrors/db.orders/ice",
@@ -52,7 +52,7 @@ def _plan(run_id: str, key_count: int, changelog_snapshot_id: int) -> MirrorPlan
     )
 
 
-def _put_keys(runtime: Runtime, plan: MirrorPlan, ids: list[int]) -> None:
+def _put_keys(runtime: Runtime, plan: ApplyPlan, ids: list[int]) -> None:
     sink = io.BytesIO()
     pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), sink)
     runtime.store().put(plan.paths.keys, sink.getvalue())

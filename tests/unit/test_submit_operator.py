@@ -31,7 +31,7 @@ from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator
 from iceberg_cdc.coordination.lease import TableLease
 from iceberg_cdc.errors import AmbiguousUpdateError, MirrorSchemaError
 from iceberg_cdc.mirror.iceberg.phase import PHASE as MIRROR_JOIN
-from iceberg_cdc.mirror.iceberg.plan import MirrorPlan
+from iceberg_cdc.mirror.iceberg.plan import ApplyPlan
 from iceberg_cdc.pipeline.phase_driver import run_phase_group
 from iceberg_cdc.run import steps
 
@@ -126,12 +126,12 @@ def test_a_snapshot_group_that_recorded_nothing_leaves_the_providers_exception(s
     assert not isinstance(raised.value, AirflowFailException)
 
 
-def _mirror_plan(inline: InlinePipeline) -> tuple[MirrorPlan, str]:
+def _mirror_plan(inline: InlinePipeline) -> tuple[ApplyPlan, str]:
     """A saved two-group mirror apply plan whose run holds the mirror's lease."""
     store = steps.Context.of(inline.config, SOURCE).runtime.store()
     lease_name = "_mirrors/shop.orders/ice"
     held = TableLease(store, lease_name).acquire("mirror-run-1", 60.0)
-    plan = MirrorPlan(
+    plan = ApplyPlan(
         mirror="mirror.orders",
         source=SOURCE,
         lease_name=lease_name,

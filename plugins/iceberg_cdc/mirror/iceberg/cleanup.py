@@ -23,7 +23,7 @@ from pyiceberg.manifest import ManifestEntryStatus
 from iceberg_cdc.coordination.commit_in_flight import describe as describe_marker
 from iceberg_cdc.coordination.commit_in_flight import may_sweep, read_marker
 from iceberg_cdc.errors import CdcError
-from iceberg_cdc.mirror.iceberg.plan import MirrorPaths, MirrorPlan
+from iceberg_cdc.mirror.iceberg.plan import ApplyPaths, ApplyPlan
 from iceberg_cdc.mirror.iceberg.table import find_apply
 from iceberg_cdc.pyiceberg_internals.manifest_reader import manifest_entries
 from iceberg_cdc.storage import get_json_many, open_store
@@ -31,7 +31,7 @@ from iceberg_cdc.storage import get_json_many, open_store
 log = logging.getLogger("iceberg_cdc.mirror")
 
 
-def unit_records(store: Any, paths: MirrorPaths) -> list[dict[str, Any]]:
+def unit_records(store: Any, paths: ApplyPaths) -> list[dict[str, Any]]:
     """The units' result records of one attempt."""
     keys = sorted(i.key for i in store.list(paths.staged_prefix) if i.key.endswith(".json"))
     return get_json_many(store, keys)
@@ -56,7 +56,7 @@ def cleanup(
     if planned.get("action") != "apply":
         return {"deleted_objects": 0, "deleted_files": 0}
     store = ctx.runtime.store()
-    paths = MirrorPaths(
+    paths = ApplyPaths(
         str(planned["mirror"]),
         int(planned["through"]["changelog_snapshot_id"]),
         f"epoch-{planned['epoch']}",
@@ -73,7 +73,7 @@ def cleanup(
         return {"deleted_objects": 0, "deleted_files": 0, "kept": "commit outcome unknown"}
     deleted_files = 0
     try:
-        apply_plan = MirrorPlan.load(store, planned["plan"])
+        apply_plan = ApplyPlan.load(store, planned["plan"])
     except CdcError:
         apply_plan = None
     if apply_plan is not None:
@@ -111,9 +111,9 @@ def sweep_attempt(
     so (``kept`` in the result: the caller leaves the namespace for a later sweep).
     """
     store = ctx.runtime.store()
-    key = MirrorPaths("", 0, "", root).plan
+    key = ApplyPaths("", 0, "", root).plan
     try:
-        plan = MirrorPlan.load(store, key)
+        plan = ApplyPlan.load(store, key)
     except CdcError:  # never planned (or already swept): nothing of it is in the mirror's location
         return {"deleted_objects": 0, "deleted_files": 0}
     planned = {
@@ -139,7 +139,7 @@ def files_added_by(table: Any, snapshot: Any) -> set[str]:
     return added
 
 
-def _through(apply_plan: MirrorPlan):
+def _through(apply_plan: ApplyPlan):
     from iceberg_cdc.mirror.iceberg.inputs import Through
 
     return Through.from_dict(apply_plan.through)

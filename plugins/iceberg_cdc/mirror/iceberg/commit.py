@@ -40,7 +40,7 @@ from pyiceberg.table.snapshots import Operation
 from iceberg_cdc.errors import ConservationError, MirrorStateError, StaleDeltaError
 from iceberg_cdc.mirror.iceberg.datafile_json import data_file_from_json
 from iceberg_cdc.mirror.iceberg.inputs import Through
-from iceberg_cdc.mirror.iceberg.plan import MirrorPlan
+from iceberg_cdc.mirror.iceberg.plan import ApplyPlan
 from iceberg_cdc.mirror.iceberg.summary import marker_summary, watermark_properties
 from iceberg_cdc.mirror.iceberg.table import find_apply, read_mirror_watermark
 from iceberg_cdc.pyiceberg_internals.format_v3 import writing_v3_metadata
@@ -64,14 +64,14 @@ class Delta:
     figures: dict[str, int] | None = None
 
 
-def _fail(plan: MirrorPlan, problem: str) -> ConservationError:
+def _fail(plan: ApplyPlan, problem: str) -> ConservationError:
     return ConservationError(
         f"mirror {plan.mirror}, apply through changelog snapshot {plan.changelog_snapshot_id}: {problem}. "
         "Nothing was committed; the next run applies the changes again from its plan step."
     )
 
 
-def _check_records(plan: MirrorPlan, records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+def _check_records(plan: ApplyPlan, records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
     by_unit = {r["unit_id"]: r for r in records}
     planned = {u.unit_id for u in plan.units}
     if set(by_unit) != planned or len(by_unit) != len(records):
@@ -85,7 +85,7 @@ def _check_records(plan: MirrorPlan, records: Sequence[Mapping[str, Any]]) -> di
     return by_unit
 
 
-def build_delta(plan: MirrorPlan, records: Sequence[Mapping[str, Any]], table: Table) -> Delta:
+def build_delta(plan: ApplyPlan, records: Sequence[Mapping[str, Any]], table: Table) -> Delta:
     """The commit's files from the units' records, every row accounted for (see module doc)."""
     by_unit = _check_records(plan, records)
     specs, schema = table.specs(), table.schema()
@@ -199,7 +199,7 @@ def _referenced(data_file: DataFile) -> str:
     return str(v3_field(data_file, "referenced_data_file"))
 
 
-def check_files_exist(table: Table, files: Sequence[DataFile], plan: MirrorPlan) -> None:
+def check_files_exist(table: Table, files: Sequence[DataFile], plan: ApplyPlan) -> None:
     """Every recorded file is still there with its recorded size (one metadata request each)."""
     sizes = {f.file_path: int(f.file_size_in_bytes) for f in files}
 
@@ -245,7 +245,7 @@ def _already(table: Table, through: Through) -> str | None:
 
 def commit_delta(
     table: Table,
-    plan: MirrorPlan,
+    plan: ApplyPlan,
     delta: Delta,
     summary: Mapping[str, str],
     *,

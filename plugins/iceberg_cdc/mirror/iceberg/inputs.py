@@ -103,7 +103,7 @@ class StagedNetChanges:
 
     @classmethod
     def _from_mirror_dag(cls, key: str, data: Mapping[str, Any]) -> StagedNetChanges:
-        """The mirror DAG's plan document (:class:`iceberg_cdc.mirror.staging.MirrorPlan`)."""
+        """The mirror DAG's plan document (:class:`iceberg_cdc.mirror.staging.ApplyPlan`)."""
         return cls(
             key_columns=tuple(data["key_columns"]),
             through=Through.from_dict(data["through"]),

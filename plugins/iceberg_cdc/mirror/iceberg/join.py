@@ -48,7 +48,7 @@ from iceberg_cdc.changelog.merge import group_ids
 from iceberg_cdc.errors import ConservationError, MirrorStateError
 from iceberg_cdc.mirror.iceberg.datafile_json import data_file_to_json
 from iceberg_cdc.mirror.iceberg.delete_files import FileDeletes, deletion_vector_file, position_delete_file
-from iceberg_cdc.mirror.iceberg.plan import CandidateFile, MirrorPlan, Unit
+from iceberg_cdc.mirror.iceberg.plan import ApplyPlan, CandidateFile, Unit
 from iceberg_cdc.pipeline.runtime import Runtime
 from iceberg_cdc.pyiceberg_internals.arrow_schema import select_columns
 from iceberg_cdc.pyiceberg_internals.data_writer import parse_metadata, write_data_files
@@ -65,7 +65,7 @@ _key_cache: dict[tuple[str, str, int, int, str], pa.Table] = {}
 _KEYS_CACHED = 4
 
 
-def changed_keys(plan: MirrorPlan, runtime: Runtime) -> pa.Table:
+def changed_keys(plan: ApplyPlan, runtime: Runtime) -> pa.Table:
     """The apply's distinct changed keys (upserted or deleted), read once per process and attempt."""
     store = runtime.store()
     key = plan.paths.keys
@@ -122,7 +122,7 @@ class KeyMatcher:
 
 
 def _matched_positions(
-    plan: MirrorPlan, runtime: Runtime, schema: Schema, file: CandidateFile, matcher: KeyMatcher
+    plan: ApplyPlan, runtime: Runtime, schema: Schema, file: CandidateFile, matcher: KeyMatcher
 ) -> np.ndarray:
     key_ids = {schema.find_field(name).field_id for name in matcher.names}
     key_schema = select_columns(schema, key_ids)
@@ -149,7 +149,7 @@ def _partition(metadata: TableMetadata, file: CandidateFile) -> Record:
 
 
 def _kept_rows(
-    runtime: Runtime, plan: MirrorPlan, schema: Schema, file: CandidateFile, gone: np.ndarray
+    runtime: Runtime, plan: ApplyPlan, schema: Schema, file: CandidateFile, gone: np.ndarray
 ) -> pa.Table:
     """The file's rows not at ``gone`` (sorted positions), in the mirror's current schema."""
     parts, offset = [], 0
@@ -162,12 +162,12 @@ def _kept_rows(
     return pa.Table.from_batches(parts).cast(arrow) if parts else arrow.empty_table()
 
 
-def _staged_name(plan: MirrorPlan, unit: Unit, suffix: str) -> str:
+def _staged_name(plan: ApplyPlan, unit: Unit, suffix: str) -> str:
     """A name no write ever used: the attempt's directory, the unit and a random part per task attempt."""
     return f"{plan.staging_dir.rstrip('/')}/{unit.unit_id}-{uuid.uuid4().hex[:12]}-{suffix}"
 
 
-def _join(plan: MirrorPlan, runtime: Runtime, unit: Unit, metadata: TableMetadata) -> dict[str, Any]:
+def _join(plan: ApplyPlan, runtime: Runtime, unit: Unit, metadata: TableMetadata) -> dict[str, Any]:
     schema = metadata.schema()
     matcher = KeyMatcher(changed_keys(plan, runtime), list(plan.key_columns))
     refs = {key: DeleteFileRef.from_dict(ref) for key, ref in plan.delete_files.items()}
@@ -238,7 +238,7 @@ def _aligned(rows: pa.Table, schema: Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=arrow)
 
 
-def _rows(plan: MirrorPlan, runtime: Runtime, unit: Unit, metadata: TableMetadata) -> dict[str, Any]:
+def _rows(plan: ApplyPlan, runtime: Runtime, unit: Unit, metadata: TableMetadata) -> dict[str, Any]:
     assert unit.part is not None
     rows = pq.read_table(io.BytesIO(runtime.store().get(unit.part["key"])))
     if rows.num_rows != int(unit.part["rows"]):
@@ -257,7 +257,7 @@ def _rows(plan: MirrorPlan, runtime: Runtime, unit: Unit, metadata: TableMetadat
     }
 
 
-def run_mirror_join_task(plan: MirrorPlan, runtime: Runtime, unit_id: str) -> dict[str, Any]:
+def run_mirror_join_task(plan: ApplyPlan, runtime: Runtime, unit_id: str) -> dict[str, Any]:
     """One unit of the ``mirror_join`` phase; leaves its record under ``staged/`` and returns its figures."""
     started = time.perf_counter()
     unit = plan.unit(unit_id)

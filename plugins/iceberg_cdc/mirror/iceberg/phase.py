@@ -9,11 +9,11 @@ the in-process runners.
 from __future__ import annotations
 
 from iceberg_cdc.mirror.iceberg.join import run_mirror_join_task
-from iceberg_cdc.mirror.iceberg.plan import MirrorPlan
+from iceberg_cdc.mirror.iceberg.plan import ApplyPlan
 from iceberg_cdc.pipeline.groups import register_phase
 
 PHASE = "mirror_join"
 
 
 def register() -> None:
-    register_phase(PHASE, run_mirror_join_task, MirrorPlan.load)
+    register_phase(PHASE, run_mirror_join_task, ApplyPlan.load)

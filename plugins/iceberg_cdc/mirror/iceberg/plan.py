@@ -44,7 +44,14 @@ def mirror_prefix(mirror: str) -> str:
 
 
 @dataclass(frozen=True)
-class MirrorPaths:
+class ApplyPaths:
+    """Where one attempt of an Iceberg mirror's apply keeps its objects.
+
+    Not :class:`iceberg_cdc.mirror.staging.MirrorPaths`, the mirror DAG's own
+    namespace (its staged net changes): an apply's objects sit under that
+    namespace's ``join/`` root when the mirror DAG runs it.
+    """
+
     mirror: str
     changelog_snapshot_id: int
     attempt: str
@@ -94,7 +101,7 @@ class CandidateFile:
     spec_id: int
     partition: list[Any]  # JSON values (partition_value_to_json)
     manifest: str  # the manifest that lists it: copy-on-write removes it there
-    deletes: list[str] = field(default_factory=list)  # keys into MirrorPlan.delete_files
+    deletes: list[str] = field(default_factory=list)  # keys into ApplyPlan.delete_files
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CandidateFile:
@@ -123,7 +130,13 @@ class Unit:
 
 
 @dataclass(frozen=True)
-class MirrorPlan:
+class ApplyPlan:
+    """The Iceberg target's plan of one apply: join units, rows units, groups (the ``mirror_join`` phase).
+
+    Not :class:`iceberg_cdc.mirror.staging.MirrorPlan`, the mirror DAG's record
+    of the net changes it staged for whichever target applies them.
+    """
+
     mirror: str
     source: str
     lease_name: str
@@ -146,7 +159,7 @@ class MirrorPlan:
     # ref key -> DeleteFileRef dict, plus "manifest" and "file_scoped" (whether the commit replaces it)
     delete_files: dict[str, dict[str, Any]] = field(default_factory=dict)
     figures: dict[str, int] = field(default_factory=dict)
-    root: str | None = None  # MirrorPaths.root
+    root: str | None = None  # ApplyPaths.root
     version: int = MIRROR_PLAN_VERSION
 
     @property
@@ -163,8 +176,8 @@ class MirrorPlan:
         return attempt_name(self.epoch)
 
     @property
-    def paths(self) -> MirrorPaths:
-        return MirrorPaths(self.mirror, self.changelog_snapshot_id, self.attempt, self.root)
+    def paths(self) -> ApplyPaths:
+        return ApplyPaths(self.mirror, self.changelog_snapshot_id, self.attempt, self.root)
 
     def unit(self, unit_id: str) -> Unit:
         for unit in self.units:
@@ -180,7 +193,7 @@ class MirrorPlan:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> MirrorPlan:
+    def from_json(cls, text: str) -> ApplyPlan:
         data = json.loads(text)
         if data.get("version") != MIRROR_PLAN_VERSION:
             raise ValueError(
@@ -194,7 +207,7 @@ class MirrorPlan:
         return self.paths.plan
 
     @classmethod
-    def load(cls, store: ObjectStore, key: str) -> MirrorPlan:
+    def load(cls, store: ObjectStore, key: str) -> ApplyPlan:
         try:
             return cls.from_json(store.get(key).decode())
         except ObjectNotFoundError:
@@ -230,7 +243,7 @@ def spread_groups(units: list[Unit], parallel: int) -> list[list[str]]:
     return [sorted(m) for m in members if m]
 
 
-def label(plan: MirrorPlan, group: int) -> str:
+def label(plan: ApplyPlan, group: int) -> str:
     units = plan.group_units(group)
     joins = [u for u in units if u.kind == "join"]
     rows = [u for u in units if u.kind == "rows"]

@@ -49,8 +49,8 @@ from iceberg_cdc.mirror.iceberg.inputs import RunLease, StagedNetChanges
 from iceberg_cdc.mirror.iceberg.phase import PHASE
 from iceberg_cdc.mirror.iceberg.plan import (
     MODES,
-    MirrorPaths,
-    MirrorPlan,
+    ApplyPaths,
+    ApplyPlan,
     Unit,
     bin_pack,
     label,
@@ -173,8 +173,8 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
         if part.rows
     ]
     parallel = int(getattr(getattr(ctx.config, "spark", None), "parallel_jobs", 2))
-    paths = MirrorPaths(mirror_table, net.through.changelog_snapshot_id, f"epoch-{run.epoch}", net.root)
-    apply_plan = MirrorPlan(
+    paths = ApplyPaths(mirror_table, net.through.changelog_snapshot_id, f"epoch-{run.epoch}", net.root)
+    apply_plan = ApplyPlan(
         mirror=mirror_table,
         source=source_name,
         lease_name=run.name,
@@ -236,7 +236,7 @@ def run_units_inline(runtime: Runtime, planned: Mapping[str, Any]) -> list[dict[
     from iceberg_cdc.pipeline.groups import record_group
 
     store = runtime.store()
-    apply_plan = MirrorPlan.load(store, planned["plan"])
+    apply_plan = ApplyPlan.load(store, planned["plan"])
     results = []
     for group in range(len(apply_plan.groups)):
         started = time.perf_counter()
@@ -248,8 +248,8 @@ def run_units_inline(runtime: Runtime, planned: Mapping[str, Any]) -> list[dict[
     return results
 
 
-def _own_plan(store: Any, planned: Mapping[str, Any]) -> MirrorPlan:
-    apply_plan = MirrorPlan.load(store, planned["plan"])
+def _own_plan(store: Any, planned: Mapping[str, Any]) -> ApplyPlan:
+    apply_plan = ApplyPlan.load(store, planned["plan"])
     if apply_plan.epoch != int(planned["epoch"]) or apply_plan.run_id != planned["run_id"]:
         raise LeaseLostError(
             f"the mirror plan {planned['plan']} belongs to run {apply_plan.run_id!r} (epoch {apply_plan.epoch}), "
