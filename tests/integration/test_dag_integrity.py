@@ -121,7 +121,8 @@ def test_guards_and_params():
 def test_snapshot_ids_in_params_are_exact():
     """The Trigger form and JSON editor send text; API callers may send integers; both arrive exact."""
     from airflow.sdk.definitions.param import ParamsDict
-    from airflow.sdk.exceptions import ParamValidationError
+
+    from iceberg_cdc.airflow.compat import ParamValidationError
 
     dag = build_dags(parse_config(CONFIG))["cdc__shop__orders"]
     big = 5200992516889735211  # above 2**53: a browser's number would round it

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from iceberg_cdc.airflow.compat import AirflowException, AirflowFailException
 from iceberg_cdc.airflow.operators import spark as operators
 from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator
 

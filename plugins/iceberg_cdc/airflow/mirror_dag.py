@@ -24,8 +24,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, TriggerRule, task
-from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
+from iceberg_cdc.airflow.compat import AirflowFailException, AirflowRescheduleException
 from iceberg_cdc.airflow.dag_factory import sink_asset
 from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (conn_id -> DSN)
 from iceberg_cdc.airflow.hooks.cdc import CdcHook

@@ -17,9 +17,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
 from iceberg_cdc import snapshot_ids
+from iceberg_cdc.airflow.compat import AirflowFailException, AirflowRescheduleException
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.lineage import LineageReporting, changelog_datasets
