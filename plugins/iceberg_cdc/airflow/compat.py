@@ -72,6 +72,7 @@ __all__ = [
     "AirflowSensorTimeout",
     "AirflowSkipException",
     "AssetOrTimeSchedule",
+    "airflow_user",
     "CronTriggerTimetable",
     "ParamValidationError",
     "has_asset_state_store",
@@ -104,6 +105,20 @@ def serialized_dag(dag: Any) -> dict[str, Any]:
         from airflow.serialization.serialized_objects import SerializedDAG as DagSerialization
 
     return DagSerialization.to_dict(dag)  # type: ignore[no-any-return]
+
+
+async def airflow_user(request: Any, bearer: Any) -> Any:
+    """The user ``get_user`` of Airflow's core API authenticates (``Authorization: Bearer``, else the UI cookie).
+
+    Its unused OAuth2 parameter is ``oauth_token`` on 3.1 and 3.2, ``_oauth_token`` from 3.3;
+    ``None`` there means the same on both: the bearer header, else the ``_token`` cookie.
+    """
+    import inspect
+
+    from airflow.api_fastapi.core_api.security import get_user
+
+    oauth = "_oauth_token" if "_oauth_token" in inspect.signature(get_user).parameters else "oauth_token"
+    return await get_user(request=request, bearer_credentials=bearer, **{oauth: None})
 
 
 def has_shared_trigger_streams() -> bool:
