@@ -73,6 +73,7 @@ __all__ = [
     "AirflowSkipException",
     "AssetOrTimeSchedule",
     "airflow_user",
+    "dag_bag",
     "CronTriggerTimetable",
     "ParamValidationError",
     "has_asset_state_store",
@@ -119,6 +120,18 @@ async def airflow_user(request: Any, bearer: Any) -> Any:
 
     oauth = "_oauth_token" if "_oauth_token" in inspect.signature(get_user).parameters else "oauth_token"
     return await get_user(request=request, bearer_credentials=bearer, **{oauth: None})
+
+
+def dag_bag(dag_folder: str) -> Any:
+    """The DAGs of ``dag_folder`` as Airflow's DAG processor parses them (without example DAGs)."""
+    try:  # Airflow >= 3.2
+        from airflow.dag_processing.dagbag import DagBag
+
+        return DagBag(dag_folder=dag_folder)
+    except ImportError:  # Airflow 3.1: models.dagbag, examples included unless told
+        from airflow.models.dagbag import DagBag
+
+        return DagBag(dag_folder=dag_folder, include_examples=False)
 
 
 def has_shared_trigger_streams() -> bool:
