@@ -2,7 +2,7 @@
 
 One history of a partitioned table with a PostgreSQL mirror: inserts, a
 copy-on-write MERGE (moves, deletes, inserts), a merge-on-read upsert
-(equality deletes) and one with position deletes -- each through
+(equality deletes) -- each through
 :func:`cdc_devtools.sync.sync` (``airflow dags test`` of the changelog DAG,
 spark-submit for its phases, then the mirror DAG). After every sync the
 changelog replays exactly onto the source and the mirror equals the source.
@@ -86,11 +86,7 @@ def test_copy_on_write_merge(pipeline):
 
 
 @HISTORY.step("merge-on-read", after=("copy-on-write",))
-def test_merge_on_read_with_equality_and_position_deletes(pipeline):
+def test_merge_on_read_with_equality_deletes(pipeline):
     changed = rows([5, 6, 7, 8], ["ap", "ap", "eu", "us"], status="upserted")
     snapshot = mor_merge(pipeline.source, upserts=changed, delete_keys=[9, 10, 11], deletes="equality")
     assert synced(pipeline, snapshot) == Counter({"UPDATE_BEFORE": 4, "UPDATE_AFTER": 4, "DELETE": 3})
-    snapshot = mor_merge(
-        pipeline.source, upserts=rows([12, 13], status="patched"), delete_keys=[14], deletes="position"
-    )
-    assert synced(pipeline, snapshot) == Counter({"UPDATE_BEFORE": 2, "UPDATE_AFTER": 2, "DELETE": 1})
