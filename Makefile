@@ -2,9 +2,24 @@
 # Every target that needs Python packages creates .venv/ first when it is missing.
 
 PYTHON ?= python3.11
-VENV   := .venv
+# The pinned set to install: constraints.txt (the newest tested versions) or constraints-min.txt
+# (the oldest supported: Airflow 3.1, Spark 3.5); `make setup CONSTRAINTS=constraints-min.txt`.
+CONSTRAINTS ?= constraints.txt
+VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# One stamp per constraints file: a venv built from another set is rebuilt from scratch (pip
+# would leave the other set's extra packages behind, e.g. provider 6's pyspark-client over pyspark 3.5).
+STAMP  := $(VENV)/.installed-$(notdir $(CONSTRAINTS))
+# make test-compat: the end-to-end subset on the oldest supported set, in its own venv.
+COMPAT_VENV ?= .venv-min
+COMPAT_TESTS ?= \
+  tests/unit/test_catalog_trigger.py \
+  tests/unit/test_submit_operator.py \
+  tests/unit/test_airflow_compat.py \
+  tests/unit/test_ui_status.py::test_api_tables \
+  tests/unit/test_ui_status.py::test_the_airflow_plugin_module \
+  tests/integration/test_dag_integrity.py \
+  tests/integration/test_compat_e2e.py
 # Every target runs this checkout's own packages (plugins/iceberg_cdc, cdc_devtools), even when
 # another checkout is installed in the venv.
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH),)
@@ -13,7 +28,7 @@ TEST_WORKERS ?= 2
 # Random histories per property test in make test-fast (make test runs 200; CDC_HISTORIES sets both).
 FAST_HISTORIES ?= 20
 
-.PHONY: help prereqs setup java-setup test-java test test-fast demo demo-engine sync airflow lint format bench bench-scale wheel clean
+.PHONY: help prereqs setup java-setup test-java test test-fast test-compat demo demo-engine sync airflow lint format bench bench-scale wheel clean
 
 help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
@@ -23,10 +38,11 @@ help:
 	@echo "make airflow Airflow on the demo config at http://127.0.0.1:8080 (PORT=...), with the CDC view"
 	@echo "make demo-engine   only the shuffle engine, on one generated snapshot (seconds)"
 	@echo "make test    install into .venv/ when missing, lint, run the test suite"
+	@echo "make test-compat   the end-to-end subset on the oldest supported versions (constraints-min.txt), in .venv-min/"
 	@echo "make test-fast   lint, unit tests and short property runs: no Spark, no Airflow DAG runs (minutes)"
 	@echo "make bench   the pipeline vs a Spark-native job and the floor, memory, S3 requests (QUICK=1: short; SCHEDULER=0: no figures under the scheduler)"
 	@echo "make bench-scale   a 50 M-row copy-on-write snapshot through the pipeline beside a 5 M one (ROWS=...: another size)"
-	@echo "make setup   create .venv/ with everything installed (idempotent)"
+	@echo "make setup   create .venv/ with everything installed (idempotent; CONSTRAINTS=constraints-min.txt: the oldest supported set)"
 	@echo "make wheel   dist/iceberg_cdc-<version>-py3-none-any.whl: the provider to pip install into Airflow"
 
 prereqs:
@@ -39,11 +55,14 @@ prereqs:
 	@java -version 2>&1 | head -n 1 | grep -q '"17' || { \
 	  echo "error: Spark here needs Java 17; found: $$(java -version 2>&1 | head -n 1)."; exit 1; }
 
-$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt $(CONSTRAINTS) pyproject.toml
 	@$(MAKE) --no-print-directory prereqs
+	@test -f "$(CONSTRAINTS)" || { echo "error: constraints file $(CONSTRAINTS) not found"; exit 2; }
+	@if ls $(VENV)/.installed-* >/dev/null 2>&1 && [ ! -e $@ ]; then \
+	  echo "$(VENV) was built from another constraints file: rebuilding it from $(CONSTRAINTS)"; rm -rf $(VENV); fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements-dev.txt -c constraints.txt
+	$(BIN)/pip install --quiet -r requirements-dev.txt -c $(CONSTRAINTS)
 	$(BIN)/pip install --quiet --no-deps -e .
 	@touch $@
 
@@ -73,6 +92,12 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# The oldest supported set (constraints-min.txt) in its own venv, and the end-to-end subset there:
+# a copy-on-write and a merge-on-read snapshot through make sync, a mirror, the DAGs, the CDC view's API.
+test-compat:
+	@$(MAKE) --no-print-directory VENV=$(COMPAT_VENV) CONSTRAINTS=constraints-min.txt setup
+	$(COMPAT_VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(COMPAT_TESTS) $(PYTEST_ARGS)
 
 # The tests that need neither Spark nor Airflow DAG runs, and the property tests on fewer histories.
 test-fast: setup
@@ -108,4 +133,4 @@ wheel: setup
 	@ls dist/iceberg_cdc-*.whl
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build dist
+	rm -rf $(VENV) $(COMPAT_VENV) .pytest_cache .ruff_cache .hypothesis build dist

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from iceberg_cdc.airflow.compat import dag_bag
 from iceberg_cdc.airflow.dag_factory import build_dags
 from iceberg_cdc.config import parse_config
 
@@ -121,7 +122,8 @@ def test_guards_and_params():
 def test_snapshot_ids_in_params_are_exact():
     """The Trigger form and JSON editor send text; API callers may send integers; both arrive exact."""
     from airflow.sdk.definitions.param import ParamsDict
-    from airflow.sdk.exceptions import ParamValidationError
+
+    from iceberg_cdc.airflow.compat import ParamValidationError
 
     dag = build_dags(parse_config(CONFIG))["cdc__shop__orders"]
     big = 5200992516889735211  # above 2**53: a browser's number would round it
@@ -166,22 +168,18 @@ def test_commit_emits_the_sink_asset_only_through_its_alias():
 
 
 def test_dag_file_imports_through_the_dag_bag(tmp_path, monkeypatch):
-    from airflow.dag_processing.dagbag import DagBag
-
     path = tmp_path / "cdc.yaml"
     path.write_text(yaml.safe_dump(CONFIG))
     monkeypatch.setenv("CDC_CONFIG", str(path))
     monkeypatch.setenv("CDC_PACKAGE_CACHE", str(tmp_path / "packages"))
-    bag = DagBag(dag_folder="dags")
+    bag = dag_bag("dags")
     assert not bag.import_errors, bag.import_errors
     assert set(bag.dag_ids) == {"cdc__shop__orders", "cdc__crm__accounts"}
 
 
 def test_dag_file_without_config_reports_the_variable(tmp_path, monkeypatch):
-    from airflow.dag_processing.dagbag import DagBag
-
     monkeypatch.delenv("CDC_CONFIG", raising=False)
-    bag = DagBag(dag_folder="dags")
+    bag = dag_bag("dags")
     assert any("CDC_CONFIG" in str(error) for error in bag.import_errors.values())
 
 

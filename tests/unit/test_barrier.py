@@ -6,8 +6,8 @@ import json
 
 import pytest
 import yaml
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from iceberg_cdc.airflow.compat import AirflowFailException, AirflowSkipException
 from iceberg_cdc.airflow.sensors.barrier import MapOutputBarrierSensor
 from iceberg_cdc.config import parse_config
 from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name

@@ -10,10 +10,9 @@ import asyncio
 
 import pytest
 import yaml
-from airflow.sdk import AssetOrTimeSchedule
-from airflow.serialization.serialized_objects import DagSerialization
 
 from cdc_devtools.orders import SCHEMA, rows
+from iceberg_cdc.airflow.compat import AssetOrTimeSchedule, serialized_dag
 from iceberg_cdc.airflow.dag_factory import build_dags
 from iceberg_cdc.airflow.triggers.catalog_snapshots import CatalogSnapshotTrigger
 from iceberg_cdc.config import parse_config
@@ -165,7 +164,7 @@ def test_dags_run_on_the_sources_events_or_the_clock(setup):
     assert isinstance(watcher.trigger, CatalogSnapshotTrigger) and watcher.trigger.table == "shop.orders"
     assert not isinstance(items.timetable, AssetOrTimeSchedule)  # schedule: null -> the event alone
     for dag in dags.values():
-        DagSerialization.to_dict(dag)  # what the DAG processor stores: trigger kwargs included
+        serialized_dag(dag)  # what the DAG processor stores: trigger kwargs included
 
     clock_only = build_dags(parse_config({**config.model_dump(), "events": {"enabled": False}}), path)
     assert clock_only["cdc__shop__orders"].schedule == "@hourly"

@@ -392,12 +392,12 @@ def requirements_problems(stack: Stack) -> list[str]:
     pins = _pins(stack)
     for required in ("apache-airflow", "pyspark"):
         if required not in pins:
-            problems.append(f"requirements.txt does not pin {required} with ==")
+            problems.append(f"constraints.txt does not pin {required} with ==")
     return problems
 
 
 def base_image_problems(stack: Stack) -> list[str]:
-    """The base image is apache/airflow at requirements.txt's version, on the project's Python."""
+    """The base image is apache/airflow at constraints.txt's version (the newest tested), on the project's Python."""
     pins = _pins(stack)
     python = re.search(r'requires-python\s*=\s*">=(\d+\.\d+)', stack.text("pyproject.toml"))
     froms = [
@@ -411,7 +411,7 @@ def base_image_problems(stack: Stack) -> list[str]:
     problems = []
     if match["airflow"] != pins.get("apache-airflow"):
         problems.append(
-            f"base image Airflow {match['airflow']} != requirements.txt apache-airflow=={pins.get('apache-airflow')}"
+            f"base image Airflow {match['airflow']} != constraints.txt apache-airflow=={pins.get('apache-airflow')}"
         )
     if python is None or match["python"] != python[1]:
         problems.append(f"base image Python {match['python']} is not the project's ({python and python[1]})")
@@ -607,8 +607,8 @@ def _instructions(dockerfile: str) -> list[str]:
 
 
 def _pins(stack: Stack) -> dict[str, str]:
-    """``name -> version`` of requirements.txt's ``==`` pins (extras dropped)."""
-    lines = [line.strip() for line in stack.text("requirements.txt").splitlines()]
+    """``name -> version`` of constraints.txt's ``==`` pins (extras dropped): requirements.txt holds ranges."""
+    lines = [line.strip() for line in stack.text("constraints.txt").splitlines()]
     matches = [_PIN.match(line) for line in lines if line and not line.startswith("#")]
     return {m["name"].split("[")[0].lower(): m["version"] for m in matches if m}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
 from iceberg_cdc.airflow import lease_wait
+from iceberg_cdc.airflow.compat import AirflowFailException, AirflowRescheduleException
 from iceberg_cdc.coordination import TableLease
 from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.storage import open_store

@@ -107,7 +107,15 @@ def test_versions_outside_the_range_fail_naming_both(version):
     assert pyiceberg_internals.SUPPORTED in message and "pyiceberg==0.12.0" in message
 
 
-@pytest.mark.parametrize("name", ["requirements.txt", "constraints.txt"])
+def test_the_declared_range_is_the_doors():
+    """requirements.txt declares exactly the door's range: a wider one would install what cannot import."""
+    text = (REPO / "requirements.txt").read_text()
+    match = re.search(r"^pyiceberg(?:\[[^\]]*\])?(\S+)", text, re.MULTILINE)
+    assert match, "requirements.txt declares no pyiceberg"
+    assert match.group(1) == pyiceberg_internals.SUPPORTED
+
+
+@pytest.mark.parametrize("name", ["constraints.txt", "constraints-min.txt"])
 def test_the_pins_fall_inside_the_supported_range(name):
     """The door's range and the pins move together: a pin outside it would fail every import."""
     text = (REPO / name).read_text()

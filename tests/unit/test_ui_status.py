@@ -316,7 +316,10 @@ def test_tokens_are_checked_by_airflows_auth_manager(history, monkeypatch):
                 return "bob"
             raise jwt.InvalidTokenError("signature mismatch")
 
-    monkeypatch.setattr(airflow_app._AuthManagerState, "instance", StubAuthManager())
+    if hasattr(airflow_app, "_AuthManagerState"):  # Airflow >= 3.2
+        monkeypatch.setattr(airflow_app._AuthManagerState, "instance", StubAuthManager())
+    else:  # Airflow 3.1: a module global
+        monkeypatch.setattr(airflow_app, "auth_manager", StubAuthManager())
     airflow = FakeAirflow()
     client = TestClient(create_app(config_loader=lambda: history.config, airflow=airflow))
     assert client.get("/api/tables", headers={"Authorization": "Bearer forged"}).status_code == 403

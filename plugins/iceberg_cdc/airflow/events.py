@@ -23,8 +23,9 @@ import logging
 import os
 from typing import Any
 
-from airflow.sdk import Asset, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable
+from airflow.sdk import Asset, AssetWatcher
 
+from iceberg_cdc.airflow.compat import AssetOrTimeSchedule, CronTriggerTimetable
 from iceberg_cdc.airflow.triggers.catalog_snapshots import CatalogSnapshotTrigger
 from iceberg_cdc.config import CONFIG_ENV, CdcConfig, TableConfig
 from iceberg_cdc.source.catalog_poll import catalog_key

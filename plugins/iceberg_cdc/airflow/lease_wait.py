@@ -14,8 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
-
+from iceberg_cdc.airflow.compat import AirflowFailException, AirflowRescheduleException
 from iceberg_cdc.coordination.lease import TableLease
 from iceberg_cdc.errors import LeaseHeldError
 from iceberg_cdc.run.lease import lease_wait_step

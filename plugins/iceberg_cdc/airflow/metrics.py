@@ -16,9 +16,9 @@ log = logging.getLogger("iceberg_cdc")
 
 def airflow_stats() -> StatsBackend:
     """Airflow's stats module (initialised by the task runner from ``[metrics]``)."""
-    from airflow.sdk.observability import stats
+    from iceberg_cdc.airflow.compat import stats_client
 
-    return stats  # type: ignore[return-value]
+    return stats_client()  # type: ignore[no-any-return]
 
 
 def emit_safely(function: Any, *args: Any) -> None:

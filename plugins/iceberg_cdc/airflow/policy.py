@@ -13,8 +13,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException
-
+from iceberg_cdc.airflow.compat import AirflowFailException
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
 from iceberg_cdc.error_lines import line_of
 from iceberg_cdc.errors import CdcError, is_final

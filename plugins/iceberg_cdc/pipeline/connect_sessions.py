@@ -24,6 +24,10 @@ from typing import Any
 log = logging.getLogger("iceberg_cdc.spark")
 
 
+# Spark Connect (spark.mode: connect) needs pyspark >= 4: pyspark 3.5 does not ship the Connect
+# server jar (a separate Maven artifact there, spark-connect_2.12) and its client needs the
+# [connect] extras (pandas, grpcio); that pairing is not tested. Spark 3.5 runs in spark.mode: submit.
+CONNECT_MIN_PYSPARK = (4, 0)
 SHARED_GENERATIONS = 24  # shared session ids tried, in order, before falling back to a private session
 
 
@@ -69,7 +73,27 @@ _sessions: dict[str, _Session] = {}
 _lock = threading.Lock()
 
 
+def require_connect_client(version: str | None = None) -> None:
+    """Raise :class:`~iceberg_cdc.errors.UnsupportedDependencyError` unless pyspark can be a Connect client."""
+    if version is None:
+        import pyspark
+
+        version = pyspark.__version__
+    numbers = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    if numbers >= CONNECT_MIN_PYSPARK:
+        return
+    from iceberg_cdc.errors import UnsupportedDependencyError
+
+    wanted = ".".join(map(str, CONNECT_MIN_PYSPARK))
+    raise UnsupportedDependencyError(
+        f"spark.mode: connect needs pyspark >= {wanted} (Spark Connect of Spark 4), but pyspark {version} "
+        f"is installed; use spark.mode: submit with Spark {version}, or install pyspark>={wanted} "
+        f"and run a Spark >= {wanted} Connect server"
+    )
+
+
 def _new_session(url: str) -> Any:
+    require_connect_client()
     warnings.filterwarnings(
         "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
     )

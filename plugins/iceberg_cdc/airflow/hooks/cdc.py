@@ -82,7 +82,8 @@ class CdcHook(BaseHook):
         if self.config.spark.connect_url:
             return self.config.spark.connect_url
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
-        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        from iceberg_cdc.airflow.compat import AirflowNotFoundException
 
         conn_id = conn_id or self.config.spark.connect_conn_id
         try:

@@ -16,9 +16,9 @@ import time
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
 
 from iceberg_cdc import snapshot_ids
+from iceberg_cdc.airflow.compat import AirflowFailException
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.lease_wait import take_waiting
 from iceberg_cdc.airflow.metrics import emit_safely

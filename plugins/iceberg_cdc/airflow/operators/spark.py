@@ -18,8 +18,8 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from iceberg_cdc.airflow.compat import AirflowException, AirflowFailException
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.policy import final_errors
 from iceberg_cdc.config import CdcConfig, load_config

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
+from iceberg_cdc.airflow.compat import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.errors import LeaseLostError
 from iceberg_cdc.run.lease import confirm

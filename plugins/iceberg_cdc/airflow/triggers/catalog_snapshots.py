@@ -40,6 +40,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from iceberg_cdc.airflow import compat
+
 log = logging.getLogger("iceberg_cdc")
 
 STATE_KEY = "cdc_last_snapshot"
@@ -165,12 +167,25 @@ class CatalogSnapshotTrigger(BaseEventTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Without a shared stream (an Airflow that does not share): this trigger's own poll loop."""
+        if not compat.has_shared_trigger_streams():
+            compat.note_degraded(
+                "shared trigger streams",
+                compat.SHARED_TRIGGER_STREAMS_SINCE,
+                "each table's event trigger polls the catalog on its own (one poll per table, not per catalog)",
+            )
         async for event in self.filter_shared_stream(type(self).open_shared_stream(self.serialize()[1])):
             yield event
 
     async def _state_store(self) -> Any:
         store = getattr(self, "asset_state_store", None)
         if store is None:
+            if not compat.has_asset_state_store():
+                compat.note_degraded(
+                    "asset state store for triggers",
+                    compat.ASSET_STATE_STORE_SINCE,
+                    "the last reported snapshot is not kept, so a triggerer restart fires once more for the "
+                    "current snapshot (that run finds nothing pending and ends at once)",
+                )
             return None
         try:
             await asyncio.to_thread(store.get, STATE_KEY)

@@ -53,9 +53,9 @@ async def authenticated_user(
     The same check as ``get_user`` of Airflow's core API: the ``Authorization:
     Bearer`` header, else the ``_token`` cookie the UI holds.
     """
-    from airflow.api_fastapi.core_api.security import get_user
+    from iceberg_cdc.airflow.compat import airflow_user
 
-    return await get_user(request=request, _oauth_token=None, bearer_credentials=bearer)
+    return await airflow_user(request, bearer)
 
 
 def dag_url(base: str, dag_id: str) -> str:
