@@ -64,6 +64,17 @@ from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError, StorageErr
 from iceberg_cdc.retry import S3_REQUEST, RetryPolicy
 from iceberg_cdc.storage.base import ObjectInfo, ObjectStore, ObjectWriter
 from iceberg_cdc.storage.s3_client import s3_client, split_s3_uri
+from iceberg_cdc.storage.s3_errors import (
+    BODY_BROKE_OFF,
+    CONNECTION_ERRORS,
+    KEYS_FAILING,
+    STREAM_ERRORS,
+    TRANSIENT_CODES,
+    UNREACHABLE,
+    condition_failed,
+    transient,
+    translate,
+)
 from iceberg_cdc.storage.s3_writer import DEFAULT_PART_SIZE, MIN_PART_SIZE, S3Writer, multipart_etag
 
 __all__ = [
@@ -75,48 +86,11 @@ __all__ = [
     "split_s3_uri",
 ]
 
-# Answers to a conditional request whose precondition did not hold: nothing was done.
-_CONDITION_FAILED = frozenset(
-    {"PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404"}
-)
-# Answers that a later attempt may not get: server errors and throttling (botocore's lists).
-_TRANSIENT_CODES = frozenset(
-    {
-        "InternalError",
-        "ServiceUnavailable",
-        "SlowDown",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "Throttling",
-        "ThrottlingException",
-        "RequestThrottled",
-        "TooManyRequestsException",
-        "BandwidthLimitExceeded",
-    }
-)
-_RETRY_SAFE = (
-    "Retrying the DAG run is safe: nothing was committed to the sink and its watermark did not move."
-)
-# Failures of the connection, not answers: worth another round (NoCredentialsError & co. are not).
-_CONNECTION_ERRORS = (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError)
 _STREAM_CHUNK = 1 << 20
-_STREAM_ERRORS = (
-    botocore.exceptions.IncompleteReadError,
-    botocore.exceptions.ResponseStreamingError,
-    botocore.exceptions.ReadTimeoutError,
-    botocore.exceptions.ConnectionClosedError,
-)
 
 
 class _KeysFailed(Exception):
     """A batch DELETE answered 200 but listed keys that failed transiently: the next attempt deletes them."""
-
-
-def _condition_failed(exc: botocore.exceptions.ClientError) -> bool:
-    """S3's "precondition did not hold" answers to a conditional request: nothing was done."""
-    code = exc.response.get("Error", {}).get("Code", "")
-    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return code in _CONDITION_FAILED or (not code and status in (404, 409, 412))
 
 
 class S3ObjectStore(ObjectStore):
@@ -183,79 +157,20 @@ class S3ObjectStore(ObjectStore):
                 reading = True
                 return consume(response)
             except botocore.exceptions.ClientError as exc:
-                if conditional and _condition_failed(exc):
+                if conditional and condition_failed(exc):
                     return None
-                error = self._translate(exc, key, method, attempt)
-            except (*_STREAM_ERRORS, *_CONNECTION_ERRORS) as exc:
-                if reading:
-                    error = self._transient(
-                        key, method, attempt, "response body broke off {attempts} times ({exc})", exc=exc
-                    )
-                else:
-                    error = self._unreachable(exc, key, method, attempt)
+                error = translate(exc, self.describe(key), self.bucket, self.prefix, method, attempt)
+            except (*STREAM_ERRORS, *CONNECTION_ERRORS) as exc:
+                what = BODY_BROKE_OFF if reading else UNREACHABLE
+                error = transient(self.describe(key), method, attempt, what, exc=exc)
             except _KeysFailed as exc:
-                error = self._transient(
-                    key, method, attempt, "left keys failing for {attempts} attempts ({exc})", exc=exc
-                )
+                error = transient(self.describe(key), method, attempt, KEYS_FAILING, exc=exc)
             except botocore.exceptions.BotoCoreError as exc:  # no credentials, bad parameters...
                 raise StorageError(f"{self.describe(key)}: S3 request not made: {exc}") from None
             if not isinstance(error, TransientStorageError) or attempt == self.policy.attempts:
                 raise error from None
             self.policy.sleep(attempt - 1)
         raise AssertionError("unreachable")
-
-    def _unreachable(self, exc: Exception, key: str, method: Any, attempts: int) -> TransientStorageError:
-        """A connection-level failure that outlasted the retries."""
-        return self._transient(
-            key,
-            method,
-            attempts,
-            "failed after {attempts} attempts ({exc}); check that the endpoint is reachable and healthy",
-            exc=exc,
-        )
-
-    def _transient(
-        self, key: str, method: Any, attempts: int, what: str, **values: Any
-    ) -> TransientStorageError:
-        """Retries ran out on a transient failure: name the object, the operation and the attempts."""
-        operation = getattr(method, "__name__", "request")
-        return TransientStorageError(
-            f"{self.describe(key)}: S3 {operation} {what.format(attempts=attempts, **values)}. {_RETRY_SAFE}",
-            retry_safe=True,
-            location=self.describe(key),
-            operation=operation,
-            attempts=attempts,
-        )
-
-    def _translate(
-        self, exc: botocore.exceptions.ClientError, key: str, method: Any = None, attempts: int = 1
-    ) -> StorageError:
-        code = exc.response.get("Error", {}).get("Code", "")
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        where = self.describe(key)
-        if code in _TRANSIENT_CODES or (isinstance(status, int) and (status >= 500 or status == 429)):
-            return self._transient(
-                key,
-                method,
-                attempts,
-                "kept answering {answer} for {attempts} attempts; check the endpoint's "
-                "health (or raise its request rate limit)",
-                answer=code or status,
-            )
-        if code in ("NoSuchKey", "404", "NotFound"):
-            return ObjectNotFoundError(f"{where} does not exist")
-        if code == "InvalidRange" or status == 416:
-            return ShortObjectError(f"{where}: the requested byte range starts past the end of the object")
-        if code == "NoSuchBucket":
-            return StorageError(f"bucket {self.bucket!r} does not exist: create it or fix shuffle.uri")
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
-            return StorageError(
-                f"{where}: access denied ({code}); check the S3 credentials (s3.access-key-id and "
-                "s3.secret-access-key under shuffle or catalog in the config, the Airflow connection "
-                "named by airflow_conn_id, or the environment) and that they may read, write, list and "
-                f"delete under s3://{self.bucket}/{self.prefix}"
-            )
-        return StorageError(f"{where}: S3 answered {code or status} after retries: {exc}")
 
     def open_writer(self, key: str) -> ObjectWriter:
         return S3Writer(self, key)
@@ -287,7 +202,7 @@ class S3ObjectStore(ObjectStore):
                 for piece in response["Body"].iter_chunks(_STREAM_CHUNK):
                     sink.write(piece)
                     position += len(piece)
-            except _STREAM_ERRORS:
+            except STREAM_ERRORS:
                 if position < end:  # else every byte arrived before the connection broke: done
                     raise
 
@@ -358,7 +273,7 @@ class S3ObjectStore(ObjectStore):
             if not errors:
                 return
             first = errors[0]
-            if any(e.get("Code") not in _TRANSIENT_CODES for e in errors):
+            if any(e.get("Code") not in TRANSIENT_CODES for e in errors):
                 raise StorageError(
                     f"{self.describe(first.get('Key', self.full_key(prefix))[strip:])}: delete failed "
                     f"({first.get('Code')}: {first.get('Message')}); {len(errors)} objects left. "
