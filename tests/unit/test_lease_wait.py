@@ -53,7 +53,15 @@ def test_a_held_lease_is_taken_once_it_is_free(lease, monkeypatch):
 
 
 def test_a_holder_past_the_window_fails_the_run_naming_it(lease, monkeypatch):
-    monkeypatch.setattr(lease_wait.time, "sleep", lambda s: None)
+    real_sleep = time.sleep
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:  # short real sleeps, so the 0.3 s window passes; never forever
+        slept.append(seconds)
+        assert len(slept) < 40, "the wait never gave up on a holder past its window"
+        real_sleep(0.05)
+
+    monkeypatch.setattr(lease_wait.time, "sleep", sleep)
     lease.acquire("other", 300)  # a live holder that keeps the table past the window
     take, calls = _held_then_free(lease, 10**6)
     with pytest.raises(AirflowFailException, match=r"LeaseHeldError: shop\.orders is held by run 'other'"):
