@@ -103,6 +103,7 @@ class MirrorPlan:
     delete_rows: int
     snapshots: int
     reprocessed: list[str] = field(default_factory=list)
+    repair: str | None = None  # a verification's repair: the mirror keeps its watermark (mirror.verify)
 
     @property
     def base_mark(self) -> ChangelogMark | None:

@@ -154,22 +154,28 @@ def sweep_leftovers(ctx: Context, mirror: MirrorConfig, keep_attempt: str) -> in
         paths = MirrorPaths(ctx.table.source, mirror.mirror_name, attempt)
         if mirror.type == "iceberg":
             # Its staged data files are in the mirror's location, named by its plan: sweep them first.
-            try:
-                swept = iceberg_steps(mirror).sweep_attempt(
-                    ctx, mirror, paths.join_prefix, lease_ttl=lease_ttl_seconds()
-                )
-            except CdcError as exc:  # a later run sweeps again; this one goes on
-                log.warning("%s: could not sweep %s: %s", mirror.describe(), attempt, exc)
+            # The apply's join namespace, and the one a verification's repair used (mirror.verify.repair).
+            kept = False
+            for join_prefix in (paths.join_prefix, f"{paths.prefix}verify/join/"):
+                try:
+                    swept = iceberg_steps(mirror).sweep_attempt(
+                        ctx, mirror, join_prefix, lease_ttl=lease_ttl_seconds()
+                    )
+                except CdcError as exc:  # a later run sweeps again; this one goes on
+                    log.warning("%s: could not sweep %s: %s", mirror.describe(), attempt, exc)
+                    kept = True
+                    continue
+                if swept.get("kept"):
+                    kept = True  # a commit whose outcome is unknown: its namespace stays for a later sweep
+                elif swept.get("deleted_files"):
+                    log.warning(
+                        "%s: deleted %d staged files %s left in the mirror's location",
+                        mirror.describe(),
+                        swept["deleted_files"],
+                        attempt,
+                    )
+            if kept:
                 continue
-            if swept.get("kept"):
-                continue  # a commit whose outcome is unknown: its namespace stays for a later sweep
-            if swept.get("deleted_files"):
-                log.warning(
-                    "%s: deleted %d staged files %s left in the mirror's location",
-                    mirror.describe(),
-                    swept["deleted_files"],
-                    attempt,
-                )
         removed += store.delete_prefix(paths.prefix)
     if removed:
         log.warning("%s: swept %d objects earlier runs left", mirror.describe(), removed)

@@ -41,7 +41,7 @@ from iceberg_cdc.errors import ConservationError, MirrorStateError, StaleDeltaEr
 from iceberg_cdc.mirror.iceberg.datafile_json import data_file_from_json
 from iceberg_cdc.mirror.iceberg.inputs import Through
 from iceberg_cdc.mirror.iceberg.plan import ApplyPlan
-from iceberg_cdc.mirror.iceberg.summary import marker_summary, watermark_properties
+from iceberg_cdc.mirror.iceberg.summary import REPAIR_KEY, marker_summary, watermark_properties
 from iceberg_cdc.mirror.iceberg.table import find_apply, read_mirror_watermark
 from iceberg_cdc.pyiceberg_internals.format_v3 import writing_v3_metadata
 from iceberg_cdc.pyiceberg_internals.manifest_reader import v3_field
@@ -243,6 +243,26 @@ def _already(table: Table, through: Through) -> str | None:
     return None
 
 
+def _already_repaired(table: Table, plan: ApplyPlan) -> str | None:
+    """A repair keeps the watermark, so it is known by its id in a snapshot's summary since the mark."""
+    through = Through.from_dict(plan.through)
+    watermark = read_mirror_watermark(table)
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        if (snapshot.summary or {}).get(REPAIR_KEY) == plan.repair:
+            return f"already repaired in mirror snapshot {snapshot.snapshot_id}"
+        if snapshot.snapshot_id == plan.base_snapshot_id:
+            break
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.metadata.snapshot_by_id(parent) if parent is not None else None
+    if watermark != through:
+        raise MirrorStateError(
+            f"mirror {plan.mirror} moved while it was verified (its watermark is {watermark}, the repair was "
+            f"planned at {through}): nothing was repaired; verify again"
+        )
+    return None
+
+
 def commit_delta(
     table: Table,
     plan: ApplyPlan,
@@ -255,11 +275,13 @@ def commit_delta(
     through = Through.from_dict(plan.through)
     properties = watermark_properties(through, plan.source)
     marker = {**summary, **marker_summary(through, plan.source)}
+    if plan.repair is not None:
+        marker[REPAIR_KEY] = plan.repair
     for attempt in range(max_attempts):
         if attempt:
             MIRROR_COMMIT.sleep(attempt - 1)
             table.refresh()
-        done = _already(table, through)
+        done = _already_repaired(table, plan) if plan.repair is not None else _already(table, through)
         if done is not None:
             return ApplyResult(False, done, None, attempt + 1)
         head = table.current_snapshot()

@@ -74,6 +74,7 @@ class StagedNetChanges:
     columns: tuple[str, ...] | None = None  # the mirror's columns, when the stager chose them
     run: dict[str, Any] | None = None  # the run that staged them (run_id, epoch, lease), if the document says
     root: str | None = None  # where the target's own objects go, when the stager gives it a namespace
+    repair: str | None = None  # a verification's repair id: rewrite keys at the watermark, keeping it
 
     @property
     def upsert_rows(self) -> int:
@@ -117,6 +118,7 @@ class StagedNetChanges:
                 "lease": f"_mirrors/{data['source']}/{data['mirror_name']}",
             },
             root=key.rsplit("/", 1)[0] + "/join/",
+            repair=data.get("repair"),
         )
 
 

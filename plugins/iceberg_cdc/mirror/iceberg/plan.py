@@ -160,6 +160,7 @@ class ApplyPlan:
     delete_files: dict[str, dict[str, Any]] = field(default_factory=dict)
     figures: dict[str, int] = field(default_factory=dict)
     root: str | None = None  # ApplyPaths.root
+    repair: str | None = None  # a verification's repair id (StagedNetChanges.repair)
     version: int = MIRROR_PLAN_VERSION
 
     @property

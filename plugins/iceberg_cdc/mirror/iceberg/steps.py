@@ -36,7 +36,7 @@ from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
 from iceberg_cdc.coordination.commit_in_flight import commit_in_flight
 from iceberg_cdc.coordination.lease import TableLease
-from iceberg_cdc.errors import CdcError, ConfigError, LeaseLostError
+from iceberg_cdc.errors import CdcError, ConfigError, LeaseLostError, MirrorStateError
 from iceberg_cdc.mirror.iceberg import join
 from iceberg_cdc.mirror.iceberg.cleanup import (
     cleanup,
@@ -146,7 +146,13 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
     )
     evolved = evolve(table, source_schema)
     watermark = read_mirror_watermark(table)
-    if watermark is not None and watermark.ordinal >= net.through.ordinal:
+    if net.repair is not None:
+        if watermark != net.through:
+            raise MirrorStateError(
+                f"mirror {mirror_table} moved while it was verified (its watermark is {watermark}, the "
+                f"verification read {net.through}): nothing was repaired; verify again"
+            )
+    elif watermark is not None and watermark.ordinal >= net.through.ordinal:
         return {
             **answer,
             "action": "skip",
@@ -189,7 +195,7 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
         metadata_json=metadata_for_units(table.metadata),
         location=table.location(),
         staging_dir=f"{table.location().rstrip('/')}/{STAGING_DIR}/apply-{net.through.changelog_snapshot_id}/"
-        f"epoch-{run.epoch}",
+        f"epoch-{run.epoch}" + ("/repair" if net.repair else ""),
         key_count=keys.num_rows,
         upsert_rows=net.upsert_rows,
         delete_rows=net.delete_rows,
@@ -198,6 +204,7 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
         delete_files=pruned.delete_files,
         figures={**pruned.figures, "created": int(created), "evolved": int(evolved)},
         root=net.root,
+        repair=net.repair,
     )
     sink = io.BytesIO()
     pq.write_table(keys, sink)

@@ -24,6 +24,7 @@ from iceberg_cdc.mirror.iceberg.inputs import Through
 
 WATERMARK_PREFIX = "cdc.mirror.watermark."
 MARKER_PREFIX = "cdc.mirror."
+REPAIR_KEY = f"{MARKER_PREFIX}repair"  # a verification's repair: the snapshot keeps the watermark
 _FIELDS = ("changelog-snapshot-id", "source-snapshot-id", "ordinal")
 SOURCE_KEY = "source-table"
 

@@ -131,11 +131,14 @@ class PostgresTarget:
         run_id: str,
         hook: Hook | None = None,
         replace_all: bool = False,
+        repair: bool = False,
     ) -> ApplyResult:
         """Apply ``net`` (computed from ``base``) and move the mark to ``net.through``, in one transaction.
 
         ``replace_all`` (a rebuild): every row of the mirror is replaced by
-        ``net.upserts``, whatever the mark was.
+        ``net.upserts``, whatever the mark was. ``repair`` (a verification's
+        repair of drifted keys): the mirror must still be at ``net.through``,
+        which it keeps; its keys are rewritten like any apply's.
         """
         call = hook or (lambda point: None)
         seconds: dict[str, float] = {}
@@ -158,7 +161,11 @@ class PostgresTarget:
             ddl.ensure_state_table(cursor, self.table)
             lap("locked")
             state = self._state(cursor)
-            done = None if replace_all else self._compare(state, base, net.through, epoch)
+            if repair:
+                self._check_repair(state, net.through, epoch)
+                done = None
+            else:
+                done = None if replace_all else self._compare(state, base, net.through, epoch)
             if done is not None:
                 connection.rollback()
                 return ApplyResult(False, done, seconds=seconds)
@@ -196,9 +203,8 @@ class PostgresTarget:
             lap("marked")
             connection.commit()
             lap("committed")
-            return ApplyResult(
-                True, "rebuilt" if replace_all else "applied", upserted, deleted, schema, seconds
-            )
+            reason = "rebuilt" if replace_all else "repaired" if repair else "applied"
+            return ApplyResult(True, reason, upserted, deleted, schema, seconds)
         finally:
             connection.close()
 
@@ -236,6 +242,20 @@ class PostgresTarget:
                 f"(epoch {epoch}) took its lease: this run was overtaken. Nothing was applied."
             )
         return None
+
+    def _check_repair(self, state: MirrorState | None, at: ChangelogMark, epoch: int) -> None:
+        """A repair rewrites keys at the mark it verified: refused when the mirror moved since."""
+        current = state.mark if state is not None else None
+        if current != at:
+            raise MirrorStateError(
+                f"the mirror {self.table} moved while it was verified (it is at {current}, the verification "
+                f"read {at}): nothing was repaired; verify again"
+            )
+        if state is not None and state.epoch > epoch:
+            raise MirrorStateError(
+                f"run {state.run_id!r} with lease epoch {state.epoch} wrote the mirror {self.table} after this "
+                f"verification (epoch {epoch}) took its lease: nothing was repaired; verify again"
+            )
 
     def _insert_sql(self, relation: str, expressions: dict[str, str]) -> str:
         names = list(expressions)

@@ -1,0 +1,261 @@
+"""Verify one mirror against its source, and repair the keys that drifted.
+
+1. The mirror's watermark names the source snapshot it holds. Both sides are
+   read once, streamed, into per-bucket digests (:mod:`.digest`) over the
+   columns both hold in the source's current schema (minus
+   ``exclude_columns``; a column the source dropped is history, not compared).
+2. Only the buckets whose digests differ are read again on both sides and
+   compared key by key (:mod:`.drift`): changed, missing and foreign keys,
+   named up to a limit.
+3. With ``repair``, the drifted keys are rewritten from the source rows at
+   that snapshot -- upserts of the keys the source holds, deletes of the
+   others -- in one transaction (PostgreSQL) or one commit (Iceberg), at the
+   same watermark, under the mirror's lease (:mod:`.repair`). Then the
+   drifted buckets are read again on the mirror and compared once more.
+
+The caller holds the mirror's lease: no apply interleaves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from iceberg_cdc.config import MirrorConfig
+from iceberg_cdc.errors import CdcError
+from iceberg_cdc.mirror.columns import mirror_fields, mirror_key
+from iceberg_cdc.mirror.net_changes import ChangelogMark
+from iceberg_cdc.mirror.postgres.connection import dsn_for
+from iceberg_cdc.mirror.targets import read_mirror_mark
+from iceberg_cdc.mirror.verify.digest import Digests, bucket_count
+from iceberg_cdc.mirror.verify.drift import Collected, Drift, describe_keys, find_drift
+from iceberg_cdc.mirror.verify.sides import Columns, Hashed, hash_batch, iceberg_batches, postgres_batches
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.source.tables import load_source_table
+
+log = logging.getLogger("iceberg_cdc.mirror")
+
+KEY_LIMIT = 20
+Hook = Callable[[str], None]
+
+
+@dataclass
+class Verification:
+    """What one verification found and did (JSON-able: the task's XCom, the CLI's report)."""
+
+    mirror: str
+    mirror_table: str
+    status: str  # equal | drift | repaired | not_applied
+    at: dict[str, Any] | None = None  # the mirror's watermark (ChangelogMark.to_dict)
+    rows_source: int = 0
+    rows_mirror: int = 0
+    buckets: int = 0
+    differing_buckets: int = 0
+    drifted_keys: int = 0
+    drift: dict[str, int] = field(default_factory=dict)
+    keys: list[str] = field(default_factory=list)
+    repaired_keys: int = 0
+    left_keys: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    verified_at: float = 0.0
+
+    @property
+    def equal(self) -> bool:
+        return self.status in ("equal", "repaired", "not_applied")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        """One line for logs, run notes and the CLI."""
+        where = f"at source snapshot {self.at['source_snapshot_id']}" if self.at else "never applied"
+        head = f"{self.mirror}: {self.rows_mirror:,} rows {where}, {self.buckets:,} buckets"
+        if self.status == "not_applied":
+            return f"{self.mirror}: never applied, nothing to verify"
+        if self.status == "equal":
+            return f"{head}: equal to the source"
+        drift = ", ".join(f"{n} {k}" for k, n in self.drift.items() if n)
+        named = "; ".join(self.keys) + (" ..." if self.drifted_keys > len(self.keys) else "")
+        if self.status == "repaired":
+            return f"{head}: {self.drifted_keys} keys differed ({drift}) and were repaired: {named}"
+        return f"{head}: {self.drifted_keys} keys differ ({drift}): {named}"
+
+
+@dataclass
+class Sides:
+    """How to read each side of one mirror (the mirror's reader is chosen by its target type)."""
+
+    source: Callable[[], Iterator[pa.RecordBatch]]
+    mirror: Callable[..., Iterator[pa.RecordBatch]]  # (after_repair=False)
+    mirror_is_postgres: bool
+
+
+def compared_columns(ctx: Context, mirror: MirrorConfig) -> tuple[Columns, list[Any], Any, Any]:
+    """The compared columns, the mirror's fields, the source table and the changelog table."""
+    catalog = ctx.catalog()
+    source = load_source_table(catalog, ctx.table)
+    changelog = catalog.load_table(ctx.table.sink)
+    schema = source.schema()
+    key = mirror_key(ctx.table, mirror, schema)
+    fields = mirror_fields(changelog.schema(), mirror, key)
+    held = {f.name for f in fields}
+    current = [f for f in schema.fields if f.name in held]
+    names = tuple(key) + tuple(f.name for f in current if f.name not in key)
+    types = {f.name: f.field_type for f in current}
+    return Columns(names, types, tuple(key), json_nested=mirror.type == "postgres"), fields, source, changelog
+
+
+def _sides(ctx: Context, mirror: MirrorConfig, columns: Columns, source: Any, mark: ChangelogMark) -> Sides:
+    def source_rows() -> Iterator[pa.RecordBatch]:
+        return iceberg_batches(source, mark.source_snapshot_id, columns.names)
+
+    if mirror.type == "postgres":
+        dsn = dsn_for(mirror)
+        return Sides(
+            source_rows, lambda after_repair=False: postgres_batches(dsn, mirror.table, columns), True
+        )
+    table = ctx.catalog().load_table(mirror.table)
+    head = table.current_snapshot()
+    head_id = head.snapshot_id if head is not None else None
+
+    def mirror_rows(after_repair: bool = False) -> Iterator[pa.RecordBatch]:
+        if after_repair:  # the repair's own snapshot
+            return iceberg_batches(ctx.catalog().load_table(mirror.table), None, columns.names)
+        return iceberg_batches(table, head_id, columns.names)  # both passes read the same snapshot
+
+    return Sides(source_rows, mirror_rows, False)
+
+
+def _digests(rows: Iterator[pa.RecordBatch], columns: Columns, buckets: int, pg: bool) -> Digests:
+    digests = Digests.empty(buckets)
+    for batch in rows:
+        hashed = hash_batch(batch, columns, buckets, from_postgres=pg)
+        digests.add(hashed.buckets, hashed.row_hashes)
+        digests.bytes += batch.nbytes
+    return digests
+
+
+def _collect(
+    rows: Iterator[pa.RecordBatch],
+    columns: Columns,
+    buckets: int,
+    pg: bool,
+    differing: np.ndarray,
+    keep: list[str],
+) -> Collected:
+    collected = Collected()
+    for batch in rows:
+        hashed: Hashed = hash_batch(batch, columns, buckets, from_postgres=pg)
+        collected.add(hashed, differing, keep)
+    return collected
+
+
+def verify_mirror(
+    ctx: Context,
+    mirror: MirrorConfig,
+    *,
+    repair: bool,
+    run_id: str,
+    epoch: int,
+    key_limit: int = KEY_LIMIT,
+    hook: Hook | None = None,
+) -> Verification:
+    """Verify ``mirror`` (the caller holds its lease at ``epoch``), repairing drift when ``repair``."""
+    call = hook or (lambda point: None)
+    clock = time.perf_counter()
+    seconds: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[name] = round(now - clock, 3)
+        clock = now
+        call(name)
+
+    result = Verification(mirror.mirror_name, mirror.table, "not_applied", verified_at=time.time())
+    mark = read_mirror_mark(ctx, mirror)
+    if mark is None:
+        return result
+    result.at = mark.to_dict()
+    columns, fields, source, _changelog = compared_columns(ctx, mirror)
+    sides = _sides(ctx, mirror, columns, source, mark)
+    snapshot = source.snapshot_by_id(mark.source_snapshot_id)
+    if snapshot is None:
+        raise CdcError(
+            f"{mirror.describe()}: the source snapshot {mark.source_snapshot_id} the mirror holds is no longer "
+            f"in {ctx.table.source}'s history (expired): nothing can be verified at it. Let the mirror apply the "
+            "next changelog snapshot, then verify again"
+        )
+    total = int((snapshot.summary or {}).get("total-records", 0) or 0) if snapshot.summary else 0
+    buckets = bucket_count(total)
+    result.buckets = buckets
+    pg = sides.mirror_is_postgres
+    source_digests = _digests(sides.source(), columns, buckets, False)
+    lap("digest_source")
+    mirror_digests = _digests(sides.mirror(), columns, buckets, pg)
+    lap("digest_mirror")
+    result.rows_source, result.rows_mirror = source_digests.rows, mirror_digests.rows
+    differing = source_digests.differing(mirror_digests)
+    result.differing_buckets = len(differing)
+    seconds["digest_mb_per_s"] = round(
+        (source_digests.bytes + mirror_digests.bytes)
+        / 1e6
+        / max(seconds["digest_source"] + seconds["digest_mirror"], 1e-6),
+        1,
+    )
+    if not len(differing):
+        result.status = "equal"
+        result.seconds = seconds
+        return result
+    keep_source = [f.name for f in fields if f.name in columns.types]
+    found_source = _collect(sides.source(), columns, buckets, False, differing, keep_source)
+    found_mirror = _collect(sides.mirror(), columns, buckets, pg, differing, list(columns.key))
+    drift = find_drift(
+        found_source.table(len(columns.key)), found_mirror.table(len(columns.key)), len(columns.key)
+    )
+    lap("compare")
+    source_rows, mirror_rows = found_source.kept(), found_mirror.kept()
+    result.drifted_keys = drift.keys
+    result.drift = drift.counts
+    result.keys = _named(drift, source_rows, mirror_rows, columns.key, key_limit)
+    result.status = "drift"
+    if drift.keys and repair:
+        from iceberg_cdc.mirror.verify.repair import repair_keys
+
+        repair_keys(
+            ctx, mirror, fields, columns, mark, drift, source_rows, mirror_rows, run_id, epoch, hook=call
+        )
+        lap("repair")
+        again = _collect(sides.mirror(after_repair=True), columns, buckets, pg, differing, list(columns.key))
+        left = find_drift(
+            found_source.table(len(columns.key)), again.table(len(columns.key)), len(columns.key)
+        )
+        lap("reverify")
+        result.repaired_keys = drift.keys - left.keys
+        result.left_keys = left.keys
+        result.status = "repaired" if not left.keys else "drift"
+    else:
+        result.left_keys = drift.keys
+    result.seconds = seconds
+    return result
+
+
+def _named(
+    drift: Drift, source_rows: pa.Table, mirror_rows: pa.Table, key: tuple[str, ...], limit: int
+) -> list[str]:
+    named: list[str] = []
+    for label, rows, indices in (
+        ("changed", source_rows, drift.changed_source),
+        ("missing", source_rows, drift.missing),
+        ("foreign", mirror_rows, drift.foreign),
+    ):
+        if len(named) >= limit or not len(indices):
+            continue
+        named += [f"{label} {k}" for k in describe_keys(rows, key, indices, limit - len(named))]
+    return named

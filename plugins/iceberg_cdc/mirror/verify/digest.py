@@ -1,0 +1,114 @@
+"""Order-independent digests of a table's rows, per bucket of the key, in NumPy.
+
+Each compared column is first put in its canonical form (:mod:`.canonical`):
+fixed-width values as int64 (floats as their bits, NaN made one NaN),
+everything else as bytes. A value's 64-bit hash is then exact for fixed-width
+values (SplitMix64's finalizer is a bijection, so two different int64 never
+collide) and, for bytes, two independent 31-bit Murmur3 hashes (Iceberg's own,
+``pyiceberg-core``, vectorized in Rust) of the value and of the value with a
+salt appended. A row's hash folds its columns' hashes in column order.
+
+A bucket's digest is the count of its rows and the sum of their hashes modulo
+2^64, so it does not depend on the order rows are read in, and two sides
+whose digests agree in every bucket hold the same multiset of rows except
+with probability about 2^-60 per differing row. The bucket of a row is a hash
+of its key columns only, so a row that moved or changed stays in one bucket
+on both sides and the buckets that differ name where to look.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg_core.transform import bucket
+
+_HASH_SPACE = 2**31 - 1
+_NULL = np.uint64(0x9AE16A3B2F90404F)
+_SALT = b"\x00cdc-verify"
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_SEED = np.uint64(0x243F6A8885A308D3)
+
+
+def splitmix64(values: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer over uint64 values: a bijection whose every input bit moves every output bit."""
+    with np.errstate(over="ignore"):
+        z = values.astype(np.uint64, copy=True) + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _bytes_hash(array: pa.Array) -> np.ndarray:
+    salted = pc.binary_join_element_wise(array, pa.scalar(_SALT, array.type), pa.scalar(b"", array.type))
+    high = bucket(array, _HASH_SPACE).fill_null(0).to_numpy().astype(np.uint64)
+    low = bucket(salted, _HASH_SPACE).fill_null(0).to_numpy().astype(np.uint64)
+    return (high << np.uint64(32)) | low
+
+
+def value_hashes(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The 64-bit hash of each value of a canonical column (int64 or bytes); nulls hash to a constant."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if pa.types.is_int64(array.type):
+        hashes = splitmix64(array.fill_null(0).to_numpy(zero_copy_only=False).view(np.uint64))
+    elif pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
+        hashes = _bytes_hash(array)
+    elif pa.types.is_null(array.type):
+        return np.full(len(array), _NULL, dtype=np.uint64)
+    else:
+        raise TypeError(f"not a canonical column: {array.type} (expected int64 or binary)")
+    if array.null_count:
+        hashes[np.asarray(array.is_null())] = _NULL
+    return hashes
+
+
+def fold(columns: Sequence[pa.Array | pa.ChunkedArray], rows: int) -> np.ndarray:
+    """One 64-bit hash per row over ``columns`` in order (position matters: (a, b) != (b, a))."""
+    acc = np.full(rows, _SEED, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for column in columns:
+            acc = splitmix64(acc * np.uint64(31) + value_hashes(column))
+    return acc
+
+
+def bucket_of(key_hashes: np.ndarray, buckets: int) -> np.ndarray:
+    """The bucket of each row from its key hash (the high bits: the low ones also feed the row hash)."""
+    return ((key_hashes >> np.uint64(16)) % np.uint64(buckets)).astype(np.int64)
+
+
+def bucket_count(rows: int) -> int:
+    """About 1,000 rows per bucket, a power of two between 16 and 65,536: a drift re-reads few rows."""
+    target = max(rows // 1000, 1)
+    return int(min(max(1 << (target - 1).bit_length(), 16), 65536))
+
+
+@dataclass
+class Digests:
+    """Rows and the sum of row hashes (mod 2^64) per bucket, for one side."""
+
+    buckets: int
+    counts: np.ndarray
+    sums: np.ndarray
+    bytes: int = 0
+
+    @classmethod
+    def empty(cls, buckets: int) -> Digests:
+        return cls(buckets, np.zeros(buckets, dtype=np.int64), np.zeros(buckets, dtype=np.uint64))
+
+    def add(self, bucket_ids: np.ndarray, row_hashes: np.ndarray) -> None:
+        self.counts += np.bincount(bucket_ids, minlength=self.buckets)
+        np.add.at(self.sums, bucket_ids, row_hashes)  # uint64: wraps modulo 2^64
+
+    @property
+    def rows(self) -> int:
+        return int(self.counts.sum())
+
+    def differing(self, other: Digests) -> np.ndarray:
+        """The buckets whose rows differ between the two sides (sorted bucket ids)."""
+        if other.buckets != self.buckets:
+            raise ValueError(f"bucket counts differ: {self.buckets} and {other.buckets}")
+        return np.flatnonzero((self.counts != other.counts) | (self.sums != other.sums))

@@ -1,0 +1,47 @@
+"""The last verification of each mirror, kept in the object store beside its runs.
+
+One small JSON object per mirror (``<table>/mirror-<name>/verified.json``,
+outside every run's ``epoch-<n>/`` namespace so no sweep removes it): what
+the mirror DAG reads to decide whether a verification is due, and what the
+CDC view shows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from iceberg_cdc.errors import ObjectNotFoundError
+from iceberg_cdc.mirror.staging import mirror_prefix
+from iceberg_cdc.storage import ObjectStore
+
+
+def record_key(table: str, mirror_name: str) -> str:
+    return f"{mirror_prefix(table, mirror_name)}verified.json"
+
+
+def save_verification(store: ObjectStore, table: str, mirror_name: str, result: dict[str, Any]) -> None:
+    store.put(record_key(table, mirror_name), json.dumps(result, sort_keys=True).encode())
+
+
+def last_verification(store: ObjectStore, table: str, mirror_name: str) -> dict[str, Any] | None:
+    """The last verification's result, or None (never verified, or unreadable: verify again)."""
+    try:
+        return json.loads(store.get(record_key(table, mirror_name)))
+    except ObjectNotFoundError:
+        return None
+    except ValueError:
+        return None
+
+
+def due(setting: str | bool, last: dict[str, Any] | None, now: float | None = None) -> bool:
+    """Whether a mirror run should verify: ``always``, never (``False``) or after a period (seconds)."""
+    if setting is False or setting == "false":
+        return False
+    if setting in ("always", True):
+        return True
+    if last is None:
+        return True
+    period = float(setting)
+    return (now if now is not None else time.time()) - float(last.get("verified_at", 0)) >= period

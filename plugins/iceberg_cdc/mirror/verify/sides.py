@@ -1,0 +1,92 @@
+"""The two sides a verification reads, batch by batch, as canonical columns.
+
+* the source table at the source snapshot the mirror's watermark names
+  (pyiceberg scan, only the compared columns);
+* the mirror: a PostgreSQL table (ADBC, one streamed ``SELECT`` of the
+  compared columns in the forms :func:`.canonical.postgres_select` gives) or
+  an Iceberg table (pyiceberg scan of its head snapshot).
+
+Each batch comes back with its key hash, bucket and row hash (:mod:`.digest`),
+so a side is read once per pass and never held whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyiceberg.table import Table
+from pyiceberg.types import IcebergType
+
+from iceberg_cdc.mirror.postgres.connection import connect
+from iceberg_cdc.mirror.postgres.types import qualified, quote
+from iceberg_cdc.mirror.verify.canonical import canonical_column, is_json, json_column, postgres_select
+from iceberg_cdc.mirror.verify.digest import bucket_of, fold
+
+
+@dataclass(frozen=True)
+class Columns:
+    """What is compared: column names and Iceberg types (key columns first among ``names``' order)."""
+
+    names: tuple[str, ...]
+    types: dict[str, IcebergType]
+    key: tuple[str, ...]
+    json_nested: bool  # a PostgreSQL mirror: structs and maps compared as canonical JSON
+
+
+@dataclass
+class Hashed:
+    """One batch of one side: its rows, their canonical keys, buckets and row hashes."""
+
+    batch: pa.RecordBatch
+    keys: list[pa.Array]
+    buckets: np.ndarray
+    row_hashes: np.ndarray
+
+
+def hash_batch(batch: pa.RecordBatch, columns: Columns, buckets: int, *, from_postgres: bool) -> Hashed:
+    canonical = {}
+    for name in columns.names:
+        typ = columns.types[name]
+        if columns.json_nested and is_json(typ):
+            canonical[name] = json_column(batch.column(name), typ, from_postgres=from_postgres)
+        else:
+            canonical[name] = canonical_column(batch.column(name), typ)
+    keys = [canonical[k] for k in columns.key]
+    key_hashes = fold(keys, batch.num_rows)
+    return Hashed(
+        batch,
+        keys,
+        bucket_of(key_hashes, buckets),
+        fold([canonical[n] for n in columns.names], batch.num_rows),
+    )
+
+
+def iceberg_batches(table: Table, snapshot_id: int | None, names: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    """A pyiceberg table's rows at ``snapshot_id`` (None: its head), only ``names``, streamed."""
+    if snapshot_id is None and table.current_snapshot() is None:
+        return
+    scan = table.scan(snapshot_id=snapshot_id, selected_fields=tuple(names))
+    for batch in scan.to_arrow_batch_reader():
+        if batch.num_rows:
+            yield batch.select(list(names)) if hasattr(batch, "select") else batch
+
+
+def postgres_batches(dsn: str, table: str, columns: Columns) -> Iterator[pa.RecordBatch]:
+    """A PostgreSQL mirror's rows, only the compared columns, streamed from one ``SELECT``."""
+    connection = connect(dsn)
+    try:
+        cursor = connection.cursor()
+        select = ", ".join(
+            f"{postgres_select(name, columns.types[name])} AS {quote(name)}" for name in columns.names
+        )
+        cursor.execute(f"SELECT {select} FROM {qualified(table)}")
+        reader: Any = cursor.fetch_record_batch()
+        for batch in reader:
+            if batch.num_rows:
+                yield batch
+    finally:
+        connection.close()
