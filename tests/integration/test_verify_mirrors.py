@@ -62,6 +62,9 @@ class TwoMirrors(InlinePipeline):
 
     def exact(self) -> None:
         assert verdict(self.source, self.target).exact
+        self.exact_iceberg()
+
+    def exact_iceberg(self) -> None:
         ice = self.catalog.load_table(ICEBERG_MIRROR)
         from iceberg_cdc.mirror.iceberg.steps import watermark
 
@@ -136,3 +139,52 @@ def test_an_equal_mirror_verifies_equal_with_one_scan_of_each_side(two):
             == table_state(p.source, p.source.current_snapshot().snapshot_id).num_rows
         )
         assert "compare" not in result.seconds  # no second pass when every bucket agrees
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("name", "point"),
+    [
+        ("pg", "repair_planned"),
+        ("pg", "deleted"),
+        ("pg", "marked"),
+        ("ice", "repair_planned"),
+        ("ice", "repair_joined"),
+    ],
+)
+def test_a_kill_during_repair_leaves_the_mirror_unrepaired_and_intact_then_repair_completes(two, name, point):
+    p = two
+    _drift(p)
+    ctx = Context.of(p.config, SOURCE)
+    mirror = ctx.table.mirror(name)
+    before = (
+        p.target.read_rows().sort_by("id")
+        if name == "pg"
+        else p.catalog.load_table(ICEBERG_MIRROR).scan().to_arrow().sort_by("id")
+    )
+
+    def hook(at: str) -> None:
+        if at == point:
+            raise Killed(at)
+
+    with pytest.raises(Killed), mirror_lease(ctx, mirror).hold("killed", 60) as held:
+        verify_mirror(ctx, mirror, repair=True, run_id="killed", epoch=held.epoch, hook=hook)
+    after = (
+        p.target.read_rows().sort_by("id")
+        if name == "pg"
+        else p.catalog.load_table(ICEBERG_MIRROR).scan().to_arrow().sort_by("id")
+    )
+    assert after.equals(before)  # all or nothing: the drift is still there, nothing half-repaired
+    with mirror_lease(ctx, mirror).hold("again", 60) as held:
+        result = verify_mirror(ctx, mirror, repair=True, run_id="again", epoch=held.epoch)
+    assert result.status == "repaired" and result.left_keys == 0, result
+    with mirror_lease(ctx, mirror).hold("check", 60) as held:
+        assert verify_mirror(ctx, mirror, repair=False, run_id="check", epoch=held.epoch).status == "equal"
+    if name == "ice":
+        # The killed attempt's staged files are swept by the next mirror run, and the mirror stays exact.
+        cow_merge(p.source, upserts=rows([1, 2], region="us", status="v3"), delete_keys=[])
+        p.sync()
+        p.exact_iceberg()

@@ -39,6 +39,12 @@ class MirrorConfig(_Strict):
     exclude_columns: list[str] = Field(default_factory=list)
     mode: Literal["merge-on-read", "copy-on-write"] | None = None
     format_version: Literal[2, 3] | None = None
+    # How often a mirror run also verifies the mirror against its source (mirror.verify): seconds
+    # between verifications (0: every run, ``always``), or None (``false``: only ``make verify``).
+    # Default a day: a verification reads the source and the mirror once each, far more than an
+    # apply of a few changes reads, so every run would multiply a busy mirror's cost.
+    verify: float | None = 86400.0
+    repair: bool = True
 
     @model_validator(mode="after")
     def _target(self) -> MirrorConfig:
@@ -73,6 +79,20 @@ class MirrorConfig(_Strict):
                 f"dsn {redact_value(self.dsn)!r} is not a URL like postgresql://user@host:5432/database"
             )
         return self
+
+    @field_validator("verify", mode="before")
+    @classmethod
+    def _verify(cls, value: Any) -> float | None:
+        if value is False or value is None or (isinstance(value, str) and value.strip().lower() == "false"):
+            return None
+        if value is True or (isinstance(value, str) and value.strip().lower() == "always"):
+            return 0.0
+        try:
+            return parse_duration(value)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(
+                f"verify: {value!r} is not 'always', a duration such as 24h or 30m, or false ({exc})"
+            ) from None
 
     @field_validator("name")
     @classmethod

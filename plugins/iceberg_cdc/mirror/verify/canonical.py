@@ -104,9 +104,12 @@ def canonical_column(array: pa.Array | pa.ChunkedArray, typ: IcebergType) -> pa.
     if isinstance(typ, UUIDType | FixedType | BinaryType):
         return pc.cast(array, pa.binary())
     if isinstance(typ, ListType):
-        elements = canonical_column(array.values, typ.element_type)
+        offsets = array.offsets  # a slice's own offsets; .values is the whole child array
+        start = offsets[0].as_py() if len(offsets) else 0
+        end = offsets[-1].as_py() if len(offsets) else 0
+        elements = canonical_column(array.values.slice(start, end - start), typ.element_type)
         rebuilt = pa.ListArray.from_arrays(
-            pc.subtract(array.offsets, array.offsets[0]) if len(array.offsets) else array.offsets,
+            pc.subtract(offsets, pa.scalar(start, offsets.type)),
             elements,
             mask=pc.is_null(array) if array.null_count else None,
         )

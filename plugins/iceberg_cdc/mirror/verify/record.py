@@ -35,13 +35,10 @@ def last_verification(store: ObjectStore, table: str, mirror_name: str) -> dict[
         return None
 
 
-def due(setting: str | bool, last: dict[str, Any] | None, now: float | None = None) -> bool:
-    """Whether a mirror run should verify: ``always``, never (``False``) or after a period (seconds)."""
-    if setting is False or setting == "false":
+def due(every: float | None, last: dict[str, Any] | None, now: float | None = None) -> bool:
+    """Whether a mirror run should verify: ``every`` seconds since the last (0: always; None: never)."""
+    if every is None:
         return False
-    if setting in ("always", True):
+    if last is None or every == 0:
         return True
-    if last is None:
-        return True
-    period = float(setting)
-    return (now if now is not None else time.time()) - float(last.get("verified_at", 0)) >= period
+    return (now if now is not None else time.time()) - float(last.get("verified_at", 0)) >= every
