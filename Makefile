@@ -28,13 +28,15 @@ TEST_WORKERS ?= 2
 # Random histories per property test in make test-fast (make test runs 200; CDC_HISTORIES sets both).
 FAST_HISTORIES ?= 20
 
-.PHONY: help prereqs setup java-setup test-java test test-fast test-compat demo demo-engine sync airflow lint format bench bench-scale wheel clean
+.PHONY: help prereqs setup java-setup test-java test test-fast test-compat demo demo-engine sync verify airflow lint format bench bench-scale wheel clean
 
 help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
 	@echo "             (WRITE_MODE=merge-on-read: the source written with position and equality deletes;"
 	@echo "              WRITE_MODE=merge-on-read-v3: a format-v3 source whose MERGE writes deletion vectors)"
 	@echo "make sync CONFIG=path.yaml   run each table's DAG until its sink has caught up"
+	@echo "make verify CONFIG=path.yaml   prove every mirror equals its source; repair drift (REPAIR=0: only report;"
+	@echo "             TABLE=ns.t MIRROR=name: one mirror). Exit 1 while drift is left"
 	@echo "make airflow Airflow on the demo config at http://127.0.0.1:8080 (PORT=...), with the CDC view"
 	@echo "make demo-engine   only the shuffle engine, on one generated snapshot (seconds)"
 	@echo "make test    install into .venv/ when missing, lint, run the test suite"
@@ -118,6 +120,11 @@ demo-engine: setup
 sync: setup
 	@test -n "$(CONFIG)" || { echo "usage: make sync CONFIG=path/to/config.yaml"; exit 2; }
 	$(BIN)/python -m cdc_devtools.sync --config "$(CONFIG)" --home "$(or $(AIRFLOW_HOME_DIR),.cdc/airflow)"
+
+verify: setup
+	@test -n "$(CONFIG)" || { echo "usage: make verify CONFIG=path/to/config.yaml [REPAIR=0] [TABLE=ns.t] [MIRROR=name]"; exit 2; }
+	$(BIN)/python -m iceberg_cdc.mirror.verify --config "$(CONFIG)" $(if $(filter 0,$(REPAIR)),--no-repair,) \
+	  $(if $(TABLE),--table "$(TABLE)",) $(if $(MIRROR),--mirror "$(MIRROR)",)
 
 airflow: setup
 	$(BIN)/python scripts/airflow_ui.py $(if $(PORT),--port $(PORT),)

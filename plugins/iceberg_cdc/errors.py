@@ -199,6 +199,15 @@ class MirrorHistoryError(MirrorError):
     final = True
 
 
+class MirrorDriftError(MirrorError):
+    """A verification found the mirror differs from its source, and the drift was not repaired.
+
+    Final: a retry would find the same drift. ``make verify`` (or ``repair: true``) repairs it.
+    """
+
+    final = True
+
+
 class MirrorStateError(MirrorError, LeaseLostError):
     """The mirror moved under this run: nothing was applied.
 

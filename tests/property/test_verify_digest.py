@@ -99,7 +99,7 @@ def test_one_changed_row_changes_exactly_its_bucket(rows, data):
     original = rows[target]
     if all(_same_value(original[k], replacement[k]) for k in original):
         return  # not a change (NaN payloads are one NaN; -0.0 vs 0.0 is a change)
-    changed = _table(rows[:target] + [replacement] + rows[target + 1 :])
+    changed = _table([*rows[:target], replacement, *rows[target + 1 :]])
     a, b = _digest(table, 16, 64), _digest(changed, 16, 64)
     differing = a.differing(b)
     bucket = hash_batch(table.slice(target, 1).to_batches()[0], COLUMNS, 16, from_postgres=False).buckets[0]

@@ -1,7 +1,10 @@
 """One mirror DAG per (table, mirror): ``cdc_mirror__<ns>__<table>__<mirror name>``.
 
-    detect ─ plan_apply ─ join_jobs ─ mirror_join[] ─ apply
+    detect ─ plan_apply ─ join_jobs ─ mirror_join[] ─ apply ─ verify
     cleanup: teardown of detect (runs after failures too, keeps them failed)
+
+``verify`` proves the mirror equals its source and repairs drift when the
+mirror's ``verify`` setting says one is due (:mod:`iceberg_cdc.mirror.verify`).
 
 Scheduled on the changelog's Airflow Asset (``cdc:<sink>``): every commit of
 the table's DAG emits an event, and Airflow starts a mirror run for the
@@ -35,6 +38,7 @@ from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_op
 from iceberg_cdc.airflow.policy import airflow_holder_state, final_errors, record_error, task_retries
 from iceberg_cdc.config import CdcConfig, MirrorConfig, TableConfig, load_config
 from iceberg_cdc.mirror import steps
+from iceberg_cdc.mirror.verify.step import verify_step
 from iceberg_cdc.run.context import Context
 
 log = logging.getLogger("iceberg_cdc")
@@ -53,6 +57,7 @@ watermark ({atomic}).
 * **plan_apply** — reads the pending changelog, stages the net changes (Parquet, shuffle store)
 * **mirror_join** — the Iceberg target's Spark join tasks (none for PostgreSQL)
 * **apply** — the atomic apply with the watermark (exactly once)
+* **verify** — when due ({verify}): digests of source and mirror, drifted keys repaired ({repair})
 * **cleanup** — teardown: staged objects, the lease
 
 Rebuild from the changelog or the source's state:
@@ -84,6 +89,12 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
             key=f"by {table.identifier_columns}" if table.identifier_columns else "by the identifier fields",
             atomic="one PostgreSQL transaction" if mirror.type == "postgres" else "one Iceberg commit",
             name=name,
+            verify="never; `make verify`"
+            if mirror.verify is None
+            else "every run"
+            if mirror.verify == 0
+            else f"every {mirror.verify / 3600:g} h",
+            repair="on" if mirror.repair else "off: drift fails the run",
         ),
         default_args={
             "retries": task_retries(),
@@ -153,10 +164,17 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
             planned = ti.xcom_pull(task_ids="plan_apply") if ti is not None else None
             return steps.cleanup(ctx, mine, detected, run_id or "manual", planned)
 
+        @task(task_id="verify")
+        def verify(ti=None) -> dict[str, Any]:
+            ctx, mine = context()
+            with final_errors():
+                return verify_step(ctx, mine, ti.xcom_pull(task_ids="detect"))
+
         applied = apply()
         mirror_join >> applied
+        verified = verify()
         teardown = cleanup(detected).as_teardown(setups=detected)
-        applied >> teardown
+        applied >> verified >> teardown
     return dag
 
 

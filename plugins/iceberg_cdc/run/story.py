@@ -215,3 +215,46 @@ def run_note(
     else:
         what = "failed" + (f": {reason}" if reason else "")
     return clip(redact(where + what + retention_suffix(detected)), NOTE_LIMIT)
+
+
+def mirror_note(
+    state: str,
+    *,
+    detected: Mapping[str, Any] | None = None,
+    applied: Mapping[str, Any] | None = None,
+    verified: Mapping[str, Any] | None = None,
+    failed: list[FailedTask] | None = None,
+    reason: str | None = None,
+) -> str:
+    """A mirror DAG run's note: what the apply did and what the verification found (or why it failed)."""
+    parts: list[str] = []
+    detected = detected if isinstance(detected, Mapping) else None
+    applied = applied if isinstance(applied, Mapping) else None
+    if detected and detected.get("action") == "apply":
+        through = (detected.get("through") or {}).get("source_snapshot_id")
+        what = f"{detected.get('snapshots', 0)} changelog snapshot(s) to source snapshot {through}"
+        if applied is not None:
+            upserted = applied.get("upserted", applied.get("added_rows"))
+            deleted = applied.get("deleted", applied.get("deleted_rows"))
+            counts = (
+                f": {int(upserted or 0):,} upserted, {int(deleted or 0):,} deleted"
+                if upserted is not None
+                else ""
+            )
+            what = f"applied {what}{counts}"
+        parts.append(what)
+    elif detected:
+        parts.append("caught up")
+    if isinstance(verified, Mapping) and verified.get("line"):
+        parts.append(f"verify: {verified['line']}")
+    if state == "success":
+        return clip(redact("; ".join(parts) or "succeeded"), NOTE_LIMIT)
+    failed = failed or []
+    cause = next((t for t in failed if t.error), failed[0] if failed else None)
+    if cause is not None:
+        parts.append(
+            f"failed at {cause.name}: {cause.error}" if cause.error else f"{cause.name} failed (see its log)"
+        )
+    else:
+        parts.append("failed" + (f": {reason}" if reason else ""))
+    return clip(redact("; ".join(parts)), NOTE_LIMIT)

@@ -36,12 +36,14 @@ from typing import Any
 from airflow.listeners import hookimpl
 
 from iceberg_cdc.airflow.policy import ERROR_XCOM_KEY
-from iceberg_cdc.run.story import FailedTask, merged_note, run_note
+from iceberg_cdc.run.story import FailedTask, merged_note, mirror_note, run_note
 
 log = logging.getLogger("iceberg_cdc")
 
 DAG_PREFIX = "cdc__"
 PIPELINE_TASKS = {"detect", "commit", "cleanup"}
+MIRROR_PREFIX = "cdc_mirror__"
+MIRROR_TASKS = {"detect", "apply", "cleanup"}
 _AIRFLOW_REASONS = {"task_failure", "success", "all_tasks_deadlocked"}
 
 
@@ -57,7 +59,7 @@ def on_dag_run_failed(dag_run: Any, msg: str) -> None:
 
 def annotate(dag_run: Any, state: str, msg: str | None = None) -> str | None:
     """Set the run's note from its XComs and failed tasks; returns the note (None when left alone)."""
-    if not str(getattr(dag_run, "dag_id", "")).startswith(DAG_PREFIX):
+    if not str(getattr(dag_run, "dag_id", "")).startswith((DAG_PREFIX, MIRROR_PREFIX)):
         return None
     try:
         from sqlalchemy.orm import object_session
@@ -95,7 +97,8 @@ def _annotate(session: Any, dag_run: Any, state: str, msg: str | None) -> str | 
             TaskInstance.dag_id == dag_run.dag_id, TaskInstance.run_id == dag_run.run_id
         )
     ).all()
-    if not {ti.task_id for ti in tis} >= PIPELINE_TASKS:
+    mirror = str(dag_run.dag_id).startswith(MIRROR_PREFIX)
+    if not {ti.task_id for ti in tis} >= (MIRROR_TASKS if mirror else PIPELINE_TASKS):
         return None  # not one of the pipeline's DAGs
     rows = session.scalars(
         select(XComModel).where(
@@ -120,13 +123,24 @@ def _annotate(session: Any, dag_run: Any, state: str, msg: str | None) -> str | 
             key=lambda ti: (ti.end_date is None, ti.end_date or 0, ti.task_id, ti.map_index),
         )
     ]
-    note = run_note(
-        state,
-        detected=values.get(("detect", "return_value")),
-        committed=values.get(("commit", "return_value")),
-        mark=values.get(("watermark", "return_value")),
-        failed=failed,
-        reason=None if not msg or msg in _AIRFLOW_REASONS else msg,
+    note = (
+        mirror_note(
+            state,
+            detected=values.get(("detect", "return_value")),
+            applied=values.get(("apply", "return_value")),
+            verified=values.get(("verify", "return_value")),
+            failed=failed,
+            reason=None if not msg or msg in _AIRFLOW_REASONS else msg,
+        )
+        if mirror
+        else run_note(
+            state,
+            detected=values.get(("detect", "return_value")),
+            committed=values.get(("commit", "return_value")),
+            mark=values.get(("watermark", "return_value")),
+            failed=failed,
+            reason=None if not msg or msg in _AIRFLOW_REASONS else msg,
+        )
     )
     existing = dag_run.dag_run_note
     if existing is not None and existing.user_id:
