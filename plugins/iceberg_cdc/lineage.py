@@ -35,6 +35,8 @@ class DatasetRef:
     symlink: tuple[str, str] | None = None  # (namespace, name) of the catalog identifier
     catalog: dict[str, str] = field(default_factory=dict)  # framework, type, name, warehouseUri
     rows: int | None = None  # output rows written (outputs only)
+    # Data-quality assertions on an input (name, success, actual), e.g. a mirror's verification.
+    assertions: tuple[tuple[str, bool, str], ...] = ()
 
 
 def location_name(location: str) -> tuple[str, str]:

@@ -98,3 +98,62 @@ def test_a_caught_up_mirror_run_reports_no_datasets():
         _lineage_committed={"applied": False, "reason": "caught up"},
     )
     assert ChangelogLineageOperator.lineage_datasets(ran, None) == ([], [])
+
+
+def test_a_verification_reports_the_mirror_with_a_data_quality_assertion():
+    from iceberg_cdc.airflow.operators.lineage import operator_lineage, verify_datasets
+
+    detected = {**DETECTED, "mirror": "ice"}
+    verified = {
+        "verified": True,
+        "status": "repaired",
+        "drifted_keys": 3,
+        "left_keys": 0,
+        "mirror_location": "s3://wh/mirror/orders",
+    }
+    inputs, outputs = verify_datasets(detected, verified)
+    assert outputs == []
+    (mirror,) = inputs
+    assert (mirror.namespace, mirror.name) == ("s3://wh", "mirror/orders")
+    assert mirror.assertions == (("equal_to_source", True, "3 keys differed, 0 left (repaired)"),)
+    event = operator_lineage(inputs, outputs)
+    facet = event.inputs[0].inputFacets["dataQualityAssertions"]
+    assert [(a.assertion, a.success) for a in facet.assertions] == [("equal_to_source", True)]
+
+    (left,), _ = verify_datasets(detected, {**verified, "status": "drift", "left_keys": 3})
+    assert left.assertions[0][1] is False
+    assert verify_datasets(detected, {"verified": False, "reason": "not due"}) == ([], [])
+
+
+def test_a_verification_metric_says_equal_or_not():
+    from iceberg_cdc.run.metrics import emit_verification
+
+    sent: list[tuple] = []
+
+    class Recorder:
+        def gauge(self, stat, value, rate=None, delta=None, *, tags=None):
+            sent.append((stat, value))
+
+        def timing(self, stat, dt, *, tags=None):
+            sent.append((stat, dt.total_seconds()))
+
+        def incr(self, stat, count=None, rate=None, *, tags=None):
+            sent.append((stat, count))
+
+    emit_verification(
+        Recorder(),
+        "shop.orders",
+        "pg",
+        {
+            "status": "drift",
+            "drifted_keys": 2,
+            "left_keys": 2,
+            "seconds": {"digest_source": 1.5, "digest_mb_per_s": 9.0},
+        },
+    )
+    assert sent == [
+        ("cdc.shop__orders.mirror.pg.verify.equal", 0.0),
+        ("cdc.shop__orders.mirror.pg.verify.drifted_keys", 2.0),
+        ("cdc.shop__orders.mirror.pg.verify.left_keys", 2.0),
+        ("cdc.shop__orders.mirror.pg.verify.seconds", 1.5),
+    ]

@@ -32,6 +32,7 @@ from iceberg_cdc.airflow.dag_factory import sink_asset
 from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (conn_id -> DSN)
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.lease_wait import take_waiting
+from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.detect import lease_wait_seconds, sensor_mode
 from iceberg_cdc.airflow.operators.lineage import lineage_task
 from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
@@ -40,6 +41,7 @@ from iceberg_cdc.config import CdcConfig, MirrorConfig, TableConfig, load_config
 from iceberg_cdc.mirror import steps
 from iceberg_cdc.mirror.verify.step import verify_step
 from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.metrics import emit_verification
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -164,11 +166,16 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
             planned = ti.xcom_pull(task_ids="plan_apply") if ti is not None else None
             return steps.cleanup(ctx, mine, detected, run_id or "manual", planned)
 
-        @task(task_id="verify")
+        @lineage_task(task_id="verify", lineage="verify")
         def verify(ti=None) -> dict[str, Any]:
             ctx, mine = context()
             with final_errors():
-                return verify_step(ctx, mine, ti.xcom_pull(task_ids="detect"))
+                return verify_step(
+                    ctx,
+                    mine,
+                    ti.xcom_pull(task_ids="detect"),
+                    on_result=lambda found: emit_safely(emit_verification, source, name, found),
+                )
 
         applied = apply()
         mirror_join >> applied

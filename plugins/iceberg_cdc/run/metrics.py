@@ -124,3 +124,21 @@ def emit_retention(stats: StatsBackend, source: str, retention: dict[str, Any] |
     if isinstance(left, int | float):
         stats.gauge(f"{prefix}.retention.seconds_left", float(left), tags=tags)
     stats.gauge(f"{prefix}.retention.protected", 1.0 if retention.get("protected") else 0.0, tags=tags)
+
+
+def emit_verification(stats: StatsBackend, source: str, mirror_name: str, verified: dict[str, Any]) -> None:
+    """A mirror's verification (``mirror.verify``): whether it is equal, keys that differed and were left.
+
+    ``cdc.<table>.mirror.<name>.verify.equal`` is 1 or 0 (alert on 0),
+    ``...verify.drifted_keys`` the keys found differing (repaired or not),
+    ``...verify.left_keys`` those still differing, ``...verify.seconds`` its time.
+    """
+    safe = "".join(c if c in _NAME_CHARACTERS else "_" for c in mirror_name)
+    prefix = f"{metric_prefix(source)}.mirror.{safe}.verify"
+    tags = {**table_tag(source), "mirror": safe}
+    equal = verified.get("status") in ("equal", "repaired", "not_applied")
+    stats.gauge(f"{prefix}.equal", 1.0 if equal else 0.0, tags=tags)
+    stats.gauge(f"{prefix}.drifted_keys", float(verified.get("drifted_keys") or 0), tags=tags)
+    stats.gauge(f"{prefix}.left_keys", float(verified.get("left_keys") or 0), tags=tags)
+    total = sum(v for k, v in (verified.get("seconds") or {}).items() if k != "digest_mb_per_s")
+    stats.timing(f"{prefix}.seconds", timedelta(seconds=float(total)), tags=tags)

@@ -68,6 +68,21 @@ def _dataset(ref: DatasetRef, *, output: bool = False) -> Any:
                 rowCount=ref.rows
             )
         return OutputDataset(namespace=ref.namespace, name=ref.name, facets=facets, outputFacets=extra)
+    if ref.assertions:
+        from openlineage.client.facet_v2 import data_quality_assertions_dataset as quality
+
+        checks = [
+            quality.Assertion(assertion=name, success=ok, actual=actual)
+            for name, ok, actual in ref.assertions
+        ]
+        return InputDataset(
+            namespace=ref.namespace,
+            name=ref.name,
+            facets=facets,
+            inputFacets={
+                "dataQualityAssertions": quality.DataQualityAssertionsDatasetFacet(assertions=checks)
+            },
+        )
     return InputDataset(namespace=ref.namespace, name=ref.name, facets=facets)
 
 
@@ -125,7 +140,7 @@ class ChangelogLineageOperator(LineageReporting, DecoratedOperator, PythonOperat
         self._lineage_detected = (
             result if self.lineage == "input" else context["ti"].xcom_pull(task_ids="detect")
         )
-        self._lineage_committed = result if self.lineage in ("changelog", "mirror") else None
+        self._lineage_committed = result if self.lineage in ("changelog", "mirror", "verify") else None
         return result
 
     def lineage_datasets(self, task_instance: Any) -> tuple[list[DatasetRef], list[DatasetRef]]:
@@ -133,6 +148,8 @@ class ChangelogLineageOperator(LineageReporting, DecoratedOperator, PythonOperat
         if self.lineage != "mirror" and detected.get("snapshot_id") is None:  # caught up: no datasets
             return [], []
         committed = getattr(self, "_lineage_committed", None)
+        if self.lineage == "verify":
+            return verify_datasets(detected, committed if isinstance(committed, dict) else None)
         if self.lineage == "mirror":
             if detected.get("action") != "apply":  # caught up: no datasets
                 return [], []
@@ -208,6 +225,32 @@ def mirror_datasets(
         )
     ]
     return inputs, outputs
+
+
+def verify_datasets(
+    detected: dict[str, Any], verified: dict[str, Any] | None
+) -> tuple[list[DatasetRef], list[DatasetRef]]:
+    """A mirror's verification: the mirror as an input, with a data-quality assertion of equality.
+
+    ``equal_to_source`` succeeds when the mirror held exactly its source's rows
+    (or was repaired to); ``actual`` says how many keys differed and were left.
+    Nothing is reported when no verification ran (not due).
+    """
+    if not verified or not verified.get("verified"):
+        return [], []
+    from iceberg_cdc.config import load_config
+
+    config = load_config()
+    mirror = config.table(detected["source"]).mirror(detected["mirror"])
+    target = mirror_dataset(
+        mirror.model_dump(include={"type", "table", "dsn", "conn_id"}),
+        config.catalog,
+        location=verified.get("mirror_location"),
+    )
+    drifted, left = int(verified.get("drifted_keys") or 0), int(verified.get("left_keys") or 0)
+    status = str(verified.get("status"))
+    actual = f"{drifted} keys differed, {left} left ({status})"
+    return [replace(target, assertions=(("equal_to_source", status in ("equal", "repaired"), actual),))], []
 
 
 def lineage_task(python_callable=None, **kwargs: Any):

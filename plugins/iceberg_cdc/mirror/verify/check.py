@@ -64,6 +64,7 @@ class Verification:
     left_keys: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     verified_at: float = 0.0
+    mirror_location: str | None = None  # an Iceberg mirror's location (its lineage dataset's name)
 
     @property
     def equal(self) -> bool:
@@ -94,6 +95,7 @@ class Sides:
     source: Callable[[], Iterator[pa.RecordBatch]]
     mirror: Callable[..., Iterator[pa.RecordBatch]]  # (after_repair=False)
     mirror_is_postgres: bool
+    location: str | None = None
 
 
 def compared_columns(ctx: Context, mirror: MirrorConfig) -> tuple[Columns, list[Any], Any, Any]:
@@ -129,7 +131,7 @@ def _sides(ctx: Context, mirror: MirrorConfig, columns: Columns, source: Any, ma
             return iceberg_batches(ctx.catalog().load_table(mirror.table), None, columns.names)
         return iceberg_batches(table, head_id, columns.names)  # both passes read the same snapshot
 
-    return Sides(source_rows, mirror_rows, False)
+    return Sides(source_rows, mirror_rows, False, table.location())
 
 
 def _digests(rows: Iterator[pa.RecordBatch], columns: Columns, buckets: int, pg: bool) -> Digests:
@@ -185,6 +187,7 @@ def verify_mirror(
     result.at = mark.to_dict()
     columns, fields, source, _changelog = compared_columns(ctx, mirror)
     sides = _sides(ctx, mirror, columns, source, mark)
+    result.mirror_location = sides.location
     snapshot = source.snapshot_by_id(mark.source_snapshot_id)
     if snapshot is None:
         raise CdcError(

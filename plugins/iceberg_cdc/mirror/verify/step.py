@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from iceberg_cdc.config import MirrorConfig
@@ -15,7 +16,13 @@ from iceberg_cdc.run.context import Context
 log = logging.getLogger("iceberg_cdc.mirror")
 
 
-def verify_step(ctx: Context, mirror: MirrorConfig, detected: dict[str, Any] | None) -> dict[str, Any]:
+def verify_step(
+    ctx: Context,
+    mirror: MirrorConfig,
+    detected: dict[str, Any] | None,
+    *,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Verify (and repair, per config) when ``mirror.verify`` says one is due; MirrorDriftError when drift is left."""
     if not detected or detected.get("epoch") is None:
         return {"verified": False, "reason": "the run holds no lease"}
@@ -28,6 +35,8 @@ def verify_step(ctx: Context, mirror: MirrorConfig, detected: dict[str, Any] | N
     result = verify_mirror(ctx, mirror, repair=mirror.repair, run_id=run_id, epoch=epoch)
     answer = {**result.to_dict(), "verified": True, "line": result.line()}
     save_verification(store, ctx.table.source, mirror.mirror_name, answer)
+    if on_result is not None:  # metrics: before a drift error ends the task
+        on_result(answer)
     log.info("%s", result.line())
     if not result.equal:
         raise MirrorDriftError(
