@@ -75,3 +75,40 @@ def test_each_mirror_has_its_watermark_and_lag():
         table, reader=reader, changelog_ordinal=7, source_pending=0, source_table=None
     )[0]
     assert caught_up.state == "caught-up" and "caught up" in _mirror_fact(caught_up, datetime.now(UTC))
+
+
+def test_each_mirror_shows_its_last_verification():
+    table = CONFIG.tables[0]
+    now = datetime.now(UTC)
+    found = {
+        "pg": {
+            "status": "repaired",
+            "verified_at": now.timestamp() - 120,
+            "at": {"source_snapshot_id": "42"},
+            "repaired_keys": 3,
+        },
+        "down": {"status": "drift", "verified_at": now.timestamp() - 60, "left_keys": 2},
+    }
+    statuses = mirror_statuses(
+        table,
+        reader=reader,
+        changelog_ordinal=7,
+        source_pending=0,
+        source_table=None,
+        verifications=lambda t, m: found.get(m.name),
+    )
+    pg, down, iceberg = statuses
+    assert pg.to_dict()["verification"]["repaired_keys"] == 3
+    html = _mirror_fact(pg, now)
+    assert "verified" in html and "3 keys repaired" in html and "42" in html
+    assert down.verification["left_keys"] == 2  # kept even when the watermark cannot be read
+    assert "never verified" in _mirror_fact(iceberg, now)
+    drifted = mirror_statuses(
+        table,
+        reader=lambda t, m: ChangelogMark(1, 42, 7),
+        changelog_ordinal=7,
+        source_pending=0,
+        source_table=None,
+        verifications=lambda t, m: found["down"],
+    )[0]
+    assert "2 keys differ" in _mirror_fact(drifted, now)

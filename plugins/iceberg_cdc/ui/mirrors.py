@@ -36,6 +36,7 @@ class MirrorStatus:
     behind_changelog: int | None = None
     behind_source: int | None = None
     error: str | None = None
+    verification: dict[str, Any] | None = None  # the last verification (mirror.verify.record), if any
 
     @property
     def state(self) -> str:
@@ -61,10 +62,17 @@ class MirrorStatus:
             },
             "lag": {"behind_changelog": self.behind_changelog, "behind_source": self.behind_source},
             "error": self.error,
+            "verification": None
+            if not self.verification
+            else {
+                k: self.verification.get(k)
+                for k in ("status", "verified_at", "at", "drifted_keys", "repaired_keys", "left_keys", "line")
+            },
         }
 
 
 MirrorReader = Callable[[TableConfig, MirrorConfig], Any]  # -> ChangelogMark | None
+VerificationReader = Callable[[TableConfig, MirrorConfig], "dict[str, Any] | None"]
 
 
 def mirror_statuses(
@@ -76,10 +84,17 @@ def mirror_statuses(
     source_table: Any,
     redact: Callable[[str], str] = str,
     describe: Callable[[BaseException], str] = lambda exc: f"{type(exc).__name__}: {exc}",
+    verifications: VerificationReader | None = None,
 ) -> list[MirrorStatus]:
     """One :class:`MirrorStatus` per configured mirror of ``table``."""
     out = []
     for mirror in table.mirrors:
+        verification = None
+        if verifications is not None:
+            try:
+                verification = verifications(table, mirror)
+            except Exception:  # the view shows the watermark anyway; the next verification rewrites it
+                verification = None
         base = {
             "name": mirror.mirror_name,
             "type": mirror.type,
@@ -89,7 +104,13 @@ def mirror_statuses(
         try:
             mark = reader(table, mirror)
         except Exception as exc:
-            out.append(MirrorStatus(**base, error=redact(f"watermark not readable: {describe(exc)}")))
+            out.append(
+                MirrorStatus(
+                    **base,
+                    error=redact(f"watermark not readable: {describe(exc)}"),
+                    verification=verification,
+                )
+            )
             continue
         ordinal = mark.ordinal if mark is not None else 0
         behind = None if changelog_ordinal is None else max(0, changelog_ordinal - ordinal)
@@ -108,6 +129,7 @@ def mirror_statuses(
                 snapshot_at=snapshot_at,
                 behind_changelog=behind,
                 behind_source=None if behind is None or source_pending is None else behind + source_pending,
+                verification=verification,
             )
         )
     return out
@@ -120,5 +142,17 @@ def default_reader(config: Any, connections: Any = None) -> MirrorReader:
 
     def read(table: TableConfig, mirror: MirrorConfig) -> Any:
         return read_mirror_mark(Context.of(config, table.source, connections), mirror)
+
+    return read
+
+
+def default_verifications(config: Any, connections: Any = None) -> VerificationReader:
+    """Read each mirror's last verification from the shuffle store (:mod:`iceberg_cdc.mirror.verify.record`)."""
+    from iceberg_cdc.mirror.verify.record import last_verification
+    from iceberg_cdc.run.context import Context
+
+    def read(table: TableConfig, mirror: MirrorConfig) -> dict[str, Any] | None:
+        store = Context.of(config, table.source, connections).runtime.store()
+        return last_verification(store, table.source, mirror.mirror_name)
 
     return read

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from iceberg_cdc.ui.page_format import (
@@ -271,7 +271,27 @@ def _mirror_fact(mirror: Any, now: datetime) -> str:
         )
     else:
         lag = ' · <span data-field="mirror-lag">caught up</span>'
-    return f'{where} {at}{lag} · DAG <span class="mono">{esc(mirror.dag_id)}</span>'
+    return f'{where} {at}{lag}{_verified(mirror, now)} · DAG <span class="mono">{esc(mirror.dag_id)}</span>'
+
+
+def _verified(mirror: Any, now: datetime) -> str:
+    """The last verification: when, at which snapshot, equal / keys repaired / keys that still differ."""
+    found = mirror.verification
+    if not found or not found.get("verified_at"):
+        return ' · <span data-field="mirror-verified">never verified</span>'
+    when = time_tag(datetime.fromtimestamp(float(found["verified_at"]), tz=UTC), now)
+    at = (found.get("at") or {}).get("source_snapshot_id")
+    where = f' at snapshot <span class="mono">{esc(at)}</span>' if at else ""
+    status = found.get("status")
+    if status == "equal":
+        verdict = "equal"
+    elif status == "repaired":
+        verdict = f"{esc(found.get('repaired_keys', 0))} keys repaired"
+    elif status == "not_applied":
+        verdict = "nothing applied yet"
+    else:
+        verdict = f'<span class="warn">{esc(found.get("left_keys", 0))} keys differ</span>'
+    return f' · <span data-field="mirror-verified">verified {when}{where}: {verdict}</span>'
 
 
 def _section(status: TableStatus, runs: Any, now: datetime) -> str:

@@ -40,7 +40,13 @@ from typing import Any
 from iceberg_cdc.config import CdcConfig, TableConfig
 from iceberg_cdc.error_lines import line_of
 from iceberg_cdc.redaction import Redactor, secret_values
-from iceberg_cdc.ui.mirrors import MirrorReader, default_reader, mirror_statuses
+from iceberg_cdc.ui.mirrors import (
+    MirrorReader,
+    VerificationReader,
+    default_reader,
+    default_verifications,
+    mirror_statuses,
+)
 from iceberg_cdc.ui.sink_history import DEFAULT_RECENT, recent_commits
 from iceberg_cdc.ui.table_status import LeaseStatus, TableStatus, from_ms
 
@@ -65,6 +71,7 @@ def table_status(
     lease_reader: Callable[[str], Any] | None = None,
     redact: Callable[[str], str] | None = None,
     mirror_reader: MirrorReader | None = None,
+    verification_reader: VerificationReader | None = None,
 ) -> TableStatus:
     """The status of one table, read through ``catalog`` (a pyiceberg Catalog). Never raises for the table's state."""
     from pyiceberg.exceptions import NoSuchTableError
@@ -164,6 +171,7 @@ def table_status(
             source_table=source_table,
             redact=redact,
             describe=line_of,
+            verifications=verification_reader,
         )
     return status
 
@@ -247,6 +255,7 @@ def collect_status(
             lease_error = redact(f"lease not readable: {line_of(exc)}")
 
     mirror_reader = default_reader(config, connections) if any(t.mirrors for t in selected) else None
+    verification_reader = default_verifications(config, connections) if mirror_reader is not None else None
 
     def one(table: TableConfig) -> TableStatus:
         return table_status(
@@ -257,6 +266,7 @@ def collect_status(
             lease_reader=lease_reader,
             redact=redact,
             mirror_reader=mirror_reader,
+            verification_reader=verification_reader,
         )
 
     pool = ThreadPoolExecutor(max_workers=min(4, len(selected)), thread_name_prefix="cdc-ui-status")
