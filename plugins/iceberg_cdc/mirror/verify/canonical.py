@@ -5,7 +5,7 @@ The source (pyiceberg), an Iceberg mirror (pyiceberg) and a PostgreSQL mirror
 the same values in different Arrow types. Before hashing, every column becomes
 int64 (booleans, integers, dates, times, timestamps: their stored integer;
 floats: the bits of the equal double, every NaN one NaN, -0.0 kept) or bytes
-(strings, binary, fixed, uuid, decimals as their text with the type's scale,
+(strings, binary, fixed, uuid), 128 bits (decimals at the column's scale),
 lists as :func:`iceberg_cdc.canonical.encode` of their canonical elements).
 
 Structs and maps are stored as ``jsonb`` in PostgreSQL. No Arrow kernel
@@ -80,9 +80,12 @@ def _as_int64(array: pa.Array) -> pa.Array:
     return pc.cast(array, pa.int64())
 
 
-def _decimal_text(array: pa.Array, typ: DecimalType) -> pa.Array:
-    """A decimal (Arrow's, or PostgreSQL's numeric read as text) as its text at the column's scale."""
-    return pc.cast(pc.cast(array, pa.decimal128(38, typ.scale)), pa.string()).cast(pa.binary())
+def _decimal_bits(array: pa.Array, typ: DecimalType) -> pa.Array:
+    """A decimal (Arrow's, or PostgreSQL's numeric read as text) as its 128-bit value at the column's scale."""
+    values = pc.cast(array, pa.decimal128(38, typ.scale))
+    return pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(16), len(values), values.buffers(), offset=values.offset
+    )
 
 
 def encoding_is_bytes(typ: pa.DataType) -> bool:
@@ -100,7 +103,7 @@ def canonical_column(array: pa.Array | pa.ChunkedArray, typ: IcebergType) -> pa.
     if isinstance(typ, FloatType | DoubleType):
         return _float_bits(array)
     if isinstance(typ, DecimalType):
-        return _decimal_text(array, typ)
+        return _decimal_bits(array, typ)
     if isinstance(typ, UUIDType | FixedType | BinaryType):
         return pc.cast(array, pa.binary())
     if isinstance(typ, ListType):

@@ -35,7 +35,14 @@ from iceberg_cdc.mirror.postgres.connection import dsn_for
 from iceberg_cdc.mirror.targets import read_mirror_mark
 from iceberg_cdc.mirror.verify.digest import Digests, bucket_count
 from iceberg_cdc.mirror.verify.drift import Collected, Drift, describe_keys, find_drift
-from iceberg_cdc.mirror.verify.sides import Columns, Hashed, hash_batch, iceberg_batches, postgres_batches
+from iceberg_cdc.mirror.verify.sides import (
+    Columns,
+    Hashed,
+    hash_batch,
+    iceberg_batches,
+    postgres_batches,
+    rebatched,
+)
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.source.tables import load_source_table
 
@@ -136,7 +143,7 @@ def _sides(ctx: Context, mirror: MirrorConfig, columns: Columns, source: Any, ma
 
 def _digests(rows: Iterator[pa.RecordBatch], columns: Columns, buckets: int, pg: bool) -> Digests:
     digests = Digests.empty(buckets)
-    for batch in rows:
+    for batch in rebatched(rows):
         hashed = hash_batch(batch, columns, buckets, from_postgres=pg)
         digests.add(hashed.buckets, hashed.row_hashes)
         digests.bytes += batch.nbytes
@@ -152,7 +159,7 @@ def _collect(
     keep: list[str],
 ) -> Collected:
     collected = Collected()
-    for batch in rows:
+    for batch in rebatched(rows):
         hashed: Hashed = hash_batch(batch, columns, buckets, from_postgres=pg)
         collected.add(hashed, differing, keep)
     return collected

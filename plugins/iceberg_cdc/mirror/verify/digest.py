@@ -5,8 +5,9 @@ fixed-width values as int64 (floats as their bits, NaN made one NaN),
 everything else as bytes. A value's 64-bit hash is then exact for fixed-width
 values (SplitMix64's finalizer is a bijection, so two different int64 never
 collide) and, for bytes, two independent 31-bit Murmur3 hashes (Iceberg's own,
-``pyiceberg-core``, vectorized in Rust) of the value and of the value with a
-salt appended. A row's hash folds its columns' hashes in column order.
+``pyiceberg-core``, in Rust) of the value and of the value with a salt
+appended (:func:`_bytes_hash`); a decimal is its two 64-bit halves. A row's hash folds its columns' hashes
+in column order.
 
 A bucket's digest is the count of its rows and the sum of their hashes modulo
 2^64, so it does not depend on the order rows are read in, and two sides
@@ -43,35 +44,61 @@ def splitmix64(values: np.ndarray) -> np.ndarray:
 
 
 def _bytes_hash(array: pa.Array) -> np.ndarray:
+    """Two independent 31-bit Murmur3 hashes of each value (Iceberg's own, in Rust): of it and of it salted.
+
+    One call covers every bytes column of a batch (:func:`fold` concatenates
+    them): ``pyiceberg-core``'s ``bucket`` costs a fixed overhead per call, and
+    per value about 0.1 µs -- half of what a NumPy tabulation hash of the bytes
+    cost here.
+    """
     salted = pc.binary_join_element_wise(array, pa.scalar(_SALT, array.type), pa.scalar(b"", array.type))
     high = bucket(array, _HASH_SPACE).fill_null(0).to_numpy().astype(np.uint64)
     low = bucket(salted, _HASH_SPACE).fill_null(0).to_numpy().astype(np.uint64)
-    return (high << np.uint64(32)) | low
+    return splitmix64((high << np.uint64(32)) | low)
 
 
 def value_hashes(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """The 64-bit hash of each value of a canonical column (int64 or bytes); nulls hash to a constant."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
-    if pa.types.is_int64(array.type):
+    if pa.types.is_fixed_size_binary(array.type) and array.type.byte_width == 16:  # a decimal's 128 bits
+        halves = np.frombuffer(array.buffers()[1], dtype=np.uint64)[
+            2 * array.offset : 2 * (array.offset + len(array))
+        ]
+        with np.errstate(over="ignore"):
+            hashes = splitmix64(splitmix64(halves[0::2]) + halves[1::2])
+    elif pa.types.is_int64(array.type):
         hashes = splitmix64(array.fill_null(0).to_numpy(zero_copy_only=False).view(np.uint64))
     elif pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
         hashes = _bytes_hash(array)
     elif pa.types.is_null(array.type):
         return np.full(len(array), _NULL, dtype=np.uint64)
     else:
-        raise TypeError(f"not a canonical column: {array.type} (expected int64 or binary)")
+        raise TypeError(f"not a canonical column: {array.type} (expected int64, binary or fixed[16])")
     if array.null_count:
         hashes[np.asarray(array.is_null())] = _NULL
     return hashes
 
 
+def _is_bytes(array: pa.Array) -> bool:
+    return pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)
+
+
 def fold(columns: Sequence[pa.Array | pa.ChunkedArray], rows: int) -> np.ndarray:
     """One 64-bit hash per row over ``columns`` in order (position matters: (a, b) != (b, a))."""
+    arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
+    hashes: list[np.ndarray | None] = [None] * len(arrays)
+    texts = [i for i, a in enumerate(arrays) if _is_bytes(a)]
+    if texts:  # every bytes column of the batch in one hashing call
+        joined = pa.concat_arrays([arrays[i].cast(pa.large_binary()) for i in texts])
+        together = value_hashes(joined)
+        for n, i in enumerate(texts):
+            hashes[i] = together[n * rows : (n + 1) * rows]
     acc = np.full(rows, _SEED, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        for column in columns:
-            acc = splitmix64(acc * np.uint64(31) + value_hashes(column))
+        for i, array in enumerate(arrays):
+            column = hashes[i] if hashes[i] is not None else value_hashes(array)
+            acc = splitmix64(acc * np.uint64(31) + column)
     return acc
 
 

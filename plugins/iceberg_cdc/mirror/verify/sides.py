@@ -65,6 +65,30 @@ def hash_batch(batch: pa.RecordBatch, columns: Columns, buckets: int, *, from_po
     )
 
 
+MIN_BATCH_ROWS = 65536  # hashing has a fixed cost per call: small scan batches are merged first
+
+
+def rebatched(batches: Iterator[pa.RecordBatch], min_rows: int = MIN_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """``batches`` merged into batches of at least ``min_rows`` rows (the last may be smaller)."""
+    held: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        held.append(batch)
+        rows += batch.num_rows
+        if rows >= min_rows:
+            yield _one(held)
+            held, rows = [], 0
+    if held:
+        yield _one(held)
+
+
+def _one(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    table = pa.Table.from_batches(batches).combine_chunks()
+    return table.to_batches()[0] if table.num_rows else batches[0]
+
+
 def iceberg_batches(table: Table, snapshot_id: int | None, names: Sequence[str]) -> Iterator[pa.RecordBatch]:
     """A pyiceberg table's rows at ``snapshot_id`` (None: its head), only ``names``, streamed."""
     if snapshot_id is None and table.current_snapshot() is None:
