@@ -148,14 +148,20 @@ class Killed(Exception):
 @pytest.mark.parametrize(
     ("name", "point"),
     [
+        ("pg", "digest_mirror"),
+        ("pg", "compare"),
         ("pg", "repair_planned"),
         ("pg", "deleted"),
         ("pg", "marked"),
+        ("ice", "digest_source"),
+        ("ice", "compare"),
         ("ice", "repair_planned"),
         ("ice", "repair_joined"),
     ],
 )
-def test_a_kill_during_repair_leaves_the_mirror_unrepaired_and_intact_then_repair_completes(two, name, point):
+def test_a_kill_during_verify_or_repair_leaves_the_mirror_unrepaired_and_intact_then_repair_completes(
+    two, name, point
+):
     p = two
     _drift(p)
     ctx = Context.of(p.config, SOURCE)
@@ -251,3 +257,17 @@ def test_every_type_verifies_equal_without_false_alarms_and_a_nested_change_is_f
     assert found.status == "drift" and found.keys == ["changed id=2"], found.line()
     assert verify("pg", repair=True).status == "repaired"
     assert verify("pg").status == "equal"
+
+
+def test_a_nul_character_in_text_is_an_error_naming_the_column(tmp_path, postgres_server, pg_schema):
+    from iceberg_cdc.errors import MirrorSchemaError
+
+    mirror = {"type": "postgres", "dsn": postgres_server.dsn, "table": f"{pg_schema}.orders", "name": "pg"}
+    p = InlinePipeline(tmp_path, table={"mirrors": [mirror]})
+    p.create_source(SCHEMA)
+    p.source.append(rows([1, 2], status="a\x00b"))
+    p.catch_up()
+    with pytest.raises(
+        MirrorSchemaError, match=r"column 'status' holds a NUL character.*exclude_columns: \[status\]"
+    ):
+        run_mirror(p.config, SOURCE, "pg")

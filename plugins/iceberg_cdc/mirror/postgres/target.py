@@ -32,6 +32,7 @@ exactly once.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -40,7 +41,7 @@ from typing import Any
 import pyarrow as pa
 from pyiceberg.types import NestedField
 
-from iceberg_cdc.errors import MirrorKeyError, MirrorStateError
+from iceberg_cdc.errors import MirrorKeyError, MirrorSchemaError, MirrorStateError
 from iceberg_cdc.mirror.net_changes import ChangelogMark, NetChanges
 from iceberg_cdc.mirror.postgres import ddl
 from iceberg_cdc.mirror.postgres.connection import connect
@@ -74,6 +75,23 @@ class MirrorState:
     source_table: str
     epoch: int
     run_id: str | None
+
+
+def _ingest(cursor: Any, name: str, load: Any) -> None:
+    """Binary COPY of ``load`` into a temporary table; a NUL character in text is named with its column."""
+    try:
+        cursor.adbc_ingest(name, load.table(), mode="create", temporary=True)
+    except Exception as exc:
+        found = re.search(r"0x00.*?column (c\d+)", str(exc), re.S)
+        if found is None:
+            raise
+        flat = found.group(1)
+        column = next((n for n, e in load.expressions.items() if re.search(rf"\.{flat}\b", e)), flat)
+        raise MirrorSchemaError(
+            f"column {column!r} holds a NUL character (\\x00), which PostgreSQL's text cannot store; nothing "
+            f"was applied. Leave the column out of the mirror (tables[].mirrors[].exclude_columns: [{column}]) "
+            "or remove the NUL characters in the source"
+        ) from None
 
 
 class PostgresTarget:
@@ -177,7 +195,7 @@ class PostgresTarget:
             for name, load in ((_UPSERTS, upserts), (_DELETES, deletes)):
                 if load is not None:
                     cursor.execute(f"DROP TABLE IF EXISTS pg_temp.{name}")
-                    cursor.adbc_ingest(name, load.table(), mode="create", temporary=True)
+                    _ingest(cursor, name, load)
             lap("loaded")
             deleted = 0
             if replace_all:
