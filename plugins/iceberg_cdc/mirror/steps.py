@@ -182,6 +182,23 @@ def sweep_leftovers(ctx: Context, mirror: MirrorConfig, keep_attempt: str) -> in
     return removed
 
 
+def plan_fields(
+    ctx: Context, mirror: MirrorConfig, changelog: Any, fields: list[Any], *, run_id: str, epoch: int
+) -> dict[str, Any]:
+    """What every staged mirror plan says of its mirror, run and columns (an apply's or a repair's)."""
+    return {
+        "source": ctx.table.source,
+        "changelog": ctx.table.sink,
+        "mirror_type": mirror.type,
+        "mirror_table": mirror.table,
+        "mirror_name": mirror.mirror_name,
+        "run_id": run_id,
+        "epoch": epoch,
+        "columns": [f.name for f in fields],
+        "changelog_schema_json": changelog.schema().model_dump_json(),
+    }
+
+
 def plan_apply(ctx: Context, mirror: MirrorConfig, detected: dict[str, Any]) -> dict[str, Any]:
     """Read the pending changelog, stage its net changes, and plan the target's work."""
     if detected["action"] != "apply":
@@ -211,15 +228,9 @@ def plan_apply(ctx: Context, mirror: MirrorConfig, detected: dict[str, Any]) -> 
         paths,
         net,
         plan_fields={
-            "source": ctx.table.source,
-            "changelog": ctx.table.sink,
-            "mirror_type": mirror.type,
-            "mirror_table": mirror.table,
-            "mirror_name": mirror.mirror_name,
-            "run_id": detected["run_id"],
-            "epoch": int(detected["epoch"]),
-            "columns": [f.name for f in fields],
-            "changelog_schema_json": changelog.schema().model_dump_json(),
+            **plan_fields(
+                ctx, mirror, changelog, fields, run_id=detected["run_id"], epoch=int(detected["epoch"])
+            ),
             "base": detected["base"],
             "snapshots": pend.snapshots,
             "reprocessed": detected["reprocessed"],

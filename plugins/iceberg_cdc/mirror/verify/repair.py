@@ -25,6 +25,7 @@ from pyiceberg.types import NestedField
 from iceberg_cdc.config import MirrorConfig
 from iceberg_cdc.mirror.net_changes import ChangelogMark, NetChanges
 from iceberg_cdc.mirror.staging import MirrorPaths, stage_net_changes
+from iceberg_cdc.mirror.steps import plan_fields
 from iceberg_cdc.mirror.targets import iceberg_steps, postgres_target
 from iceberg_cdc.mirror.verify.drift import Drift
 from iceberg_cdc.mirror.verify.sides import Columns
@@ -115,15 +116,7 @@ def _repair_iceberg(
         paths,
         net,
         plan_fields={
-            "source": ctx.table.source,
-            "changelog": ctx.table.sink,
-            "mirror_type": mirror.type,
-            "mirror_table": mirror.table,
-            "mirror_name": mirror.mirror_name,
-            "run_id": run_id,
-            "epoch": epoch,
-            "columns": [f.name for f in fields],
-            "changelog_schema_json": changelog.schema().model_dump_json(),
+            **plan_fields(ctx, mirror, changelog, fields, run_id=run_id, epoch=epoch),
             "base": net.through.to_dict(),
             "snapshots": 0,
             "repair": f"{run_id}/epoch-{epoch}",
