@@ -88,11 +88,14 @@ def two(tmp_path, postgres_server, pg_schema) -> TwoMirrors:
 
 
 def _drift(p: TwoMirrors) -> None:
-    """Drift behind the product's back: changed, deleted and foreign rows in PostgreSQL; an Iceberg delete."""
+    """Drift behind the product's back: changed, deleted and foreign rows in PostgreSQL; in the Iceberg
+    mirror a row deleted and another appended twice, through pyiceberg."""
     p.pg(f"UPDATE {p.pg_table} SET status = 'tampered' WHERE id = 7")
     p.pg(f"DELETE FROM {p.pg_table} WHERE id = 11")
     p.pg(f"INSERT INTO {p.pg_table} (id, region, status) VALUES (5000, 'us', 'foreign')")
-    p.catalog.load_table(ICEBERG_MIRROR).delete(EqualTo("id", 13))
+    ice = p.catalog.load_table(ICEBERG_MIRROR)
+    ice.delete(EqualTo("id", 13))
+    ice.append(ice.scan(row_filter=EqualTo("id", 14)).to_arrow())  # a key held twice
 
 
 def test_verify_names_drift_without_changing_anything_then_repairs_it(two, capsys):
@@ -105,6 +108,7 @@ def test_verify_names_drift_without_changing_anything_then_repairs_it(two, capsy
     assert code == 1, out
     assert "id=7" in out and "id=11" in out and "id=5000" in out and "id=13" in out, out
     assert "changed id=7" in out and "missing id=11" in out and "foreign id=5000" in out
+    assert "missing id=13" in out and "changed id=14" in out
     assert p.target.read_rows().sort_by("id").equals(before_pg)  # REPAIR=0 changed nothing
     assert p.catalog.load_table(ICEBERG_MIRROR).current_snapshot().snapshot_id == before_ice
     assert not verdict(p.source, p.target).exact
