@@ -93,7 +93,7 @@ def _mapped_names(table: Table) -> dict[int, str]:
     return {source: schema.find_column_name(sink) for sink, source in mapping.items()}
 
 
-def _fresh(catalog, table: Table) -> Table:
+def _fresh(catalog, _: Table) -> Table:
     """The sink as another process sees it: only what was committed."""
     return catalog.load_table(SINK)
 

@@ -72,6 +72,7 @@ from pyiceberg.types import (
 )
 
 from iceberg_cdc.errors import SinkSchemaError
+from iceberg_cdc.pyiceberg_internals.commit import set_properties_for_schema
 from iceberg_cdc.sink import field_ids
 from iceberg_cdc.sink.columns import (
     ADDED_LATER,
@@ -427,7 +428,9 @@ def plan_sink_evolution(
     """What :func:`evolve_sink_schema` would change, without changing anything.
 
     ``mapping`` is the sink's field-id mapping (None: pair by name, as for a
-    sink made before it existed). Raises :class:`SinkSchemaError` for a reserved
+    sink made before it existed). Not knowing what the sink has stored, the
+    result's ``mapping_written`` only says whether new fields would be mapped or
+    a mapping be written at all. Raises :class:`SinkSchemaError` for a reserved
     source column name, missing change columns or a type conflict.
     """
     return _plan(sink_schema, source_schema, mapping, history).summary()
@@ -530,7 +533,8 @@ def _apply(sink_table: Table, plan: _Plan) -> None:
         mapping = {sink: source for sink, source in mapping.items() if source not in taken} | added
     value = field_ids.encode(mapping)
     if value != plan.stored:
-        txn.set_properties({field_ids.PROPERTY: value})
+        # Asserts the schema the plan was made on even when only the mapping changes.
+        set_properties_for_schema(txn, {field_ids.PROPERTY: value})
     txn.commit_transaction()
 
 
