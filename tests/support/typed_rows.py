@@ -67,6 +67,7 @@ from pyiceberg.types import (
 
 from cdc_devtools.oracle import row_key
 from cdc_devtools.replay import ADDED, REMOVED, multiset
+from iceberg_cdc.sink import field_ids
 from iceberg_cdc.sink.schema import CHANGE_COLUMNS, COMMIT_SNAPSHOT_ID
 
 UTC = dt.UTC
@@ -505,6 +506,46 @@ def _rows_multiset(table: pa.Table, schema: Schema) -> Counter:
     )
 
 
+def in_sink_names(schema: Schema, sink: Table) -> Schema:
+    """``schema`` (a source schema) with every field, nested ones too, named as its sink field.
+
+    The sink follows renames by field id (``cdc.source-field-ids``), so a field
+    of an old snapshot is found under the name the sink has for it now -- the
+    source's current name while the field exists. Source states are projected by
+    field id onto this schema, so both sides compare under the same names. A
+    sink without the mapping keeps the source names.
+    """
+    mapping = field_ids.read(sink.properties)
+    if mapping is None:
+        return schema
+    by_source = field_ids.reverse(mapping)
+    sink_schema = sink.schema()
+
+    def name(f: NestedField) -> str:
+        sink_id = by_source.get(f.field_id)
+        return f.name if sink_id is None else sink_schema.find_field(sink_id).name
+
+    def rename(typ: IcebergType) -> IcebergType:
+        if isinstance(typ, StructType):
+            return StructType(
+                *(
+                    NestedField(f.field_id, name(f), rename(f.field_type), f.required, f.doc)
+                    for f in typ.fields
+                )
+            )
+        if isinstance(typ, ListType):
+            return ListType(typ.element_id, rename(typ.element_type), typ.element_required)
+        if isinstance(typ, MapType):
+            return MapType(typ.key_id, typ.key_type, typ.value_id, rename(typ.value_type), typ.value_required)
+        return typ
+
+    renamed = rename(schema.as_struct())
+    assert isinstance(renamed, StructType)
+    return Schema(
+        *renamed.fields, schema_id=schema.schema_id, identifier_field_ids=schema.identifier_field_ids
+    )
+
+
 def assert_replay_in_snapshot_schema(
     source: Table, sink: Table, snapshot_id: int, identifier_columns: Sequence[str]
 ) -> Counter:
@@ -513,7 +554,8 @@ def assert_replay_in_snapshot_schema(
     :func:`cdc_devtools.replay.assert_replay` reads each state in its own
     snapshot's schema, which cannot be compared once columns were added,
     renamed or dropped in between; the pipeline reads a snapshot's removed
-    files in that snapshot's schema, and so does this check. Sink rows are
+    files in that snapshot's schema, and so does this check, under the names
+    the sink has for its fields now (:func:`in_sink_names`). Sink rows are
     compared on the snapshot schema's columns and nested fields (the sink may
     have gained columns, nested fields and wider types since). Returns the
     change-type counts.
@@ -522,7 +564,7 @@ def assert_replay_in_snapshot_schema(
     sink.refresh()
     snapshot = source.snapshot_by_id(snapshot_id)
     assert snapshot is not None and snapshot.schema_id is not None
-    schema = source.schemas()[snapshot.schema_id]
+    schema = in_sink_names(source.schemas()[snapshot.schema_id], sink)
     changes = sink.scan(row_filter=EqualTo(COMMIT_SNAPSHOT_ID, snapshot_id)).to_arrow()
     kind = changes.column("_change_type")
     removed = _rows_multiset(changes.filter(pc.is_in(kind, pa.array(REMOVED))), schema)

@@ -272,6 +272,30 @@ def test_properties_at_head_commit_on_the_head_and_fail_on_a_moved_one(catalog, 
     assert "_commit" in UpdateTableMetadata.__abstractmethods__
 
 
+def test_properties_for_schema_require_the_schema_the_transaction_started_from(catalog, sink):
+    """Alone, or after a staged schema change, the requirement names the schema the transaction began on."""
+    from pyiceberg.table.update import AssertCurrentSchemaId
+    from pyiceberg.types import StringType
+
+    base = sink.schema().schema_id
+    alone = sink.transaction()
+    commit_door.set_properties_for_schema(alone, {"cdc.test": "a"})
+    with_change = sink.transaction()
+    with with_change.update_schema() as update:
+        update.add_column("extra_a", StringType())
+    commit_door.set_properties_for_schema(with_change, {"cdc.test": "b"})
+    for tx in (alone, with_change):
+        asserted = [r for r in tx._requirements if isinstance(r, AssertCurrentSchemaId)]
+        assert [r.current_schema_id for r in asserted] == [base]
+    # A concurrent schema change makes the mapping-only update fail, not land on the other schema.
+    with catalog.load_table(SINK).update_schema() as update:
+        update.add_column("extra_b", StringType())
+    moved = catalog.load_table(SINK).metadata
+    with pytest.raises(CommitFailedException):
+        for requirement in alone._requirements:
+            requirement.validate(moved)
+
+
 # ----------------------------------------------------------------------------- projection
 
 

@@ -283,19 +283,6 @@ def test_optional_source_relaxes_a_required_sink_column(catalog):
     assert table.schema().find_field("qty").optional
 
 
-def test_renamed_source_column_is_a_new_sink_column(catalog):
-    table = ensure_sink_table(catalog, SINK, _small_source())
-    renamed = Schema(
-        NestedField(1, "id", LongType(), required=True),
-        NestedField(2, "quantity", IntegerType(), required=True),  # same field id, new name
-        NestedField(3, "addr", StructType(NestedField(4, "city", StringType()))),
-    )
-    changes = evolve_sink_schema(table, renamed)
-    assert changes.added == ["quantity"]
-    assert changes.made_optional == ["qty"]
-    assert [f.name for f in table.schema().fields][:4] == ["id", "qty", "addr", "quantity"]
-
-
 def test_sink_without_change_columns_is_refused(catalog):
     catalog.create_namespace("shop")
     foreign = catalog.create_table(SINK, schema=_small_source())

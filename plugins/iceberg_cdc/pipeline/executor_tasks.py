@@ -41,6 +41,7 @@ from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.range_reader import DEFAULT_MERGE_BYTES, FetchedRange
 from iceberg_cdc.shuffle.rows import Op, shuffle_schema
 from iceberg_cdc.shuffle.writer import MapOutputWriter
+from iceberg_cdc.sink import field_ids
 from iceberg_cdc.sink.rows import sink_arrow_schema, to_sink_arrow
 from iceberg_cdc.sink.staging import staged_file_path, write_staged_file
 from iceberg_cdc.source.reading import output_schema
@@ -98,6 +99,11 @@ def _schemas(plan: SnapshotPlan):
     source = Schema.model_validate_json(plan.schema_json)
     sink = Schema.model_validate_json(plan.sink_schema_json)
     return source, sink
+
+
+def _field_ids(plan: SnapshotPlan) -> dict[int, int] | None:
+    """The sink's field-id mapping the plan carries (None: match columns by name)."""
+    return None if plan.sink_field_ids is None else field_ids.decode(plan.sink_field_ids)
 
 
 def run_write_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[str, Any]:
@@ -220,6 +226,7 @@ def run_read_task(plan: SnapshotPlan, runtime: Runtime, range_doc: dict[str, Any
     reset_peak_rss()
     started_at, started = time.time(), time.perf_counter()
     source_schema, sink_schema = _schemas(plan)
+    mapping = _field_ids(plan)
     spans = [MapOutputSpan.from_dict(span) for span in range_doc["spans"]]
     part = f"range-{range_doc['index']:05d}"
     merge_stats = MergeStats()
@@ -263,7 +270,13 @@ def run_read_task(plan: SnapshotPlan, runtime: Runtime, range_doc: dict[str, Any
                 clock["merge"] += done - merging
                 if changes.num_rows:
                     yield from to_sink_arrow(
-                        changes, sink_schema, plan.ordinal, plan.snapshot_id, plan.snapshot_timestamp_ms
+                        changes,
+                        sink_schema,
+                        plan.ordinal,
+                        plan.snapshot_id,
+                        plan.snapshot_timestamp_ms,
+                        source_schema=source_schema,
+                        field_ids=mapping,
                     ).to_batches()
 
         batches = sink_batches()
@@ -302,6 +315,7 @@ def run_insert_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[
     started = time.perf_counter()
     task = plan.task(task_id)
     source_schema, sink_schema = _schemas(plan)
+    mapping = _field_ids(plan)
     io = runtime.file_io(plan.sink_location)
     change_type = pa.field(CHANGE_TYPE_COLUMN, pa.string(), nullable=False)
     inputs = InputRows(plan, io, source_schema)
@@ -313,7 +327,13 @@ def run_insert_task(plan: SnapshotPlan, runtime: Runtime, task_id: str) -> dict[
                     change_type, pa.repeat(pa.scalar("INSERT", pa.string()), batch.num_rows)
                 )
                 yield from to_sink_arrow(
-                    inserts, sink_schema, plan.ordinal, plan.snapshot_id, plan.snapshot_timestamp_ms
+                    inserts,
+                    sink_schema,
+                    plan.ordinal,
+                    plan.snapshot_id,
+                    plan.snapshot_timestamp_ms,
+                    source_schema=source_schema,
+                    field_ids=mapping,
                 ).to_batches()
 
     part = f"insert-{task_id}"

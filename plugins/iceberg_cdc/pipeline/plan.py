@@ -19,7 +19,8 @@ from iceberg_cdc.source.planning import WriteTask
 from iceberg_cdc.storage.base import ObjectStore
 from iceberg_cdc.units import format_bytes
 
-PLAN_VERSION = 4  # 3: _commit_timestamp (snapshot_timestamp_ms); 4: carryover cancelled in write tasks
+PLAN_VERSION = 5  # 3: _commit_timestamp (snapshot_timestamp_ms); 4: carryover cancelled in write tasks;
+# 5: sink_field_ids (rows reach sink columns by source field id)
 Kind = Literal["with_deletes", "insert_only"]
 
 
@@ -90,6 +91,9 @@ class SnapshotPlan:
     row_lineage: bool = False  # format v3: read _row_id / _last_updated_sequence_number to cancel
     # The source snapshot's timestamp-ms: every change row's _commit_timestamp.
     snapshot_timestamp_ms: int | None = None
+    # The sink's field-id mapping (sink.field_ids.PROPERTY) after evolution: rows, named by the
+    # snapshot's schema, reach sink columns by source field id. None: by name (a sink without one).
+    sink_field_ids: str | None = None
     version: int = PLAN_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 

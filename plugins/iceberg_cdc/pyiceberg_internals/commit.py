@@ -24,6 +24,8 @@ current; the watermark must only move together with the head it was decided
 on. :func:`set_properties_at_head` stages the update through an
 ``UpdateTableMetadata`` subclass implementing its private ``_commit`` (which
 returns the updates and the requirements to stage).
+:func:`set_properties_for_schema` does the same for the current schema: the
+sink's field-id mapping is only valid for the schema it was made for.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Mapping
 
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.update import (
+    AssertCurrentSchemaId,
     AssertRefSnapshotId,
     SetPropertiesUpdate,
     UpdatesAndRequirements,
@@ -90,3 +93,30 @@ def set_properties_at_head(
     instead of being overwritten by a decision made on an older head.
     """
     _SetPropertiesAtHead(transaction, properties, head, ref).commit()
+
+
+class _SetPropertiesForSchema(UpdateTableMetadata["_SetPropertiesForSchema"]):
+    """Set table properties, asserting the current schema the decision was made on."""
+
+    def __init__(self, transaction: Transaction, properties: Mapping[str, str], schema_id: int) -> None:
+        super().__init__(transaction)
+        self._properties = dict(properties)
+        self._schema_id = schema_id
+
+    def _commit(self) -> UpdatesAndRequirements:
+        return (
+            (SetPropertiesUpdate(updates=self._properties),),
+            (AssertCurrentSchemaId(current_schema_id=self._schema_id),),
+        )
+
+
+def set_properties_for_schema(transaction: Transaction, properties: Mapping[str, str]) -> None:
+    """Stage ``properties`` in ``transaction``, requiring the schema the transaction started from.
+
+    Alone, the update asserts the current schema id. After a schema change
+    staged in the same transaction it asserts the staged schema (the only one
+    that validates here), and pyiceberg then keeps the first requirement of that
+    kind -- the schema change's own, the schema it started from. Either way a
+    concurrent schema change fails the commit with ``CommitFailedException``.
+    """
+    _SetPropertiesForSchema(transaction, properties, transaction.table_metadata.current_schema_id).commit()

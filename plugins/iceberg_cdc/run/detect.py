@@ -25,6 +25,7 @@ from iceberg_cdc.run import lease as run_lease
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.retention_guard import guard
 from iceberg_cdc.run.state import Detected
+from iceberg_cdc.sink import field_ids
 from iceberg_cdc.sink.foreign import foreign_commits_warning
 from iceberg_cdc.sink.schema import evolve_sink_schema
 from iceberg_cdc.sink.staging import delete_uncommitted_staged
@@ -208,8 +209,9 @@ def _detect(
     schema = source.schemas()[changes.schema_id] if changes.schema_id in source.schemas() else source.schema()
     if schema.schema_id != source.schema().schema_id:
         # The rows are written in the snapshot's schema: the sink must also hold its columns that
-        # were renamed or dropped since (a sink created from the current schema lacks them).
-        evolve_sink_schema(sink, schema)
+        # were dropped since (a sink created from the current schema lacks them). Fields are matched
+        # by id and the current schema's names and types win, so this never renames back or narrows.
+        evolve_sink_schema(sink, source.schema(), history=schema)
     identifiers = resolve_identifier_columns(ctx.table, schema)
     store = ctx.runtime.store()
     kind = "with_deletes" if changes.kind == "with_deletes" else "insert_only"
@@ -247,6 +249,7 @@ def _detect(
         cancel_memory=shuffle.cancel_memory,
         row_lineage=cancel and shuffle.row_lineage and source.metadata.format_version >= 3,
         snapshot_timestamp_ms=source.metadata.snapshot_by_id(pending.snapshot_id).timestamp_ms,
+        sink_field_ids=sink.properties.get(field_ids.PROPERTY),
     )
     plan.save(store, paths.plan)
     phase = plan.phase

@@ -1,7 +1,8 @@
 """The sink: a changelog Iceberg table that receives each source snapshot's changes exactly once.
 
 ``columns`` names the change columns, ``schema`` derives and evolves the sink
-schema, ``rows`` shapes change rows for it,
+schema (by source field id, through the mapping ``field_ids`` keeps in the
+sink's properties), ``rows`` shapes change rows for it,
 ``table`` creates the sink and reads its watermarks and commit markers,
 ``staging`` writes and cleans up the Parquet files read tasks stage for a
 commit, ``datafiles`` turns them into Iceberg data files, and ``commit`` adds

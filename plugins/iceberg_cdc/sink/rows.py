@@ -8,18 +8,29 @@ with Iceberg field ids on every field, the source columns cast to the sink's
 Casts are checked first (:func:`_castable`): Arrow would also parse strings
 into numbers or drop struct fields, and neither may happen silently.
 
+Rows arrive named by the processed snapshot's schema. Given that schema and
+the sink's field-id mapping (:mod:`iceberg_cdc.sink.field_ids`),
+:func:`to_sink_arrow` first renames them -- nested struct fields too -- to the
+sink fields their source field ids map to (:func:`_sink_named`, a zero-copy
+view), so a column renamed in the source since lands in the renamed sink column
+and a column that took a dropped column's name does not land in the old one.
+
 Split from :mod:`iceberg_cdc.sink.schema` (which derives and evolves the
 Iceberg schema): this module only shapes rows for a schema it is given.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.schema import Schema
+from pyiceberg.types import IcebergType, ListType, MapType, StructType
 
 from iceberg_cdc.errors import SinkSchemaError
 from iceberg_cdc.pyiceberg_internals.arrow_schema import to_arrow_schema
+from iceberg_cdc.sink import field_ids as sink_field_ids
 from iceberg_cdc.sink.columns import (
     CHANGE_ORDINAL,
     CHANGE_TYPE,
@@ -132,6 +143,9 @@ def to_sink_arrow(
     ordinal: int,
     snapshot_id: int,
     commit_timestamp_ms: int | None = None,
+    *,
+    source_schema: Schema | None = None,
+    field_ids: Mapping[int, int] | None = None,
 ) -> pa.Table:
     """Change rows in exactly the sink's Arrow schema, field ids included.
 
@@ -142,8 +156,16 @@ def to_sink_arrow(
     ``_commit_timestamp`` added. ``commit_timestamp_ms`` is the source snapshot's
     ``timestamp-ms``; it is required when the sink has ``_commit_timestamp`` (a
     sink from before that column existed, not yet evolved, does not).
+
+    With ``field_ids`` (the sink's mapping) the columns are matched to sink
+    columns by the field ids ``source_schema`` (the snapshot's schema, which
+    names the columns of ``changes``) gives them; without it, by name.
     """
     target = sink_arrow_schema(sink_schema)
+    if field_ids is not None:
+        if source_schema is None:
+            raise ValueError("field_ids need the source_schema that names the columns of changes")
+        changes = _sink_named(changes, source_schema, sink_schema, sink_field_ids.reverse(field_ids))
     names = set(changes.column_names)
     for name in (CHANGE_ORDINAL, COMMIT_SNAPSHOT_ID, COMMIT_TIMESTAMP):
         if name in names:
@@ -195,6 +217,79 @@ def to_sink_arrow(
         arrays.append(column)
     _check_change_types(arrays[target.get_field_index(CHANGE_TYPE)])
     return pa.Table.from_arrays(arrays, schema=target)
+
+
+def _sink_named(changes: pa.Table, source: Schema, sink: Schema, by_source: Mapping[int, int]) -> pa.Table:
+    """``changes`` with every column and nested struct field renamed to its sink field's name, by field id."""
+    source_struct, sink_struct = source.as_struct(), sink.as_struct()
+    names: list[str] = []
+    columns: list[pa.ChunkedArray] = []
+    for name, column in zip(changes.column_names, changes.columns, strict=True):
+        if name == CHANGE_TYPE:
+            names.append(name)
+            columns.append(column)
+            continue
+        source_field = source_struct.field_by_name(name, case_sensitive=True)
+        if source_field is None:
+            raise SinkSchemaError(f"column '{name}' of the changes is not in the snapshot's schema")
+        sink_field = _mapped(sink_struct, source_field.field_id, by_source, name)
+        typ = _renamed(column.type, source_field.field_type, sink_field.field_type, by_source, name)
+        if typ != column.type:
+            column = pa.chunked_array([chunk.view(typ) for chunk in column.chunks], type=typ)
+        names.append(sink_field.name)
+        columns.append(column)
+    return pa.Table.from_arrays(columns, names=names)
+
+
+def _mapped(sink: StructType, source_id: int, by_source: Mapping[int, int], path: str):
+    sink_id = by_source.get(source_id)
+    found = next((f for f in sink.fields if f.field_id == sink_id), None) if sink_id is not None else None
+    if found is None:
+        raise SinkSchemaError(
+            f"'{path}' (source field id {source_id}) has no column in the sink schema; evolve the sink "
+            "(evolve_sink_schema / ensure_sink_table) before writing"
+        )
+    return found
+
+
+def _renamed(
+    typ: pa.DataType, source: IcebergType, sink: IcebergType, by_source: Mapping[int, int], path: str
+) -> pa.DataType:
+    """``typ`` with struct field names replaced by the sink's; the physical layout is unchanged."""
+    if pa.types.is_struct(typ) and isinstance(source, StructType) and isinstance(sink, StructType):
+        fields = []
+        for i in range(typ.num_fields):
+            child = typ.field(i)
+            source_field = source.field_by_name(child.name, case_sensitive=True)
+            if source_field is None:
+                raise SinkSchemaError(f"'{path}.{child.name}' of the changes is not in the snapshot's schema")
+            sink_field = _mapped(sink, source_field.field_id, by_source, f"{path}.{child.name}")
+            inner = _renamed(
+                child.type, source_field.field_type, sink_field.field_type, by_source, f"{path}.{child.name}"
+            )
+            fields.append(pa.field(sink_field.name, inner, child.nullable, child.metadata))
+        return pa.struct(fields)
+    if (
+        isinstance(source, ListType)
+        and isinstance(sink, ListType)
+        and (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ))
+    ):
+        value = typ.value_field
+        inner = value.with_type(
+            _renamed(value.type, source.element_type, sink.element_type, by_source, f"{path}.element")
+        )
+        if pa.types.is_large_list(typ):
+            return pa.large_list(inner)
+        if pa.types.is_fixed_size_list(typ):
+            return pa.list_(inner, typ.list_size)
+        return pa.list_(inner)
+    if pa.types.is_map(typ) and isinstance(source, MapType) and isinstance(sink, MapType):
+        item = typ.item_field
+        inner = item.with_type(
+            _renamed(item.type, source.value_type, sink.value_type, by_source, f"{path}.value")
+        )
+        return pa.map_(typ.key_field, inner, typ.keys_sorted)
+    return typ
 
 
 def _check_change_types(column: pa.ChunkedArray | pa.Array) -> None:

@@ -7,8 +7,14 @@ types and docs) followed by the change columns of :mod:`iceberg_cdc.sink.columns
 :mod:`iceberg_cdc.sink.rows`.
 
 The source schema changes over time and the sink follows it without manual
-steps (:func:`evolve_sink_schema`):
+steps (:func:`evolve_sink_schema`), matching fields by the *source's field id*
+through the sink's field-id mapping (:mod:`iceberg_cdc.sink.field_ids`, the
+table property ``cdc.source-field-ids``, written in the same commit as the
+schema change):
 
+* **Renamed columns** (top level or nested) are renamed in the sink. An Iceberg
+  rename only changes metadata, so the rows written before the rename read back
+  under the new name: one sink column holds the field's whole history.
 * **Added columns** (top level or nested) are added to the sink, always
   optional because the rows already in the sink do not have them; new top-level
   columns are placed before ``_change_type`` so the change columns stay last.
@@ -17,10 +23,21 @@ steps (:func:`evolve_sink_schema`):
   and new rows are cast up when they are written.
 * **Dropped columns stay in the sink**: old rows keep their values, new rows get
   null. A dropped column that was required is made optional for that reason.
-* **Renames are not followed**: the sink matches columns by *name* (the source's
-  field ids mean nothing in the sink, which has its own). A renamed source
-  column therefore shows up as a new sink column; the old one stays and is null
-  in new rows.
+* **Name collisions never merge two fields.** A column dropped and added again
+  under the same name is a new field id, so a new sink column: the source's
+  current fields always get their own names, and a retained history column in
+  the way is renamed ``<name>__dropped_<source field id>`` in the same commit
+  (``<name>__unmapped_<sink field id>`` for a legacy column no source field maps
+  to). Fields that only the processed snapshot's older schema has (detect passes
+  it as ``history``) are added under their old name, or
+  ``<name>__dropped_<source field id>`` when that is taken; the current schema's
+  names and types always win, so reprocessing an old snapshot never renames
+  back or narrows.
+* **Sinks made before the mapping existed** are paired by name against the
+  source's current schema on their first evolution, in the same commit as any
+  schema change. A column such a sink already split off for an earlier rename
+  (the old name, null in rows written after the rename) stays as unmapped
+  history.
 * **Change columns added to the contract later** (``_commit_timestamp``) are
   added to an older sink, optional and last; its earlier rows hold null there.
 * **Anything else is a conflict** -- a sink column whose type cannot hold the
@@ -55,6 +72,8 @@ from pyiceberg.types import (
 )
 
 from iceberg_cdc.errors import SinkSchemaError
+from iceberg_cdc.pyiceberg_internals.commit import set_properties_for_schema
+from iceberg_cdc.sink import field_ids
 from iceberg_cdc.sink.columns import (
     ADDED_LATER,
     CHANGE_COLUMN_DOCS,
@@ -68,6 +87,7 @@ from iceberg_cdc.sink.columns import (
     FIX_CONFLICT,
     check_no_reserved_names,
 )
+from iceberg_cdc.sink.field_ids import FieldIds
 
 # Row shaping lives in sink.rows; these names stay importable from here for existing callers.
 from iceberg_cdc.sink.rows import sink_arrow_schema, to_sink_arrow
@@ -140,92 +160,240 @@ def widens(narrow: IcebergType, wide: IcebergType) -> bool:
 
 @dataclass
 class SchemaEvolution:
-    """What :func:`evolve_sink_schema` changed (or would change), as dotted column paths."""
+    """What :func:`evolve_sink_schema` changed (or would change), as dotted column paths.
+
+    ``renamed`` holds ``"old -> new"`` (the old path, the new name).
+    ``mapping_written`` says the field-id mapping was written (or would be)
+    without necessarily any schema change, e.g. a legacy sink's first pairing.
+    """
 
     added: list[str] = field(default_factory=list)
     widened: list[str] = field(default_factory=list)
     made_optional: list[str] = field(default_factory=list)
     docs_updated: list[str] = field(default_factory=list)
+    renamed: list[str] = field(default_factory=list)
+    mapping_written: bool = False
 
     @property
     def changed(self) -> bool:
-        return bool(self.added or self.widened or self.made_optional or self.docs_updated)
+        """Whether the sink's schema changes (a mapping-only commit does not count)."""
+        return bool(self.added or self.widened or self.made_optional or self.docs_updated or self.renamed)
+
+
+@dataclass
+class _Add:
+    parent: Path  # the parent's path after this commit's renames
+    source: NestedField
+    name: str  # the sink name: the source's, or a deterministic one when that is taken
 
 
 @dataclass
 class _Plan:
-    adds: list[tuple[Path, NestedField]] = field(default_factory=list)  # (parent path, source field)
+    renames: list[tuple[Path, str]] = field(default_factory=list)  # (current sink path, new name)
+    adds: list[_Add] = field(default_factory=list)
     widen: list[tuple[Path, IcebergType]] = field(default_factory=list)
     relax: list[Path] = field(default_factory=list)
     docs: list[tuple[Path, str]] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     change_columns: list[str] = field(default_factory=list)  # change columns an older sink lacks
+    mapping: FieldIds = field(default_factory=dict)  # sink id -> source id of the fields that exist already
+    stored: str | None = None  # the mapping property as the sink has it now
 
     def summary(self) -> SchemaEvolution:
         return SchemaEvolution(
-            added=[_dotted((*parent, f.name)) for parent, f in self.adds] + list(self.change_columns),
+            added=[_dotted((*a.parent, a.name)) for a in self.adds] + list(self.change_columns),
             widened=[_dotted(p) for p, _ in self.widen],
             made_optional=[_dotted(p) for p in self.relax],
             docs_updated=[_dotted(p) for p, _ in self.docs],
+            renamed=[f"{_dotted(p)} -> {name}" for p, name in self.renames],
+            mapping_written=bool(self.adds) or field_ids.encode(self.mapping) != self.stored,
         )
 
 
-class _Planner:
-    """Walks the source schema against the sink's, by name, collecting changes and conflicts."""
+def _unique(name: str, claimed: set[str]) -> str:
+    candidate, n = name, 2
+    while candidate in claimed:
+        candidate, n = f"{name}_{n}", n + 1
+    return candidate
 
-    def __init__(self) -> None:
+
+class _Planner:
+    """Walks the source schema against the sink's, pairing fields by source field id.
+
+    Within one struct, names are handed out in a fixed order so collisions
+    resolve the same way every time: the change columns (top level), then the
+    source's current fields (always their own name), then the sink's other
+    columns -- history of dropped fields, unmapped legacy columns -- keeping
+    their name unless a current field took it (then ``<name>__dropped_<source
+    id>``, or ``<name>__unmapped_<sink id>`` for a column no source field maps
+    to), then fields only the processed snapshot's older schema has (their old
+    name, or ``<name>__dropped_<source id>`` when taken).
+    """
+
+    def __init__(self, mapping: FieldIds, history_ids: set[int]) -> None:
         self.plan = _Plan()
+        self.mapping = dict(mapping)
+        self.by_source = field_ids.reverse(mapping)
+        self.history_ids = history_ids
 
     def conflict(self, path: Path, sink_type: IcebergType, source_type: IcebergType, why: str) -> None:
         self.plan.conflicts.append(
             f"column '{_dotted(path)}': the sink has {sink_type}, the source has {source_type} ({why})"
         )
 
-    def struct(self, source: StructType, sink: StructType, path: Path, top_level: bool = False) -> None:
-        source_names = set()
-        for source_field in source.fields:
-            source_names.add(source_field.name)
-            sink_field = sink.field_by_name(source_field.name, case_sensitive=True)
-            if sink_field is None:
-                self.plan.adds.append((path, source_field))
-            else:
-                self.field(source_field, sink_field, (*path, source_field.name))
+    def struct(
+        self, source: StructType, sink: StructType, old: Path, new: Path, top_level: bool = False
+    ) -> None:
+        sink_by_id = {f.field_id: f for f in sink.fields}
+        claimed: set[str] = set(CHANGE_COLUMNS) if top_level else set()
+        names: dict[int, str] = {}  # sink field id -> its name after this commit
+        # In source order, then history: (source field, sink field or None to add, its sink name)
+        steps: list[tuple[NestedField, NestedField | None, str]] = []
+        current = [f for f in source.fields if f.field_id not in self.history_ids]
+        history = {f.field_id: f for f in source.fields if f.field_id in self.history_ids}
+        for source_field in current:
+            sink_field = sink_by_id.get(self.by_source.get(source_field.field_id, -1))
+            if sink_field is not None:
+                names[sink_field.field_id] = source_field.name
+            steps.append((source_field, sink_field, source_field.name))
+            claimed.add(source_field.name)
         for sink_field in sink.fields:
-            if top_level and sink_field.name in CHANGE_COLUMNS:
+            if sink_field.field_id in names or (top_level and sink_field.name in CHANGE_COLUMNS):
                 continue
-            if sink_field.name not in source_names and sink_field.required:
+            source_id = self.mapping.get(sink_field.field_id)
+            name = sink_field.name
+            if name in claimed:
+                suffix = (
+                    f"__dropped_{source_id}" if source_id is not None else f"__unmapped_{sink_field.field_id}"
+                )
+                name = _unique(sink_field.name + suffix, claimed)
+            claimed.add(name)
+            names[sink_field.field_id] = name
+            old_field = history.pop(source_id, None) if source_id is not None else None
+            if old_field is not None:
+                steps.append((old_field, sink_field, name))
+            elif sink_field.required:
                 # Dropped from the source: new rows will hold null, so it cannot stay required.
-                self.plan.relax.append((*path, sink_field.name))
+                self.plan.relax.append((*old, sink_field.name))
+        for old_field in history.values():
+            name = old_field.name
+            if name in claimed:
+                name = _unique(f"{name}__dropped_{old_field.field_id}", claimed)
+            claimed.add(name)
+            steps.append((old_field, None, name))
+        for sink_field in sink.fields:
+            name = names.get(sink_field.field_id, sink_field.name)
+            if name != sink_field.name:
+                self.plan.renames.append(((*old, sink_field.name), name))
+        for source_field, matched, name in steps:
+            if matched is None:
+                self.plan.adds.append(_Add(new, source_field, name))
+            else:
+                self.field(source_field, matched, (*old, matched.name), (*new, name))
 
-    def field(self, source: NestedField, sink: NestedField, path: Path, is_map_key: bool = False) -> None:
+    def field(
+        self, source: NestedField, sink: NestedField, old: Path, new: Path, is_map_key: bool = False
+    ) -> None:
+        self.mapping[sink.field_id] = source.field_id
         if source.optional and sink.required and not is_map_key:
-            self.plan.relax.append(path)
+            self.plan.relax.append(old)
         if source.doc and source.doc != sink.doc and not is_map_key:
-            self.plan.docs.append((path, source.doc))
-        self.type(source.field_type, sink.field_type, path, is_map_key)
+            self.plan.docs.append((old, source.doc))
+        self.type(source.field_type, sink.field_type, old, new, is_map_key)
 
-    def type(self, source: IcebergType, sink: IcebergType, path: Path, is_map_key: bool = False) -> None:
+    def type(
+        self, source: IcebergType, sink: IcebergType, old: Path, new: Path, is_map_key: bool = False
+    ) -> None:
         if source.is_primitive and sink.is_primitive:
             if widens(source, sink):
                 return  # equal, or the sink is already wider: rows are cast up on write
             if widens(sink, source) and not is_map_key:
-                self.plan.widen.append((path, source))
+                self.plan.widen.append((old, source))
                 return
             why = (
                 "Iceberg cannot change the type of a map key"
                 if is_map_key and widens(sink, source)
                 else "Iceberg cannot convert between these types"
             )
-            self.conflict(path, sink, source, why)
+            self.conflict(old, sink, source, why)
         elif isinstance(source, StructType) and isinstance(sink, StructType):
-            self.struct(source, sink, path)
+            self.struct(source, sink, old, new)
         elif isinstance(source, ListType) and isinstance(sink, ListType):
-            self.field(source.element_field, sink.element_field, (*path, "element"))
+            self.field(source.element_field, sink.element_field, (*old, "element"), (*new, "element"))
         elif isinstance(source, MapType) and isinstance(sink, MapType):
-            self.field(source.key_field, sink.key_field, (*path, "key"), is_map_key=True)
-            self.field(source.value_field, sink.value_field, (*path, "value"))
+            self.field(source.key_field, sink.key_field, (*old, "key"), (*new, "key"), is_map_key=True)
+            self.field(source.value_field, sink.value_field, (*old, "value"), (*new, "value"))
         else:
-            self.conflict(path, sink, source, "a column cannot change between nested and primitive kinds")
+            self.conflict(old, sink, source, "a column cannot change between nested and primitive kinds")
+
+
+def _all_ids(typ: IcebergType) -> set[int]:
+    ids: set[int] = set()
+    if isinstance(typ, StructType):
+        for f in typ.fields:
+            ids.add(f.field_id)
+            ids |= _all_ids(f.field_type)
+    elif isinstance(typ, ListType):
+        ids.add(typ.element_id)
+        ids |= _all_ids(typ.element_type)
+    elif isinstance(typ, MapType):
+        ids |= {typ.key_id, typ.value_id} | _all_ids(typ.key_type) | _all_ids(typ.value_type)
+    return ids
+
+
+def _with_history(current: Schema, history: Schema | None) -> tuple[StructType, set[int]]:
+    """The current schema plus, where they were, the fields only ``history`` has (made optional).
+
+    Types, names and docs come from the current schema, so processing an old
+    snapshot never narrows or renames back; the returned set holds the ids
+    that are only in ``history``.
+    """
+    struct = current.as_struct()
+    if history is None:
+        return struct, set()
+    current_ids = _all_ids(struct)
+    history_ids: set[int] = set()
+
+    def merge(cur: IcebergType, old: IcebergType) -> IcebergType:
+        if isinstance(cur, StructType) and isinstance(old, StructType):
+            old_by_id = {f.field_id: f for f in old.fields}
+            fields = [
+                _replace(f, merge(f.field_type, old_by_id[f.field_id].field_type))
+                if f.field_id in old_by_id
+                else f
+                for f in cur.fields
+            ]
+            for f in old.fields:
+                if f.field_id not in current_ids:
+                    history_ids.add(f.field_id)
+                    history_ids.update(_all_ids(f.field_type))
+                    fields.append(_replace(f, f.field_type, required=False))
+            return StructType(*fields)
+        if isinstance(cur, ListType) and isinstance(old, ListType) and cur.element_id == old.element_id:
+            return ListType(cur.element_id, merge(cur.element_type, old.element_type), cur.element_required)
+        if isinstance(cur, MapType) and isinstance(old, MapType) and cur.value_id == old.value_id:
+            return MapType(
+                cur.key_id,
+                cur.key_type,
+                cur.value_id,
+                merge(cur.value_type, old.value_type),
+                cur.value_required,
+            )
+        return cur
+
+    merged = merge(struct, history.as_struct())
+    assert isinstance(merged, StructType)
+    return merged, history_ids
+
+
+def _replace(f: NestedField, field_type: IcebergType, required: bool | None = None) -> NestedField:
+    return NestedField(
+        field_id=f.field_id,
+        name=f.name,
+        field_type=field_type,
+        required=f.required if required is None else required,
+        doc=f.doc,
+    )
 
 
 def _check_change_columns(sink_schema: Schema) -> list[str]:
@@ -251,22 +419,45 @@ def _check_change_columns(sink_schema: Schema) -> list[str]:
     return missing
 
 
-def plan_sink_evolution(sink_schema: Schema, source_schema: Schema) -> SchemaEvolution:
+def plan_sink_evolution(
+    sink_schema: Schema,
+    source_schema: Schema,
+    mapping: FieldIds | None = None,
+    history: Schema | None = None,
+) -> SchemaEvolution:
     """What :func:`evolve_sink_schema` would change, without changing anything.
 
-    Raises :class:`SinkSchemaError` for a reserved source column name, missing
-    change columns or a type conflict.
+    ``mapping`` is the sink's field-id mapping (None: pair by name, as for a
+    sink made before it existed). Not knowing what the sink has stored, the
+    result's ``mapping_written`` only says whether new fields would be mapped or
+    a mapping be written at all. Raises :class:`SinkSchemaError` for a reserved
+    source column name, missing change columns or a type conflict.
     """
-    return _plan(sink_schema, source_schema).summary()
+    return _plan(sink_schema, source_schema, mapping, history).summary()
 
 
-def _plan(sink_schema: Schema, source_schema: Schema) -> _Plan:
+def _plan(
+    sink_schema: Schema,
+    source_schema: Schema,
+    mapping: FieldIds | None,
+    history: Schema | None,
+    stored: str | None = None,
+) -> _Plan:
     check_no_reserved_names(source_schema)
     missing = _check_change_columns(sink_schema)
-    planner = _Planner()
-    planner.struct(source_schema.as_struct(), sink_schema.as_struct(), (), top_level=True)
+    sink_struct = sink_schema.as_struct()
+    if mapping is None:
+        mapping = field_ids.pair_by_name(sink_struct, source_schema.as_struct(), skip=CHANGE_COLUMNS)
+    sink_ids = _all_ids(sink_struct)
+    # An entry whose sink field is gone (dropped from the sink by hand) no longer means anything.
+    mapping = {sink: source for sink, source in mapping.items() if sink in sink_ids}
+    source_struct, history_ids = _with_history(source_schema, history)
+    planner = _Planner(mapping, history_ids)
+    planner.struct(source_struct, sink_struct, (), (), top_level=True)
     plan = planner.plan
+    plan.mapping = planner.mapping
     plan.change_columns = missing
+    plan.stored = stored
     if plan.conflicts:
         raise SinkSchemaError(
             "the sink table's schema cannot follow the source's: "
@@ -276,17 +467,24 @@ def _plan(sink_schema: Schema, source_schema: Schema) -> _Plan:
     return plan
 
 
-def evolve_sink_schema(sink_table: Table, source_schema: Schema) -> SchemaEvolution:
-    """Make the sink's schema hold the source's current columns, in one schema commit.
+def evolve_sink_schema(
+    sink_table: Table, source_schema: Schema, history: Schema | None = None
+) -> SchemaEvolution:
+    """Make the sink's schema hold the source's current columns, matched by field id, in one commit.
 
-    See the module docstring for the rules. A concurrent schema change makes the
-    commit fail its ``AssertCurrentSchemaId`` requirement; the table is then
+    ``history`` is the schema of the snapshot being processed when it is not
+    the current one: only its fields the current schema no longer has are
+    used. See the module docstring for the rules. Schema changes and the
+    field-id mapping (:mod:`iceberg_cdc.sink.field_ids`) are one commit. A
+    concurrent change makes the commit fail its requirements; the table is then
     reloaded and the plan made again. Returns what was changed.
     """
     for attempt in range(_EVOLVE_ATTEMPTS):
-        plan = _plan(sink_table.schema(), source_schema)
+        stored = sink_table.properties.get(field_ids.PROPERTY)
+        mapping = field_ids.read(sink_table.properties)
+        plan = _plan(sink_table.schema(), source_schema, mapping, history, stored)
         summary = plan.summary()
-        if not summary.changed:
+        if not summary.changed and not summary.mapping_written:
             return summary
         try:
             _apply(sink_table, plan)
@@ -299,19 +497,62 @@ def evolve_sink_schema(sink_table: Table, source_schema: Schema) -> SchemaEvolut
 
 
 def _apply(sink_table: Table, plan: _Plan) -> None:
-    with sink_table.update_schema() as update:
-        for path in plan.relax:
-            update.make_column_optional(path)
-        for path, wider in plan.widen:
-            update.update_column(path, field_type=wider)
-        for path, doc in plan.docs:
-            update.update_column(path, doc=doc)
-        for parent, source_field in plan.adds:
-            path = (*parent, source_field.name)
-            update.add_column(path, source_field.field_type, doc=source_field.doc, required=False)
-            if not parent:
-                update.move_before(path, CHANGE_TYPE)
-        for name in plan.change_columns:
-            # Appended, so it lands after the other change columns; optional, because the rows
-            # already in the sink have no value for it.
-            update.add_column(name, CHANGE_COLUMN_TYPES[name], doc=CHANGE_COLUMN_DOCS[name], required=False)
+    """Renames, then adds (an add may take a name a rename frees), then the mapping: one commit."""
+    txn = sink_table.transaction()
+    if plan.renames or plan.relax or plan.widen or plan.docs:
+        with txn.update_schema() as update:
+            for path, name in plan.renames:
+                update.rename_column(path, name)
+            for path in plan.relax:
+                update.make_column_optional(path)
+            for path, wider in plan.widen:
+                update.update_column(path, field_type=wider)
+            for path, doc in plan.docs:
+                update.update_column(path, doc=doc)
+    if plan.adds or plan.change_columns:
+        with txn.update_schema() as update:
+            for add in plan.adds:
+                path = (*add.parent, add.name)
+                update.add_column(path, add.source.field_type, doc=add.source.doc, required=False)
+                if not add.parent:
+                    update.move_before(path, CHANGE_TYPE)
+            for name in plan.change_columns:
+                # Appended, so it lands after the other change columns; optional, because the rows
+                # already in the sink have no value for it.
+                update.add_column(
+                    name, CHANGE_COLUMN_TYPES[name], doc=CHANGE_COLUMN_DOCS[name], required=False
+                )
+    mapping = dict(plan.mapping)
+    if plan.adds:
+        schema = txn.table_metadata.schema()
+        added: FieldIds = {}
+        for add in plan.adds:
+            added.update(field_ids.pair_fields(_field_at(schema, (*add.parent, add.name)), add.source))
+        # A source field added again (its old sink field was elsewhere) keeps only its new column.
+        taken = set(added.values())
+        mapping = {sink: source for sink, source in mapping.items() if source not in taken} | added
+    value = field_ids.encode(mapping)
+    if value != plan.stored:
+        # Asserts the schema the plan was made on even when only the mapping changes.
+        set_properties_for_schema(txn, {field_ids.PROPERTY: value})
+    txn.commit_transaction()
+
+
+def _field_at(schema: Schema, path: Path) -> NestedField:
+    """The field at ``path`` (names, with ``element``/``key``/``value`` inside lists and maps)."""
+    typ: IcebergType = schema.as_struct()
+    found: NestedField | None = None
+    for name in path:
+        if isinstance(typ, ListType) and name == "element":
+            found = typ.element_field
+        elif isinstance(typ, MapType) and name in ("key", "value"):
+            found = typ.key_field if name == "key" else typ.value_field
+        elif isinstance(typ, StructType):
+            found = typ.field_by_name(name, case_sensitive=True)
+        else:
+            found = None
+        if found is None:
+            raise AssertionError(f"field {_dotted(path)} is not in the sink schema just evolved")
+        typ = found.field_type
+    assert found is not None
+    return found

@@ -32,12 +32,14 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from iceberg_cdc.errors import CdcError, SinkSchemaError
+from iceberg_cdc.sink import field_ids
+from iceberg_cdc.sink.columns import CHANGE_COLUMNS
 from iceberg_cdc.sink.schema import evolve_sink_schema, sink_schema_for
 from iceberg_cdc.sink.summary import (
     CHANGE_ORDINAL_KEY,
@@ -118,8 +120,9 @@ def ensure_sink_table(
 
     An existing sink is evolved to hold the source's current columns
     (:func:`~iceberg_cdc.sink.schema.evolve_sink_schema`). ``properties`` are
-    only used when the table is created. Two processes creating the same sink at
-    once both end up with the one table.
+    only used when the table is created. A new sink gets its field-id mapping
+    (:mod:`~iceberg_cdc.sink.field_ids`) in the commit that creates it. Two
+    processes creating the same sink at once both end up with the one table.
     """
     try:
         table = catalog.load_table(sink_identifier)
@@ -128,15 +131,27 @@ def ensure_sink_table(
         if namespace:
             catalog.create_namespace_if_not_exists(namespace)
         try:
-            return catalog.create_table(
-                sink_identifier,
-                schema=_named(sink_identifier, sink_schema_for, source_schema),
-                properties=dict(properties or {}),
-            )
-        except TableAlreadyExistsError:
+            return _create(catalog, sink_identifier, source_schema, properties)
+        except (TableAlreadyExistsError, CommitFailedException):
             table = catalog.load_table(sink_identifier)
     _named(sink_identifier, evolve_sink_schema, table, source_schema)
     return table
+
+
+def _create(
+    catalog: Catalog, sink_identifier: str, source_schema: Schema, properties: Mapping[str, str] | None
+) -> Table:
+    """Create the sink with its mapping in one commit: the ids are the ones the creation assigns."""
+    txn = catalog.create_table_transaction(
+        sink_identifier,
+        schema=_named(sink_identifier, sink_schema_for, source_schema),
+        properties=dict(properties or {}),
+    )
+    created = txn.table_metadata.schema().as_struct()
+    mapping = field_ids.pair_by_name(created, source_schema.as_struct(), skip=CHANGE_COLUMNS)
+    txn.set_properties({field_ids.PROPERTY: field_ids.encode(mapping)})
+    txn.commit_transaction()
+    return catalog.load_table(sink_identifier)  # the transaction's table is a staged one, not for use
 
 
 def _named(sink_identifier: str, function: Callable[..., T], *args: object) -> T:
