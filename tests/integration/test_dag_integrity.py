@@ -235,11 +235,14 @@ def test_one_mirror_dag_per_table_and_mirror_scheduled_on_the_changelog_asset():
             "join_jobs",
             "mirror_join",
             "apply",
+            "verify",
             "cleanup",
         }
         assert upstream(dag, "plan_apply") == {"detect"}
         assert upstream(dag, "mirror_join") == {"join_jobs"}
         assert upstream(dag, "apply") == {"mirror_join"}
+        assert upstream(dag, "verify") == {"apply"}  # under the run's lease: before the teardown
+        assert "verify" in upstream(dag, "cleanup")
         assert dag.get_task("mirror_join").is_mapped
         assert dag.get_task("cleanup").is_teardown
         assert [a.name for a in dag.timetable.asset_condition.objects] == ["cdc:shop.orders_changes"]
