@@ -20,6 +20,7 @@ from iceberg_cdc.airflow.freshness_dag import build_freshness_dag, run_check
 from iceberg_cdc.run import steps
 from iceberg_cdc.run.freshness import stored_state
 from iceberg_cdc.run.metrics import metric_prefix
+from iceberg_cdc.ui.status import table_status
 
 SLO = 1.5  # seconds: long enough that a fresh commit is within it, short enough to wait out
 
@@ -71,6 +72,7 @@ def test_a_commit_to_a_paused_table_fires_the_alert_once_and_it_clears_once_caug
     snapshot_id = pipeline.source.current_snapshot().snapshot_id
     measured, transition = run_check(ctx, {}, stats)
     assert transition is None and not measured["breached"] and measured["lag_seconds"] <= SLO
+    assert table_status(pipeline.catalog, ctx.table).state == "behind"  # within the SLO: amber
     assert CALLS == []
 
     time.sleep(SLO + 0.5)
@@ -85,6 +87,8 @@ def test_a_commit_to_a_paused_table_fires_the_alert_once_and_it_clears_once_caug
         snapshot_id
     )
     assert stored_state(ctx)["breached"] is True
+    shown = table_status(pipeline.catalog, ctx.table)  # the CDC view: red ("late"), not amber ("behind")
+    assert shown.state == "late" and shown.to_dict()["freshness"] == {"slo_seconds": SLO, "breached": True}
 
     pipeline.catch_up()
     measured, transition = run_check(ctx, {}, stats)
@@ -93,6 +97,7 @@ def test_a_commit_to_a_paused_table_fires_the_alert_once_and_it_clears_once_caug
     assert [c["freshness_transition"] for c in CALLS] == ["fired", "cleared"]
     assert stats.gauges == {lag: 0.0, breached: 0.0}
     assert stored_state(ctx)["breached"] is False
+    assert table_status(pipeline.catalog, ctx.table).state == "caught-up"
 
 
 def test_the_checks_dag_has_one_task_per_table_with_a_promise(pipeline):

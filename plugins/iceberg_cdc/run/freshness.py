@@ -33,6 +33,11 @@ STATE_PREFIX = "_freshness"
 Transition = Literal["fired", "cleared"]
 
 
+def breaches(lag_seconds: float | None, slo_seconds: float | None) -> bool:
+    """The SLO's rule (the checks' and the CDC view's): a lag strictly above a configured SLO."""
+    return slo_seconds is not None and lag_seconds is not None and lag_seconds > slo_seconds
+
+
 @dataclass(frozen=True)
 class Freshness:
     """One measurement of a table's freshness (snapshot ids as text: browsers round 19 digits)."""
@@ -47,7 +52,7 @@ class Freshness:
 
     @property
     def breached(self) -> bool:
-        return self.slo_seconds is not None and self.lag_seconds > self.slo_seconds
+        return breaches(self.lag_seconds, self.slo_seconds)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "breached": self.breached}
@@ -56,9 +61,9 @@ class Freshness:
         """``shop.orders is 17m 3s behind its source (SLO 15m): snapshot 123 ...``."""
         if not self.pending:
             return f"{self.source}: changelog holds every source snapshot (lag 0 s)"
-        slo = f" (SLO {_span(self.slo_seconds)})" if self.slo_seconds is not None else ""
+        slo = f" (SLO {span(self.slo_seconds)})" if self.slo_seconds is not None else ""
         return (
-            f"{self.source} is {_span(self.lag_seconds)} behind its source{slo}: snapshot "
+            f"{self.source} is {span(self.lag_seconds)} behind its source{slo}: snapshot "
             f"{self.oldest_pending}, committed {self.oldest_committed_at}, is the oldest of "
             f"{self.pending} not yet in the changelog"
         )
@@ -127,7 +132,8 @@ def stored_state(ctx: Context) -> dict[str, Any] | None:
     return json.loads(found[0]) if found is not None else None
 
 
-def _span(seconds: float | None) -> str:
+def span(seconds: float | None) -> str:
+    """``17m 3s`` / ``2h 5m``: a lag as people read it."""
     seconds = int(seconds or 0)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
@@ -136,4 +142,4 @@ def _span(seconds: float | None) -> str:
     return f"{minutes}m {secs}s" if minutes else f"{secs}s"
 
 
-__all__ = ["Freshness", "Transition", "check", "measure", "state_key", "stored_state"]
+__all__ = ["Freshness", "Transition", "breaches", "check", "measure", "span", "state_key", "stored_state"]
