@@ -31,8 +31,8 @@ from tests.support.airflow_pipeline import DAG_ID, AirflowPipeline
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
-TIMEOUT = 600.0
-PENDING = 4
+TIMEOUT = 1500.0  # a run is ~13 task processes: minutes each on a loaded 2-core machine
+PENDING = 3
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +73,12 @@ def test_unpausing_with_pending_snapshots_runs_one_chain_whose_ids_name_what_was
                 break
             failed = [r["dag_run_id"] for r in airflow.runs(DAG_ID) if r["state"] == "failed"]
             assert not failed, f"failed runs: {failed}"
-            assert time.monotonic() < deadline, f"{PENDING} snapshots not processed in {TIMEOUT:.0f} s"
-            time.sleep(2)
+            if time.monotonic() > deadline:
+                seen = [(r["dag_run_id"], r["state"], r.get("note")) for r in airflow.runs(DAG_ID)]
+                pytest.fail(
+                    f"{PENDING} snapshots not processed in {TIMEOUT:.0f} s (watermark {mark}): {seen}"
+                )
+            time.sleep(5)
         runs = airflow.wait_until_idle(DAG_ID, timeout=TIMEOUT, quiet=15.0)
 
         assert all(r["state"] == "success" for r in runs), runs
