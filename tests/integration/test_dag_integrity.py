@@ -103,6 +103,8 @@ def test_cleanup_is_a_teardown_that_keeps_failures():
     assert cleanup.is_teardown
     assert dag.get_task("detect").is_setup
     assert "watermark" in cleanup.upstream_task_ids
+    # One chain per table: the chained run exists before cleanup gives the lease back.
+    assert "trigger_next_run" in cleanup.upstream_task_ids
     assert str(dag.get_task("commit").trigger_rule) in ("none_failed", "TriggerRule.NONE_FAILED")
     # a failed write task must fail the barrier at once, not leave it polling for outputs
     assert str(dag.get_task("barrier").trigger_rule) in ("all_success", "TriggerRule.ALL_SUCCESS")

@@ -81,6 +81,14 @@ def test_secrets_are_redacted(monkeypatch):
         ),
         (lambda c: c.pop("shuffle"), r"shuffle: required key is missing"),
         (lambda c: c.update(tables=[]), r"tables: "),
+        (
+            lambda c: c["tables"][0].update(freshness_slo="soon"),
+            r"tables\[0\]\.freshness_slo: .*not a duration",
+        ),
+        (
+            lambda c: c["tables"][0].update(freshness_callback="slack alert"),
+            r"tables\[0\]\.freshness_callback: .*module\.name",
+        ),
     ],
 )
 def test_bad_values_name_the_key(monkeypatch, mutate, message):
@@ -314,3 +322,12 @@ def test_two_mirrors_of_one_name_or_one_target_are_refused(monkeypatch):
     data["tables"].append({"source": "shop.items", "sink": "shop.items_changes", "mirrors": [PG]})
     with pytest.raises(ConfigError, match=r"configured twice \(shop\.orders and shop\.items\)"):
         parse_config(data)
+
+
+def test_freshness_slo_is_a_duration_and_off_by_default(monkeypatch):
+    monkeypatch.setenv("CDC_TEST_SECRET", "x")
+    assert parse_config(GOOD).tables[0].freshness_slo is None
+    config = yaml.safe_load(yaml.safe_dump(GOOD))
+    config["tables"][0].update(freshness_slo="15m", freshness_callback="my_alerts.slack")
+    table = parse_config(config).tables[0]
+    assert (table.freshness_slo, table.freshness_callback) == (900.0, "my_alerts.slack")

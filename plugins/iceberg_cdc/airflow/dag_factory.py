@@ -2,7 +2,7 @@
 
     detect ─┬─ write_jobs ─ shuffle_write[] ─ barrier ─ coalesce ─ shuffle_read[] ─┬─ commit ─ watermark ─ more_pending ─ trigger_next_run
             └─ insert_jobs ─ changelog_insert[] ──────────────────────────────────┘
-    cleanup: teardown of detect (runs after failures too, keeps them failed)
+    cleanup: teardown of detect, after trigger_next_run (runs after failures too, keeps them failed)
 
 The mapped Spark tasks expand over what detect (or coalesce) planned; a path
 with nothing to do expands to zero tasks and is skipped, so insert-only and
@@ -309,7 +309,10 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
         changelog_insert >> committed
         mark >> more_pending(mark) >> trigger_next
         teardown = cleanup(detected).as_teardown(setups=detected)
+        # The chained run exists before cleanup gives the lease back: a run waiting for the table
+        # then sees it and leaves the next snapshot to it (one chain per table, docs/operating.md).
         mark >> teardown
+        trigger_next >> teardown
     return dag
 
 

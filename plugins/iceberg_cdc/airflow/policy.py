@@ -17,6 +17,7 @@ from iceberg_cdc.airflow.compat import AirflowFailException
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
 from iceberg_cdc.error_lines import line_of
 from iceberg_cdc.errors import CdcError, is_final
+from iceberg_cdc.run.story import CHAIN_PREFIX
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -66,6 +67,42 @@ def airflow_holder_state(ti: Any) -> Callable[[LeaseInfo], HolderState] | None:
         return "working" if "running" in _task_state_names(found) else "running"
 
     return state
+
+
+# detect states of a run that has not yet taken the table (or is taking it now).
+_NOT_YET_DETECTED = {
+    "none",
+    "scheduled",
+    "queued",
+    "running",
+    "up_for_reschedule",
+    "up_for_retry",
+    "deferred",
+}
+
+
+def airflow_live_chain(ti: Any, dag_id: str, own_run_id: str) -> Callable[[], str | None] | None:
+    """Ask Airflow for a live chained run of ``dag_id``: one whose detect has not finished yet.
+
+    The lease holder starts its chained run before its cleanup gives the lease
+    back, so a run that then holds the lease and sees such a run knows it was
+    started for the very snapshot it would take. A chained run whose detect
+    finished has taken its snapshot already (or ended): it is not waiting.
+    """
+    if ti is None or not hasattr(ti, "get_task_states"):
+        return None
+
+    def live() -> str | None:
+        found = ti.get_task_states(dag_id=dag_id, task_ids=["detect"])
+        for run_id, tasks in sorted((found or {}).items()):
+            if run_id == own_run_id or not run_id.startswith(CHAIN_PREFIX):
+                continue
+            states = tasks.values() if isinstance(tasks, dict) else [tasks]
+            if any(_state_name(state) in _NOT_YET_DETECTED for state in states):
+                return run_id
+        return None
+
+    return live
 
 
 def _state_name(value: Any) -> str:

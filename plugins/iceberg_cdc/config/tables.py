@@ -126,6 +126,29 @@ class TableConfig(_Strict):
     protect_pending: bool = False
     # The run's note warns when a snapshot the sink needs may be expired within this time.
     retention_warning: float = 24 * 3600.0
+    # Freshness promise (seconds, or "15m"): alert when the oldest source snapshot not yet in the
+    # changelog is older than this (run/freshness.py). None: no promise, no alert.
+    freshness_slo: float | None = None
+    # Called once when the SLO is breached and once when it clears: a dotted path to a callable or to
+    # an Airflow notifier instance (e.g. "my_alerts.slack"), called with Airflow's context plus
+    # "freshness" (what was measured) and "freshness_transition" ("fired" / "cleared").
+    freshness_callback: str | None = None
+
+    @field_validator("freshness_slo", mode="before")
+    @classmethod
+    def _freshness_slo(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
+
+    @field_validator("freshness_callback")
+    @classmethod
+    def _callback_path(cls, value: str | None) -> str | None:
+        if value is not None and (
+            value.count(".") < 1 or not all(p.isidentifier() for p in value.split("."))
+        ):
+            raise ValueError(
+                f"freshness_callback={value!r} is not a dotted path: write module.name, e.g. my_alerts.slack"
+            )
+        return value
 
     @field_validator("retention_warning", mode="before")
     @classmethod

@@ -50,6 +50,8 @@ def detect(
     try_number: int | None = None,
     holder_state: Callable[[LeaseInfo], HolderState] | None = None,
     through_snapshot_id: int | None = None,
+    expected_snapshot_id: int | None = None,
+    live_chain: Callable[[], str | None] | None = None,
 ) -> Detected:
     """Take the lease, find the snapshot to process, plan it, and say which path the run takes.
 
@@ -58,6 +60,13 @@ def detect(
     ``through_snapshot_id``: this run reprocesses ``snapshot_id``, the first of a
     range that ends there (:func:`~iceberg_cdc.source.history.validate_reprocess_range`);
     detect's result names the next snapshot of the range (``next_in_range``).
+
+    One chain per table (docs/operating.md, "Run ids"): a chained run's id names
+    the snapshot it was started for (``expected_snapshot_id``) and it processes
+    that one or none; any other run that would take the next pending snapshot
+    asks ``live_chain`` (while holding the lease) whether a chained run is
+    waiting to process it, and if so leaves it to that run (``caught_up``,
+    ``reason`` naming it).
     """
     if through_snapshot_id is not None and snapshot_id is None:
         raise SourceHistoryError(
@@ -68,13 +77,38 @@ def detect(
     held = run_lease.take(ctx, run_id, dag_id=dag_id, try_number=try_number, holder_state=holder_state)
     try:
         with run_lease.renewing(ctx, run_id, held.epoch, run_lease.lease_ttl_seconds(ctx.table)):
-            return _detect(ctx, run_id, snapshot_id, held, through_snapshot_id)
+            return _detect(
+                ctx, run_id, snapshot_id, held, through_snapshot_id, expected_snapshot_id, live_chain
+            )
     except BaseException:
         try:
             run_lease.give_back(ctx, run_id, held.epoch)
         except Exception:  # the original error matters more; the lease then expires by itself
             log.exception("run %r could not release the lease of %s", run_id, ctx.table.source)
         raise
+
+
+def chain_deferral(
+    pending: int, expected_snapshot_id: int | None, live_chain: Callable[[], str | None] | None
+) -> str | None:
+    """Why this run leaves the pending snapshot ``pending`` alone, or None when it processes it.
+
+    A chained run processes only the snapshot its id names; another run defers
+    to a live chained run, which was started (by the lease holder, before it
+    gave the lease back) to process exactly this snapshot.
+    """
+    if expected_snapshot_id is not None:
+        if pending == expected_snapshot_id:
+            return None
+        return (
+            f"superseded: this chained run was started for snapshot {expected_snapshot_id}, but the next "
+            f"pending snapshot is {pending} (another run processed {expected_snapshot_id}); it processes "
+            "nothing, so its id does not name a snapshot it did not process"
+        )
+    live = live_chain() if live_chain is not None else None
+    if live:
+        return f"left to the chain: run {live} processes snapshot {pending} and those after it"
+    return None
 
 
 def sweep_leftovers(ctx: Context, sink, keep_attempt: str) -> dict[str, int]:
@@ -126,7 +160,13 @@ def sweep_leftovers(ctx: Context, sink, keep_attempt: str) -> dict[str, int]:
 
 
 def _detect(
-    ctx: Context, run_id: str, snapshot_id: int | None, held: LeaseInfo, through_snapshot_id: int | None
+    ctx: Context,
+    run_id: str,
+    snapshot_id: int | None,
+    held: LeaseInfo,
+    through_snapshot_id: int | None,
+    expected_snapshot_id: int | None = None,
+    live_chain: Callable[[], str | None] | None = None,
 ) -> Detected:
     started = time.perf_counter()
     catalog = ctx.catalog()
@@ -179,6 +219,11 @@ def _detect(
             watermark and watermark.snapshot_id,
         )
         return Detected(action="caught_up", **base)
+    if snapshot_id is None:
+        deferred = chain_deferral(pending.snapshot_id, expected_snapshot_id, live_chain)
+        if deferred:
+            log.warning("%s: %s", ctx.table.source, deferred)
+            return Detected(action="caught_up", reason=deferred, remaining=pending.remaining, **base)
 
     changes = (
         initial_load_changes(source, pending.snapshot_id)

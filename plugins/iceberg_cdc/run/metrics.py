@@ -110,6 +110,18 @@ def emit_lag(stats: StatsBackend, source: str, remaining: int) -> None:
     stats.gauge(f"{metric_prefix(source)}.lag.snapshots", float(remaining), tags=table_tag(source))
 
 
+def emit_freshness(stats: StatsBackend, source: str, freshness: dict[str, Any]) -> None:
+    """Age of the oldest source snapshot not yet in the changelog, and whether it breaks the table's SLO.
+
+    ``freshness.lag_seconds`` (0 when caught up); ``freshness.breached`` is 1 or
+    0, sent only for a table with ``freshness_slo`` (run/freshness.py).
+    """
+    prefix, tags = metric_prefix(source), table_tag(source)
+    stats.gauge(f"{prefix}.freshness.lag_seconds", float(freshness.get("lag_seconds") or 0.0), tags=tags)
+    if freshness.get("slo_seconds") is not None:
+        stats.gauge(f"{prefix}.freshness.breached", 1.0 if freshness.get("breached") else 0.0, tags=tags)
+
+
 def emit_retention(stats: StatsBackend, source: str, retention: dict[str, Any] | None) -> None:
     """Seconds until a snapshot the sink needs may be expired (the retention guard), and whether it is protected.
 

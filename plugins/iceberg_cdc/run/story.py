@@ -27,7 +27,17 @@ from iceberg_cdc.redaction import redact
 from iceberg_cdc.run.state import Detected
 from iceberg_cdc.units import format_bytes
 
-__all__ = ["NOTE_LIMIT", "FailedTask", "chained_note", "merged_note", "run_note", "story"]
+__all__ = [
+    "CHAIN_PREFIX",
+    "NOTE_LIMIT",
+    "FailedTask",
+    "chained_note",
+    "chained_run_id",
+    "chained_snapshot",
+    "merged_note",
+    "run_note",
+    "story",
+]
 
 NOTE_LIMIT = 1000  # Airflow's dag_run_note.content is a String(1000)
 # Notes a run starts with (set when a predecessor queued it); the run's own outcome replaces them.
@@ -95,7 +105,8 @@ def story(detected: Detected | Mapping[str, Any], committed: dict[str, Any] | No
     detected = Detected.of(detected)
     label = snapshot_label(detected)
     if detected.action == "caught_up":
-        line = label
+        # A run that left the pending snapshot to the chain says so: "caught up" would be untrue.
+        line = f"nothing processed ({detected.reason})" if detected.reason else label
     elif detected.action == "skip":
         line = f"{label}: skipped ({detected.reason}: no logical change)"
     else:
@@ -155,6 +166,20 @@ def chained_run_id(snapshot_id: int | None, stamp: str, kind: str = "chained") -
     """
     target = f"s{snapshot_id}" if snapshot_id is not None else "next"
     return f"{kind}__{target}__{stamp}"
+
+
+CHAIN_PREFIX = "chained__"
+
+
+def chained_snapshot(run_id: str | None) -> int | None:
+    """The snapshot a chained run's id names (``chained__s123__<stamp>`` -> 123), else None.
+
+    detect holds the run to it: a chained run processes that snapshot or none.
+    """
+    if not run_id or not run_id.startswith(CHAIN_PREFIX):
+        return None
+    target = run_id[len(CHAIN_PREFIX) :].split("__", 1)[0]
+    return int(target[1:]) if target[:1] == "s" and target[1:].isdigit() else None
 
 
 def _readable(value: Any) -> Detected | None:

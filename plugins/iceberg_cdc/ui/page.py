@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from iceberg_cdc.run.freshness import span
 from iceberg_cdc.ui.page_format import (
     CSS,
     REFRESH_SECONDS,
@@ -42,13 +43,22 @@ class PageModel:
     api_href: str = "api/tables"
 
 
-_STATE_LABEL = {"caught-up": "caught up", "behind": "behind", "error": "error", "unknown": "unknown"}
+_STATE_LABEL = {
+    "caught-up": "caught up",
+    "behind": "behind",
+    "late": "late",
+    "error": "error",
+    "unknown": "unknown",
+}
 
 
 def _badge(status: TableStatus) -> str:
     label = _STATE_LABEL[status.state]
     if status.state == "behind":
         label = f"{status.pending} pending"
+    elif status.state == "late":  # red: the freshness SLO is broken
+        age, slo = span(status.oldest_pending_age_seconds), span(status.freshness_slo)
+        label = f"late: {status.pending} pending, oldest {age} old (SLO {slo})"
     return f'<span class="badge {status.state}" data-field="state">{esc(label)}</span>'
 
 

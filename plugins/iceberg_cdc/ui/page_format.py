@@ -82,7 +82,7 @@ header p { margin: 0 0 14px; color: var(--muted); }
 .grid td.num, .grid th.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
 .badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600; color: #fff; }
 .badge.caught-up { background: var(--ok); } .badge.behind { background: var(--warn); }
-.badge.error { background: var(--bad); } .badge.unknown { background: var(--muted); }
+.badge.error, .badge.late { background: var(--bad); } .badge.unknown { background: var(--muted); }
 .run-state { font-weight: 600; } .run-state.success { color: var(--ok); } .run-state.failed { color: var(--bad); }
 .run-state.running, .run-state.queued { color: var(--warn); }
 .run-note { font-size: 0.9em; margin-top: 2px; }

@@ -87,6 +87,7 @@ def table_status(
         dag_id=table.dag_id,
         start=table.start,
         checked_at=now or datetime.now(UTC),
+        freshness_slo=table.freshness_slo,
     )
 
     def failed(what: str, exc: BaseException) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from iceberg_cdc.run.freshness import breaches
 from iceberg_cdc.sink.foreign import ForeignCommit
 from iceberg_cdc.ui.mirrors import MirrorStatus
 from iceberg_cdc.ui.sink_history import ProcessedSnapshot
@@ -61,6 +62,7 @@ class TableStatus:
     retention: dict[str, Any] | None = None
     retention_warning: str | None = None
     mirrors: list[MirrorStatus] = field(default_factory=list)  # each mirror's watermark and lag
+    freshness_slo: float | None = None  # tables[].freshness_slo: "late" (red) above it
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -69,6 +71,11 @@ class TableStatus:
         if self.oldest_pending_at is None:
             return None
         return max(0.0, (self.checked_at - self.oldest_pending_at).total_seconds())
+
+    @property
+    def freshness_breached(self) -> bool:
+        """The oldest pending snapshot is older than the table's freshness SLO (run/freshness.py's rule)."""
+        return breaches(self.oldest_pending_age_seconds, self.freshness_slo)
 
     @property
     def last_commit(self) -> ProcessedSnapshot | None:
@@ -87,11 +94,13 @@ class TableStatus:
 
     @property
     def state(self) -> str:
-        """``error``, ``behind`` (snapshots pending), ``caught-up`` or ``unknown``."""
+        """``error``, ``late`` (behind by more than the freshness SLO), ``behind``, ``caught-up`` or ``unknown``."""
         if self.errors:
             return "error"
         if self.pending is None:
             return "unknown"
+        if self.pending and self.freshness_breached:
+            return "late"
         return "behind" if self.pending else "caught-up"
 
     @property
@@ -123,6 +132,7 @@ class TableStatus:
                 "oldest_pending_at": _iso(self.oldest_pending_at),
                 "oldest_pending_age_seconds": self.oldest_pending_age_seconds,
             },
+            "freshness": {"slo_seconds": self.freshness_slo, "breached": self.freshness_breached},
             "recent": [s.to_dict() for s in self.recent],
             "foreign_commits": [f.to_dict() for f in self.foreign],
             "warnings": self.warnings,

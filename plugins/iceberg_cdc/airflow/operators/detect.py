@@ -23,13 +23,13 @@ from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.lease_wait import take_waiting
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.lineage import LineageReporting, changelog_datasets
-from iceberg_cdc.airflow.policy import airflow_holder_state, final_errors
+from iceberg_cdc.airflow.policy import airflow_holder_state, airflow_live_chain, final_errors
 from iceberg_cdc.config import TableConfig
 from iceberg_cdc.run import steps
 from iceberg_cdc.run.kinds import backfill_refusal, is_backfill
 from iceberg_cdc.run.lease import lease_ttl_seconds
 from iceberg_cdc.run.metrics import emit_retention
-from iceberg_cdc.run.story import story
+from iceberg_cdc.run.story import chained_snapshot, story
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -89,6 +89,10 @@ class DetectOperator(LineageReporting, BaseOperator):
                     try_number=getattr(ti, "try_number", None),
                     holder_state=airflow_holder_state(ti),
                     through_snapshot_id=through,
+                    # One chain per table: a chained run takes the snapshot its id names or none,
+                    # any other run leaves the pending snapshot to a live chained run.
+                    expected_snapshot_id=chained_snapshot(run_id),
+                    live_chain=airflow_live_chain(ti, self.dag_id, run_id),
                 )
             log.info("this run: %s", story(detected))
             emit_safely(emit_retention, self.source, dict(detected.retention))

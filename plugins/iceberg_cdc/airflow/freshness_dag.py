@@ -1,0 +1,104 @@
+"""``cdc_freshness``: the tables' freshness SLOs, checked every minute, whatever their DAGs are doing.
+
+Why a DAG of its own and not a Deadline Alert: a Deadline Alert (Airflow 3.1+)
+fires when a *DAG run* is not finished some time after its queued or logical
+date; a paused or blocked table has no run to miss a deadline, and a run's
+age is not the changelog's lag. The promise is about the source's commit
+times (``run/freshness.py``), so a small DAG that is never paused measures
+it: one task per table with ``freshness_slo``, which
+
+* sends ``<table>.freshness.lag_seconds`` and ``.freshness.breached`` to
+  Airflow's metrics backend (StatsD or OpenTelemetry),
+* calls the table's ``freshness_callback`` (any callable, or an Airflow
+  notifier instance, by dotted path) once when the SLO is breached and once
+  when it clears -- the stored alert state makes each transition fire once,
+* returns the measurement as its XCom, which the CDC view reads for the
+  table's red state.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.sdk import DAG, task
+
+from iceberg_cdc.airflow.metrics import emit_safely
+from iceberg_cdc.config import CdcConfig, TableConfig, load_config
+from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.freshness import Transition, check
+from iceberg_cdc.run.metrics import StatsBackend, emit_freshness
+
+log = logging.getLogger("iceberg_cdc")
+
+FRESHNESS_DAG_ID = "cdc_freshness"
+CHECK_EVERY = timedelta(minutes=1)
+
+
+def resolve_callback(path: str) -> Callable[[dict[str, Any]], Any]:
+    """The callable (or notifier instance) ``module.name`` names; an error naming the fix if it is none."""
+    module_name, _, name = path.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"freshness_callback={path!r} cannot be imported ({type(exc).__name__}: {exc}): put the module "
+            "on the workers' Python path (e.g. the DAGs or plugins folder) or fix the path"
+        ) from exc
+    if not callable(found):
+        raise ConfigError(
+            f"freshness_callback={path!r} is a {type(found).__name__}, not a callable or notifier"
+        )
+    return found
+
+
+def run_check(
+    ctx: Context, context: dict[str, Any], stats: StatsBackend | None = None
+) -> tuple[dict[str, Any], Transition | None]:
+    """One table's check: measure, send the gauges, call the callback on a transition."""
+    measured, transition = check(ctx)
+    result = measured.to_dict()
+    if stats is not None:
+        emit_freshness(stats, ctx.table.source, result)
+    else:
+        emit_safely(emit_freshness, ctx.table.source, result)
+    if transition and ctx.table.freshness_callback:
+        callback = resolve_callback(ctx.table.freshness_callback)
+        callback({**context, "freshness": result, "freshness_transition": transition})
+        log.info("freshness_callback %s called: %s", ctx.table.freshness_callback, transition)
+    return result, transition
+
+
+def build_freshness_dag(config: CdcConfig) -> DAG | None:
+    """The checks' DAG, or None when no table has a ``freshness_slo``."""
+    tables: list[TableConfig] = [t for t in config.tables if t.freshness_slo is not None]
+    if not tables:
+        return None
+    with DAG(
+        dag_id=FRESHNESS_DAG_ID,
+        schedule=CHECK_EVERY,
+        start_date=datetime(2024, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        is_paused_upon_creation=False,  # a promise must be watched from the start
+        tags=["cdc", "freshness"],
+        doc_md=__doc__,
+    ) as dag:
+        for table in tables:
+
+            @task(task_id=f"check__{table.dag_id}", retries=0)
+            def check_table(source: str = table.source, **context: Any) -> dict[str, Any]:
+                from iceberg_cdc.airflow.hooks.cdc import CdcHook
+
+                result, transition = run_check(CdcHook(load_config()).context(source), context)
+                return {**result, "transition": transition}
+
+            check_table()
+    return dag
+
+
+__all__ = ["CHECK_EVERY", "FRESHNESS_DAG_ID", "build_freshness_dag", "resolve_callback", "run_check"]

@@ -1,0 +1,145 @@
+"""Freshness of a table's changelog against its source, and the SLO's alert state (fires once, clears once).
+
+**Freshness lag** of a table: the age of the oldest source snapshot not yet in
+the changelog -- ``now`` minus that snapshot's commit time (its
+``timestamp_ms``) -- and 0 when the changelog holds every snapshot of the
+source's current history. It grows while a table is paused, blocked or
+slow, whatever the reason, and is what ``tables[].freshness_slo`` promises.
+
+**Breach**: lag above the SLO. The state (breached or not, since when) is one
+small JSON object in the shuffle store, ``_freshness/<table>.json``, changed
+only by a conditional write, so a breach **fires** exactly once (the check
+whose write turned it on) and **clears** exactly once, however many checkers
+run. Airflow-free: the freshness DAG (``iceberg_cdc.airflow.freshness_dag``)
+runs :func:`check` and calls the operator's callback on a transition.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from iceberg_cdc.run.context import Context
+from iceberg_cdc.sink.table import read_watermark
+from iceberg_cdc.source.history import next_snapshot, pending_count
+from iceberg_cdc.source.tables import load_source_table
+
+log = logging.getLogger("iceberg_cdc")
+
+STATE_PREFIX = "_freshness"
+Transition = Literal["fired", "cleared"]
+
+
+def breaches(lag_seconds: float | None, slo_seconds: float | None) -> bool:
+    """The SLO's rule (the checks' and the CDC view's): a lag strictly above a configured SLO."""
+    return slo_seconds is not None and lag_seconds is not None and lag_seconds > slo_seconds
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """One measurement of a table's freshness (snapshot ids as text: browsers round 19 digits)."""
+
+    source: str
+    slo_seconds: float | None
+    lag_seconds: float
+    pending: int
+    oldest_pending: str | None  # the oldest source snapshot not yet in the changelog
+    oldest_committed_at: str | None  # its commit time (ISO, UTC)
+    measured_at: str
+
+    @property
+    def breached(self) -> bool:
+        return breaches(self.lag_seconds, self.slo_seconds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "breached": self.breached}
+
+    def describe(self) -> str:
+        """``shop.orders is 17m 3s behind its source (SLO 15m): snapshot 123 ...``."""
+        if not self.pending:
+            return f"{self.source}: changelog holds every source snapshot (lag 0 s)"
+        slo = f" (SLO {span(self.slo_seconds)})" if self.slo_seconds is not None else ""
+        return (
+            f"{self.source} is {span(self.lag_seconds)} behind its source{slo}: snapshot "
+            f"{self.oldest_pending}, committed {self.oldest_committed_at}, is the oldest of "
+            f"{self.pending} not yet in the changelog"
+        )
+
+
+def measure(ctx: Context, now: datetime | None = None) -> Freshness:
+    """The table's freshness now; never creates the sink (a missing sink has everything pending)."""
+    now = now or datetime.now(UTC)
+    catalog = ctx.catalog()
+    source = load_source_table(catalog, ctx.table)
+    watermark = None
+    if catalog.table_exists(ctx.table.sink):
+        watermark = read_watermark(catalog.load_table(ctx.table.sink), ctx.table.source)
+    pending = next_snapshot(source, watermark, ctx.table.start)
+    lag, committed_at = 0.0, None
+    if pending is not None:
+        snapshot = source.snapshot_by_id(pending.snapshot_id)
+        committed = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC)
+        lag, committed_at = max(0.0, (now - committed).total_seconds()), committed.isoformat()
+    return Freshness(
+        source=ctx.table.source,
+        slo_seconds=ctx.table.freshness_slo,
+        lag_seconds=round(lag, 3),
+        pending=0 if pending is None else pending_count(source, watermark, ctx.table.start),
+        oldest_pending=None if pending is None else str(pending.snapshot_id),
+        oldest_committed_at=committed_at,
+        measured_at=now.isoformat(),
+    )
+
+
+def state_key(source: str) -> str:
+    return f"{STATE_PREFIX}/{source}.json"
+
+
+def check(ctx: Context, now: datetime | None = None) -> tuple[Freshness, Transition | None]:
+    """Measure, and move the stored alert state when the breach began or ended: the transition, if this check made it.
+
+    Two checkers racing on one transition: the conditional write lets one win;
+    the other sees no transition (it never fires twice).
+    """
+    measured = measure(ctx, now)
+    store = ctx.runtime.store()
+    key = state_key(ctx.table.source)
+    found = store.get_with_version(key)
+    previous = json.loads(found[0]) if found is not None else {"breached": False}
+    if bool(previous.get("breached")) == measured.breached:
+        return measured, None
+    state = {
+        "breached": measured.breached,
+        "since": measured.measured_at,
+        "freshness": measured.to_dict(),
+    }
+    data = json.dumps(state, sort_keys=True).encode()
+    version = store.put_if_absent(key, data) if found is None else store.put_if_version(key, data, found[1])
+    if version is None:
+        log.info("%s: another check moved the freshness state first", ctx.table.source)
+        return measured, None
+    transition: Transition = "fired" if measured.breached else "cleared"
+    log.warning("freshness SLO of %s %s: %s", ctx.table.source, transition, measured.describe())
+    return measured, transition
+
+
+def stored_state(ctx: Context) -> dict[str, Any] | None:
+    """The alert state as the last transition left it (the CDC view shows it), or None."""
+    found = ctx.runtime.store().get_with_version(state_key(ctx.table.source))
+    return json.loads(found[0]) if found is not None else None
+
+
+def span(seconds: float | None) -> str:
+    """``17m 3s`` / ``2h 5m``: a lag as people read it."""
+    seconds = int(seconds or 0)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+
+
+__all__ = ["Freshness", "Transition", "breaches", "check", "measure", "span", "state_key", "stored_state"]

@@ -1,0 +1,109 @@
+"""The freshness SLO measured: a commit to a paused table breaks it, the alert fires once, then clears once.
+
+Real SQLite catalog, real Iceberg tables, the shuffle store on the file system
+(the alert state's conditional writes), the changelog caught up by the inline
+pipeline (the same steps as a DAG run). The check is the freshness DAG's task
+body (:func:`iceberg_cdc.airflow.freshness_dag.run_check`) with a recording
+metrics backend and a ``freshness_callback`` given by dotted path.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
+from cdc_devtools.orders import SCHEMA, rows
+from iceberg_cdc.airflow.freshness_dag import build_freshness_dag, run_check
+from iceberg_cdc.run import steps
+from iceberg_cdc.run.freshness import stored_state
+from iceberg_cdc.run.metrics import metric_prefix
+from iceberg_cdc.ui.status import table_status
+
+SLO = 1.5  # seconds: long enough that a fresh commit is within it, short enough to wait out
+
+CALLS: list[dict[str, Any]] = []
+
+
+def record(context: dict[str, Any]) -> None:
+    """The operator's callback (``freshness_callback: tests.integration.test_freshness_slo.record``)."""
+    CALLS.append(context)
+
+
+class RecordingStats:
+    def __init__(self) -> None:
+        self.gauges: dict[str, float] = {}
+
+    def incr(self, stat: str, count: int = 1, rate: float = 1, *, tags: Any = None) -> None: ...
+
+    def gauge(
+        self, stat: str, value: float, rate: float = 1, delta: bool = False, *, tags: Any = None
+    ) -> None:
+        self.gauges[stat] = value
+
+    def timing(self, stat: str, dt: Any, *, tags: Any = None) -> None: ...
+
+
+@pytest.fixture
+def pipeline(tmp_path) -> InlinePipeline:
+    CALLS.clear()
+    table = {"freshness_slo": f"{SLO}s", "freshness_callback": f"{__name__}.record"}
+    p = InlinePipeline(tmp_path, table=table)
+    p.create_source(SCHEMA).append(rows(range(20)))
+    p.catch_up()
+    return p
+
+
+def test_a_commit_to_a_paused_table_fires_the_alert_once_and_it_clears_once_caught_up(pipeline):
+    ctx = steps.Context.of(pipeline.config, SOURCE)
+    stats = RecordingStats()
+    lag, breached = (
+        f"{metric_prefix(SOURCE)}.freshness.lag_seconds",
+        f"{metric_prefix(SOURCE)}.freshness.breached",
+    )
+
+    measured, transition = run_check(ctx, {"dag_id": "cdc_freshness"}, stats)
+    assert (measured["lag_seconds"], measured["pending"], transition) == (0.0, 0, None)
+    assert stats.gauges == {lag: 0.0, breached: 0.0}
+
+    pipeline.source.append(rows(range(20, 25), "eu"))  # the table's DAG is paused: nothing processes it
+    snapshot_id = pipeline.source.current_snapshot().snapshot_id
+    measured, transition = run_check(ctx, {}, stats)
+    assert transition is None and not measured["breached"] and measured["lag_seconds"] <= SLO
+    assert table_status(pipeline.catalog, ctx.table).state == "behind"  # within the SLO: amber
+    assert CALLS == []
+
+    time.sleep(SLO + 0.5)
+    measured, transition = run_check(ctx, {"dag_id": "cdc_freshness"}, stats)
+    assert transition == "fired" and measured["breached"] and measured["lag_seconds"] > SLO
+    assert measured["oldest_pending"] == str(snapshot_id) and measured["pending"] == 1
+    assert stats.gauges[breached] == 1.0 and stats.gauges[lag] > SLO
+    for _ in range(3):  # still late: no second alert
+        assert run_check(ctx, {}, stats)[1] is None
+    assert [c["freshness_transition"] for c in CALLS] == ["fired"]
+    assert CALLS[0]["dag_id"] == "cdc_freshness" and CALLS[0]["freshness"]["oldest_pending"] == str(
+        snapshot_id
+    )
+    assert stored_state(ctx)["breached"] is True
+    shown = table_status(pipeline.catalog, ctx.table)  # the CDC view: red ("late"), not amber ("behind")
+    assert shown.state == "late" and shown.to_dict()["freshness"] == {"slo_seconds": SLO, "breached": True}
+
+    pipeline.catch_up()
+    measured, transition = run_check(ctx, {}, stats)
+    assert transition == "cleared" and measured == {**measured, "lag_seconds": 0.0, "breached": False}
+    assert run_check(ctx, {}, stats)[1] is None
+    assert [c["freshness_transition"] for c in CALLS] == ["fired", "cleared"]
+    assert stats.gauges == {lag: 0.0, breached: 0.0}
+    assert stored_state(ctx)["breached"] is False
+    assert table_status(pipeline.catalog, ctx.table).state == "caught-up"
+
+
+def test_the_checks_dag_has_one_task_per_table_with_a_promise(pipeline):
+    dag = build_freshness_dag(pipeline.config)
+    assert dag is not None and [t.task_id for t in dag.tasks] == ["check__cdc__shop__orders"]
+    unpromised = pipeline.config.model_copy(
+        update={"tables": [pipeline.config.tables[0].model_copy(update={"freshness_slo": None})]}
+    )
+    assert build_freshness_dag(unpromised) is None
