@@ -115,7 +115,9 @@ class PostgresTarget:
     def _state(self, cursor: Any) -> MirrorState | None:
         cursor.execute(
             f"SELECT changelog_snapshot_id, source_snapshot_id, change_ordinal, changelog_table, source_table, "
-            f"epoch, run_id, {ddl.MAPPING_COLUMN}::text FROM {ddl.state_table(self.table)} WHERE mirror_table = $1",
+            # to_jsonb(s): a state table from before the mapping (not migrated yet) reads as unmapped
+            f"epoch, run_id, (to_jsonb(s) -> '{ddl.MAPPING_COLUMN}')::text "
+            f"FROM {ddl.state_table(self.table)} AS s WHERE mirror_table = $1",
             (self.table,),
         )
         row = cursor.fetchone()
@@ -123,7 +125,7 @@ class PostgresTarget:
             return None
         changelog_id, source_id, ordinal, changelog, source, epoch, run_id, mapping = row
         mark = None if ordinal is None else ChangelogMark(int(changelog_id), int(source_id), int(ordinal))
-        fields = mapping_from_json(json.loads(mapping)) if mapping is not None else None
+        fields = mapping_from_json(json.loads(mapping)) if mapping not in (None, "null") else None
         return MirrorState(mark, changelog, source, int(epoch), run_id, fields)
 
     # -- writing -------------------------------------------------------------------------------
