@@ -148,9 +148,10 @@ def _level(
                 problems.append(f"column {'.'.join(at)!r} is {have} in the mirror, {want} in the changelog")
         elif not _same_shape(have, want):
             problems.append(f"column {'.'.join(at)!r} is {have} in the mirror, {want} in the changelog")
-    for kept in changes.kept:
-        if by_name[kept].required:
-            ops.optional.append((*path, kept))
+    held = {old_name.get(f.field_id, f.name) for f in changes.matched}
+    for mine in mirror_fields:  # kept, or not the changelog's at all: written as null from now on
+        if mine.required and mine.name not in held:
+            ops.optional.append((*path, mine.name))
 
 
 def _sink_ids(sink_fields: Sequence[NestedField], mirror: StructType | Schema, into: dict[int, int]) -> None:
