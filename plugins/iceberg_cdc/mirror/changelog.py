@@ -140,12 +140,36 @@ def _replaced_since(changelog: Table, source: str, base: ChangelogMark, mirror_n
 def _scan(
     changelog: Table, snapshot_id: int, row_filter: BooleanExpression, columns: Sequence[str]
 ) -> pa.Table:
+    """``columns`` (the changelog's current names) of the rows at ``snapshot_id``, in the current types.
+
+    pyiceberg reads data files by field id, so rows written before a rename
+    come back under the new name -- but a scan *at an older snapshot* uses
+    that snapshot's schema, where the column still has its old name (and its
+    narrower type). Those columns are selected by id under their old names,
+    then renamed and cast to the current schema; columns added since are null.
+    """
+    current = changelog.schema()
+    wanted = pa.schema([current.as_arrow().field(c) for c in columns])
     if snapshot_id == NO_SNAPSHOT:
-        schema = changelog.schema().as_arrow()
-        return pa.schema([schema.field(c) for c in columns]).empty_table()
-    return changelog.scan(
-        row_filter=row_filter, snapshot_id=snapshot_id, selected_fields=tuple(columns)
+        return wanted.empty_table()
+    snapshot = changelog.snapshot_by_id(snapshot_id)
+    at = changelog.schemas().get(snapshot.schema_id) if snapshot and snapshot.schema_id is not None else None
+    if at is None or at.schema_id == current.schema_id:
+        return changelog.scan(
+            row_filter=row_filter, snapshot_id=snapshot_id, selected_fields=tuple(columns)
+        ).to_arrow()
+    old_names = {c: at.find_column_name(current.find_field(c).field_id) for c in columns}
+    present = [old for old in old_names.values() if old is not None]
+    rows = changelog.scan(
+        row_filter=row_filter, snapshot_id=snapshot_id, selected_fields=tuple(present)
     ).to_arrow()
+    arrays = [
+        rows.column(old).cast(wanted.field(c).type)
+        if old is not None
+        else pa.nulls(rows.num_rows, wanted.field(c).type)
+        for c, old in old_names.items()
+    ]
+    return pa.Table.from_arrays(arrays, schema=wanted)
 
 
 def _same_multiset(a: pa.Table, b: pa.Table) -> bool:

@@ -5,8 +5,10 @@ changelog (sink) keeps them -- without the change columns and without the
 ``exclude_columns`` of its config. Following the changelog rather than the
 source's current schema gives the mirror the changelog's own evolution rules
 (:mod:`iceberg_cdc.sink.schema`): added columns appear, widened types widen,
-and a column dropped from the source **stays** (rows written after the drop
-hold null in it, as in the changelog).
+a column dropped from the source **stays** (rows written after the drop
+hold null in it, as in the changelog), and a renamed one is renamed -- the
+targets match their columns to these by field id
+(:mod:`iceberg_cdc.mirror.schema_changes`).
 
 The key is the table's identifier columns. A table without any (whole-row
 mode) cannot be mirrored: its rows have no identity to upsert or delete by,

@@ -32,10 +32,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.update import (
+    AddSchemaUpdate,
     AssertCurrentSchemaId,
     AssertRefSnapshotId,
+    SetCurrentSchemaUpdate,
     SetPropertiesUpdate,
     UpdatesAndRequirements,
     UpdateTableMetadata,
@@ -120,3 +123,33 @@ def set_properties_for_schema(transaction: Transaction, properties: Mapping[str,
     concurrent schema change fails the commit with ``CommitFailedException``.
     """
     _SetPropertiesForSchema(transaction, properties, transaction.table_metadata.current_schema_id).commit()
+
+
+class _SetSchemaAt(UpdateTableMetadata["_SetSchemaAt"]):
+    """Make ``schema`` current, asserting the schema it was computed from is still current."""
+
+    def __init__(self, transaction: Transaction, schema: Schema, base_schema_id: int) -> None:
+        super().__init__(transaction)
+        self._schema = schema
+        self._base = base_schema_id
+
+    def _commit(self) -> UpdatesAndRequirements:
+        next_id = 1 + max(s.schema_id for s in self._transaction.table_metadata.schemas)
+        schema = Schema(
+            *self._schema.fields, schema_id=next_id, identifier_field_ids=self._schema.identifier_field_ids
+        )
+        return (
+            (AddSchemaUpdate(schema=schema), SetCurrentSchemaUpdate(schema_id=-1)),
+            (AssertCurrentSchemaId(current_schema_id=self._base),),
+        )
+
+
+def set_schema_at(transaction: Transaction, schema: Schema, base_schema_id: int) -> None:
+    """Stage ``schema`` as the table's current one in ``transaction`` (what ``UpdateSchema`` stages).
+
+    A schema computed earlier (by an ``UpdateSchema`` staged in a transaction
+    that was never committed) is committed exactly, with its field ids, so
+    data files written with it meanwhile match; the requirement fails the
+    commit if another writer changed the schema since.
+    """
+    _SetSchemaAt(transaction, schema, base_schema_id).commit()

@@ -41,8 +41,15 @@ from iceberg_cdc.errors import ConservationError, MirrorStateError, StaleDeltaEr
 from iceberg_cdc.mirror.iceberg.datafile_json import data_file_from_json
 from iceberg_cdc.mirror.iceberg.inputs import Through
 from iceberg_cdc.mirror.iceberg.plan import ApplyPlan
-from iceberg_cdc.mirror.iceberg.summary import REPAIR_KEY, marker_summary, watermark_properties
+from iceberg_cdc.mirror.iceberg.summary import (
+    MAPPING_PROPERTY,
+    REPAIR_KEY,
+    marker_summary,
+    watermark_properties,
+)
 from iceberg_cdc.mirror.iceberg.table import find_apply, read_mirror_watermark
+from iceberg_cdc.pyiceberg_internals.commit import set_schema_at
+from iceberg_cdc.pyiceberg_internals.data_writer import parse_metadata
 from iceberg_cdc.pyiceberg_internals.format_v3 import writing_v3_metadata
 from iceberg_cdc.pyiceberg_internals.manifest_reader import v3_field
 from iceberg_cdc.pyiceberg_internals.row_delta import AssertedProperties, FileKey, RowDelta
@@ -274,6 +281,8 @@ def commit_delta(
     """Commit ``delta`` and the watermark in one metadata version, exactly once (see module doc)."""
     through = Through.from_dict(plan.through)
     properties = watermark_properties(through, plan.source)
+    if plan.field_ids is not None:
+        properties[MAPPING_PROPERTY] = plan.field_ids
     marker = {**summary, **marker_summary(through, plan.source)}
     if plan.repair is not None:
         marker[REPAIR_KEY] = plan.repair
@@ -295,6 +304,9 @@ def commit_delta(
         try:
             with writing_v3_metadata():
                 tx = table.transaction()
+                if plan.schema_changed:  # the schema the units wrote with, in the same metadata version
+                    assert plan.base_schema_id is not None
+                    set_schema_at(tx, parse_metadata(plan.metadata_json).schema(), plan.base_schema_id)
                 # The properties first: each update's requirement is checked against the transaction's
                 # state, and after the row delta main is no longer at the base.
                 AssertedProperties(tx, properties, plan.base_snapshot_id).commit()

@@ -75,6 +75,7 @@ class StagedNetChanges:
     run: dict[str, Any] | None = None  # the run that staged them (run_id, epoch, lease), if the document says
     root: str | None = None  # where the target's own objects go, when the stager gives it a namespace
     repair: str | None = None  # a verification's repair id: rewrite keys at the watermark, keeping it
+    changelog_schema_json: str | None = None  # the changelog's schema the net changes were read with
 
     @property
     def upsert_rows(self) -> int:
@@ -119,6 +120,7 @@ class StagedNetChanges:
             },
             root=key.rsplit("/", 1)[0] + "/join/",
             repair=data.get("repair"),
+            changelog_schema_json=data.get("changelog_schema_json"),
         )
 
 

@@ -161,6 +161,10 @@ class ApplyPlan:
     figures: dict[str, int] = field(default_factory=dict)
     root: str | None = None  # ApplyPaths.root
     repair: str | None = None  # a verification's repair id (StagedNetChanges.repair)
+    # The schema change the commit makes (metadata_json holds the new schema), by field id (.schema).
+    schema_changed: bool = False
+    base_schema_id: int | None = None  # the mirror's schema the change was computed from
+    field_ids: str | None = None  # the mapping property to set with the commit (None: keep it)
     version: int = MIRROR_PLAN_VERSION
 
     @property

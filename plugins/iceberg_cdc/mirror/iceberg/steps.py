@@ -33,6 +33,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.schema import Schema
+from pyiceberg.types import NestedField
 
 from iceberg_cdc.coordination.commit_in_flight import commit_in_flight
 from iceberg_cdc.coordination.lease import TableLease
@@ -57,6 +59,7 @@ from iceberg_cdc.mirror.iceberg.plan import (
     spread_groups,
 )
 from iceberg_cdc.mirror.iceberg.pruning import prune
+from iceberg_cdc.mirror.iceberg.schema import mapping_json, planned_schema
 from iceberg_cdc.mirror.iceberg.summary import apply_summary
 from iceberg_cdc.mirror.iceberg.table import (
     create_or_load,
@@ -66,6 +69,7 @@ from iceberg_cdc.mirror.iceberg.table import (
 )
 from iceberg_cdc.pipeline.groups import phase_seconds, record_phase
 from iceberg_cdc.pipeline.runtime import Runtime
+from iceberg_cdc.pyiceberg_internals.commit import set_schema_at
 from iceberg_cdc.pyiceberg_internals.data_writer import metadata_for_units
 from iceberg_cdc.source.reading import output_schema
 
@@ -109,6 +113,13 @@ def _changed_keys(store: Any, net: StagedNetChanges, key_types: pa.Schema) -> pa
     return keys.group_by(names, use_threads=False).aggregate([]).select(names).cast(key_types)
 
 
+def _sink_fields(net: StagedNetChanges) -> list[NestedField]:
+    """The changelog's fields the mirror holds, in the stager's order (its columns)."""
+    schema = Schema.model_validate_json(net.changelog_schema_json or "")
+    by_name = {f.name: f for f in schema.fields}
+    return [by_name[name] for name in (net.columns or [])]
+
+
 def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
     """Plan one apply of the staged net changes to the Iceberg mirror (see module doc)."""
     started = time.perf_counter()
@@ -144,8 +155,14 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
         key_columns=net.key_columns,
         format_version=int(_setting(mirror, "format_version") or source.metadata.format_version),
     )
-    evolved = evolve(table, source_schema)
     watermark = read_mirror_watermark(table)
+    follow = None
+    if net.changelog_schema_json is not None:  # by field id, committed with the rows (.schema)
+        evolved = False
+        sink_fields = _sink_fields(net)
+    else:  # a staged document without the changelog's schema: by name, as before field ids
+        evolved = evolve(table, source_schema)
+        sink_fields = None
     if net.repair is not None:
         if watermark != net.through:
             raise MirrorStateError(
@@ -159,7 +176,15 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
             "reason": f"the mirror already holds changelog snapshot {watermark.changelog_snapshot_id} "
             f"(ordinal {watermark.ordinal}), at or past {net.through.changelog_snapshot_id}",
         }
-    schema = table.schema()
+    metadata = table.metadata
+    if sink_fields is not None:
+        follow = planned_schema(table, sink_fields)
+        if follow.changed:
+            staged_tx = table.transaction()
+            set_schema_at(staged_tx, follow.schema, table.metadata.current_schema_id)
+            metadata = staged_tx.table_metadata  # what the units write with, and the commit sets
+            evolved = follow.schema != table.schema()
+    schema = metadata.schema()
     missing = [name for name in net.key_columns if name not in {f.name for f in schema.fields}]
     if missing:
         raise ConfigError(f"mirror {mirror_table}: key columns {missing} are not columns of the mirror")
@@ -192,7 +217,7 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
         mode=mode,
         format_version=int(table.metadata.format_version),
         base_snapshot_id=base,
-        metadata_json=metadata_for_units(table.metadata),
+        metadata_json=metadata_for_units(metadata),
         location=table.location(),
         staging_dir=f"{table.location().rstrip('/')}/{STAGING_DIR}/apply-{net.through.changelog_snapshot_id}/"
         f"epoch-{run.epoch}" + ("/repair" if net.repair else ""),
@@ -205,7 +230,12 @@ def plan(ctx: Any, mirror: Any, staged: Mapping[str, Any]) -> dict[str, Any]:
         figures={**pruned.figures, "created": int(created), "evolved": int(evolved)},
         root=net.root,
         repair=net.repair,
+        schema_changed=bool(follow and follow.schema != table.schema()),
+        base_schema_id=table.metadata.current_schema_id,
+        field_ids=mapping_json(follow.mapping) if follow is not None and follow.changed else None,
     )
+    if follow is not None and follow.changed:
+        log.info("mirror %s: schema follows the changelog by field id: %s", mirror_table, follow.figures)
     sink = io.BytesIO()
     pq.write_table(keys, sink)
     store.put(paths.keys, sink.getvalue())

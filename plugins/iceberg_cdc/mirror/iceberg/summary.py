@@ -12,6 +12,10 @@ and what the apply did::
     cdc.mirror.mode                                                                  merge-on-read / copy-on-write
     cdc.mirror.seconds.<phase>                                                       seconds per phase
 
+The table's properties also carry ``cdc.mirror.field-ids``: the mapping of the
+changelog's field ids to the mirror's (JSON; :mod:`.schema`), set in the
+commit that brings the schema it describes.
+
 All values are strings, as Iceberg's are. The layout is the contract with
 every mirror already written: change it only by reading the old form too.
 """
@@ -24,6 +28,7 @@ from iceberg_cdc.mirror.iceberg.inputs import Through
 
 WATERMARK_PREFIX = "cdc.mirror.watermark."
 MARKER_PREFIX = "cdc.mirror."
+MAPPING_PROPERTY = f"{MARKER_PREFIX}field-ids"  # changelog field id -> mirror field id (JSON)
 REPAIR_KEY = f"{MARKER_PREFIX}repair"  # a verification's repair: the snapshot keeps the watermark
 _FIELDS = ("changelog-snapshot-id", "source-snapshot-id", "ordinal")
 SOURCE_KEY = "source-table"

@@ -5,14 +5,13 @@ apply reaches), partition spec and format version (at least 2: deletes need
 it; a v3 source gives a v3 mirror, whose deletes are deletion vectors), and
 the key columns as identifier fields when they are required columns.
 
-**Evolution.** Before each apply the mirror takes the source's schema by
-name (pyiceberg's ``union_by_name``): added columns are added (null in older
-rows), widened types widened (int → long, float → double, decimal precision).
-A column the source dropped is *kept* -- its old values stay and new rows
-leave it null (a required one becomes optional) -- so a rename looks like a
-new column next to the old. A change Iceberg cannot make (a narrowed or
-unrelated type) is a :class:`~iceberg_cdc.errors.MirrorStateError` naming the
-column and both types.
+**Evolution.** A mirror run follows the changelog's schema by field id, in
+the apply's one commit (:mod:`.schema`). :func:`evolve` is the older rule,
+by name against the source's schema (pyiceberg's ``union_by_name``: added
+columns added, widened types widened, dropped ones kept and optional, a
+rename looking like a new column), used only for staged net changes that do
+not carry the changelog's schema. A change Iceberg cannot make is a
+:class:`~iceberg_cdc.errors.MirrorStateError` naming the column and both types.
 
 **Watermark.** The last changelog snapshot applied is kept twice, both in the
 apply's one commit: in the table's properties (``cdc.mirror.watermark.*``,

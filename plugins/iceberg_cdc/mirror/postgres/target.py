@@ -3,7 +3,10 @@
 In one transaction, in this order:
 
 1. an advisory lock on the mirror table (every writer of it queues here);
-2. the state table and the mirror table created or evolved (:mod:`.ddl`);
+2. the state table and the mirror table created or evolved (:mod:`.ddl`): the
+   columns follow the changelog by field id (renamed, added, widened), and the
+   mapping is written with the watermark in step 6, so a kill leaves table,
+   mapping and mark all old or all new;
 3. the mirror's mark read from the state table and compared with the mark the
    net changes were computed from: equal -- go on; already the target mark --
    this apply already committed (a retry after a lost answer, a cleared task),
@@ -32,6 +35,7 @@ exactly once.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -46,6 +50,7 @@ from iceberg_cdc.mirror.net_changes import ChangelogMark, NetChanges
 from iceberg_cdc.mirror.postgres import ddl
 from iceberg_cdc.mirror.postgres.connection import connect
 from iceberg_cdc.mirror.postgres.types import load_columns, qualified, quote
+from iceberg_cdc.mirror.schema_changes import mapping_from_json, mapping_to_json
 
 POINTS = ("connected", "locked", "ensured", "loaded", "deleted", "upserted", "marked", "committed")
 _UPSERTS = "cdc_net_upserts"
@@ -75,6 +80,7 @@ class MirrorState:
     source_table: str
     epoch: int
     run_id: str | None
+    mapping: dict[int, str] | None = None  # changelog field id -> column name (None: not mapped yet)
 
 
 def _ingest(cursor: Any, name: str, load: Any) -> None:
@@ -127,15 +133,18 @@ class PostgresTarget:
     def _state(self, cursor: Any) -> MirrorState | None:
         cursor.execute(
             f"SELECT changelog_snapshot_id, source_snapshot_id, change_ordinal, changelog_table, source_table, "
-            f"epoch, run_id FROM {ddl.state_table(self.table)} WHERE mirror_table = $1",
+            # to_jsonb(s): a state table from before the mapping (not migrated yet) reads as unmapped
+            f"epoch, run_id, (to_jsonb(s) -> '{ddl.MAPPING_COLUMN}')::text "
+            f"FROM {ddl.state_table(self.table)} AS s WHERE mirror_table = $1",
             (self.table,),
         )
         row = cursor.fetchone()
         if row is None:
             return None
-        changelog_id, source_id, ordinal, changelog, source, epoch, run_id = row
+        changelog_id, source_id, ordinal, changelog, source, epoch, run_id, mapping = row
         mark = None if ordinal is None else ChangelogMark(int(changelog_id), int(source_id), int(ordinal))
-        return MirrorState(mark, changelog, source, int(epoch), run_id)
+        fields = mapping_from_json(json.loads(mapping)) if mapping not in (None, "null") else None
+        return MirrorState(mark, changelog, source, int(epoch), run_id, fields)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -187,7 +196,9 @@ class PostgresTarget:
             if done is not None:
                 connection.rollback()
                 return ApplyResult(False, done, seconds=seconds)
-            schema = ddl.ensure_mirror_table(cursor, self.table, fields, net.key_columns)
+            schema, mapping = ddl.ensure_mirror_table(
+                cursor, self.table, fields, net.key_columns, state.mapping if state is not None else None
+            )
             lap("ensured")
             relation = qualified(self.table)
             upserts = load_columns(net.upserts, types) if net.upserts.num_rows else None
@@ -214,7 +225,7 @@ class PostgresTarget:
                 cursor.execute(self._insert_sql(relation, upserts.expressions))
                 upserted = max(cursor.rowcount, 0)
             lap("upserted")
-            self._write_state(cursor, net.through, epoch, run_id, upserted, deleted)
+            self._write_state(cursor, net.through, epoch, run_id, upserted, deleted, mapping)
             for name, load in ((_UPSERTS, upserts), (_DELETES, deletes)):
                 if load is not None:
                     cursor.execute(f"DROP TABLE pg_temp.{name}")
@@ -282,17 +293,25 @@ class PostgresTarget:
         return f"INSERT INTO {relation} ({columns}) SELECT {values} FROM pg_temp.{_UPSERTS} AS n"
 
     def _write_state(
-        self, cursor: Any, mark: ChangelogMark, epoch: int, run_id: str, upserted: int, deleted: int
+        self,
+        cursor: Any,
+        mark: ChangelogMark,
+        epoch: int,
+        run_id: str,
+        upserted: int,
+        deleted: int,
+        mapping: dict[int, str],
     ) -> None:
         cursor.execute(
             f"INSERT INTO {ddl.state_table(self.table)} AS s (mirror_table, changelog_table, source_table, "
-            "changelog_snapshot_id, source_snapshot_id, change_ordinal, epoch, run_id, applied_at, upserted, deleted) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $9, $10) ON CONFLICT (mirror_table) DO UPDATE SET "
+            "changelog_snapshot_id, source_snapshot_id, change_ordinal, epoch, run_id, applied_at, upserted, deleted, "
+            f"{ddl.MAPPING_COLUMN}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $9, $10, $11::text::jsonb) "
+            "ON CONFLICT (mirror_table) DO UPDATE SET "
             "changelog_table = EXCLUDED.changelog_table, source_table = EXCLUDED.source_table, "
             "changelog_snapshot_id = EXCLUDED.changelog_snapshot_id, source_snapshot_id = EXCLUDED.source_snapshot_id, "
             "change_ordinal = EXCLUDED.change_ordinal, epoch = GREATEST(s.epoch, EXCLUDED.epoch), "
             "run_id = EXCLUDED.run_id, applied_at = EXCLUDED.applied_at, upserted = EXCLUDED.upserted, "
-            "deleted = EXCLUDED.deleted",
+            f"deleted = EXCLUDED.deleted, {ddl.MAPPING_COLUMN} = EXCLUDED.{ddl.MAPPING_COLUMN}",
             (
                 self.table,
                 self.changelog,
@@ -304,6 +323,7 @@ class PostgresTarget:
                 run_id,
                 upserted,
                 deleted,
+                json.dumps(mapping_to_json(mapping)),
             ),
         )
 
