@@ -10,6 +10,7 @@ sync and verify must raise no false alarm.
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 from pyiceberg.expressions import EqualTo
 
@@ -275,3 +276,81 @@ def test_a_nul_character_in_text_is_an_error_naming_the_column(tmp_path, postgre
         MirrorSchemaError, match=r"column 'status' holds a NUL character.*exclude_columns: \[status\]"
     ):
         run_mirror(p.config, SOURCE, "pg")
+
+
+def test_a_composite_key_of_uuid_decimal_date_and_text_is_fetched_by_key_and_repaired(
+    tmp_path, postgres_server, pg_schema
+):
+    import datetime as dt
+    import decimal
+    import uuid
+
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import DateType, DecimalType, LongType, NestedField, StringType, UUIDType
+
+    schema = Schema(
+        NestedField(1, "tenant", StringType(), required=True),
+        NestedField(2, "day", DateType(), required=True),
+        NestedField(3, "uid", UUIDType(), required=True),
+        NestedField(4, "amount", DecimalType(12, 3), required=True),
+        NestedField(5, "v", LongType()),
+        identifier_field_ids=[1, 2, 3, 4],
+    )
+    pg_table = f"{pg_schema}.orders"
+    mirrors = [
+        {"type": "postgres", "dsn": postgres_server.dsn, "table": pg_table, "name": "pg"},
+        {"type": "iceberg", "table": ICEBERG_MIRROR, "name": "ice"},
+    ]
+    p = InlinePipeline(tmp_path, table={"mirrors": mirrors})
+    p.catalog.create_namespace_if_not_exists("mirrors")
+    p.create_source(schema)
+    n = 50
+    rows = pa.Table.from_pydict(
+        {
+            "tenant": [f"t{i % 3}" for i in range(n)],
+            "day": [dt.date(2024, 1, 1 + i % 28) for i in range(n)],
+            "uid": [uuid.UUID(int=i * 7919).bytes for i in range(n)],
+            "amount": [decimal.Decimal(i) / 8 for i in range(n)],
+            "v": list(range(n)),
+        },
+        schema=schema.as_arrow(),
+    )
+    p.source.append(rows)
+    p.catch_up()
+    for name in ("pg", "ice"):
+        run_mirror(p.config, SOURCE, name)
+    connection = connect(postgres_server.dsn)
+    try:
+        connection.cursor().execute(f"UPDATE {pg_table} SET v = -1 WHERE v = 17")
+        connection.cursor().execute(f"DELETE FROM {pg_table} WHERE v = 18")
+        connection.commit()
+    finally:
+        connection.close()
+    p.catalog.load_table(ICEBERG_MIRROR).delete(EqualTo("v", 19))
+    ctx = Context.of(p.config, SOURCE)
+    for name, expected in (
+        ("pg", {"changed": 1, "missing": 1, "foreign": 0}),
+        ("ice", {"changed": 0, "missing": 1, "foreign": 0}),
+    ):
+        mirror = ctx.table.mirror(name)
+        with mirror_lease(ctx, mirror).hold("t", 60) as held:
+            found = verify_mirror(ctx, mirror, repair=True, run_id="t", epoch=held.epoch)
+        assert found.drift == expected and found.status == "repaired", found.line()
+        assert all("tenant=" in k and "uid=UUID(" in k and "amount=Decimal(" in k for k in found.keys), found.keys
+        with mirror_lease(ctx, mirror).hold("u", 60) as held:
+            assert verify_mirror(ctx, mirror, repair=False, run_id="u", epoch=held.epoch).status == "equal"
+
+
+def test_a_large_drift_reads_both_sides_again_instead_of_fetching_by_key(two, monkeypatch):
+    import iceberg_cdc.mirror.verify.check as check
+
+    monkeypatch.setattr(check, "KEYED_LIMIT", 0)
+    p = two
+    _drift(p)
+    ctx = Context.of(p.config, SOURCE)
+    for name in ("pg", "ice"):
+        mirror = ctx.table.mirror(name)
+        with mirror_lease(ctx, mirror).hold("t", 60) as held:
+            found = verify_mirror(ctx, mirror, repair=True, run_id="t", epoch=held.epoch)
+        assert found.status == "repaired" and found.left_keys == 0, found.line()
+    p.exact()

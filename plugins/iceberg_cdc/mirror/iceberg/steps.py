@@ -103,13 +103,22 @@ def _confirm(ctx: Any, run: RunLease) -> None:
 def _changed_keys(store: Any, net: StagedNetChanges, key_types: pa.Schema) -> pa.Table:
     """Distinct keys of every upsert and delete, in the mirror's key types."""
     names = list(net.key_columns)
+    # In the key's order: pyiceberg's Schema.select and Parquet's column projection keep their own.
+    key_types = pa.schema([key_types.field(name) for name in names])
     parts = [
-        pq.read_table(io.BytesIO(store.get(part.key)), columns=names).cast(key_types)
+        pq.read_table(io.BytesIO(store.get(part.key)), columns=names).select(names).cast(key_types)
         for part in (*net.upserts, *net.deletes)
     ]
     if not parts:
         return key_types.empty_table()
-    keys = pa.concat_tables(parts)
+    # Grouped by storage type: Arrow cannot group extension types (uuid).
+    storage = pa.schema(
+        [
+            f.with_type(f.type.storage_type if isinstance(f.type, pa.BaseExtensionType) else f.type)
+            for f in key_types
+        ]
+    )
+    keys = pa.concat_tables(parts).cast(storage)
     return keys.group_by(names, use_threads=False).aggregate([]).select(names).cast(key_types)
 
 

@@ -40,7 +40,10 @@ from iceberg_cdc.mirror.verify.sides import (
     Hashed,
     hash_batch,
     iceberg_batches,
+    iceberg_rows_for_keys,
     postgres_batches,
+    postgres_key,
+    postgres_rows_for_keys,
     rebatched,
 )
 from iceberg_cdc.run.context import Context
@@ -49,6 +52,9 @@ from iceberg_cdc.source.tables import load_source_table
 log = logging.getLogger("iceberg_cdc.mirror")
 
 KEY_LIMIT = 20
+# Up to this many keys in the differing buckets, their rows are fetched by key (a join in PostgreSQL,
+# a pruned scan in Iceberg); beyond it, both sides are read whole once more (a large drift).
+KEYED_LIMIT = 200_000
 Hook = Callable[[str], None]
 
 
@@ -97,12 +103,28 @@ class Verification:
 
 @dataclass
 class Sides:
-    """How to read each side of one mirror (the mirror's reader is chosen by its target type)."""
+    """How to read each side of one mirror: whole, key columns only, or the rows of given keys.
 
+    ``mirror(after_repair)``, ``mirror_keys()`` and ``mirror_for(keys, after_repair)``
+    read the mirror's head as the verification found it, or after its repair.
+    Keys for ``mirror_for`` are in :meth:`mirror_key_form` (PostgreSQL's
+    ``SELECT`` forms for a PostgreSQL mirror).
+    """
+
+    columns: Columns
     source: Callable[[], Iterator[pa.RecordBatch]]
-    mirror: Callable[..., Iterator[pa.RecordBatch]]  # (after_repair=False)
+    source_keys: Callable[[], Iterator[pa.RecordBatch]]
+    source_for: Callable[[pa.Table], Iterator[pa.RecordBatch]]
+    mirror: Callable[..., Iterator[pa.RecordBatch]]
+    mirror_keys: Callable[[], Iterator[pa.RecordBatch]]
+    mirror_for: Callable[..., Iterator[pa.RecordBatch]]
     mirror_is_postgres: bool
     location: str | None = None
+
+    def mirror_key_form(self, keys: pa.Table) -> pa.Table:
+        if not self.mirror_is_postgres:
+            return keys
+        return pa.table({k: postgres_key(keys.column(k), self.columns.types[k]) for k in self.columns.key})
 
 
 def compared_columns(ctx: Context, mirror: MirrorConfig) -> tuple[Columns, list[Any], Any, Any]:
@@ -121,24 +143,63 @@ def compared_columns(ctx: Context, mirror: MirrorConfig) -> tuple[Columns, list[
 
 
 def _sides(ctx: Context, mirror: MirrorConfig, columns: Columns, source: Any, mark: ChangelogMark) -> Sides:
-    def source_rows() -> Iterator[pa.RecordBatch]:
-        return iceberg_batches(source, mark.source_snapshot_id, columns.names)
-
+    snapshot = mark.source_snapshot_id
+    key = list(columns.key)
+    key_columns = Columns(columns.key, columns.types, columns.key, columns.json_nested)
+    common = {
+        "columns": columns,
+        "source": lambda: iceberg_batches(source, snapshot, columns.names),
+        "source_keys": lambda: iceberg_batches(source, snapshot, key),
+        "source_for": lambda keys: iceberg_rows_for_keys(source, snapshot, columns, keys),
+    }
     if mirror.type == "postgres":
         dsn = dsn_for(mirror)
         return Sides(
-            source_rows, lambda after_repair=False: postgres_batches(dsn, mirror.table, columns), True
+            **common,
+            mirror=lambda after_repair=False: postgres_batches(dsn, mirror.table, columns),
+            mirror_keys=lambda: postgres_batches(dsn, mirror.table, key_columns),
+            mirror_for=lambda keys, after_repair=False: postgres_rows_for_keys(
+                dsn, mirror.table, columns, keys
+            ),
+            mirror_is_postgres=True,
         )
     table = ctx.catalog().load_table(mirror.table)
     head = table.current_snapshot()
     head_id = head.snapshot_id if head is not None else None
 
-    def mirror_rows(after_repair: bool = False) -> Iterator[pa.RecordBatch]:
-        if after_repair:  # the repair's own snapshot
-            return iceberg_batches(ctx.catalog().load_table(mirror.table), None, columns.names)
-        return iceberg_batches(table, head_id, columns.names)  # both passes read the same snapshot
+    def at(after_repair: bool) -> tuple[Any, int | None]:
+        # Every pass reads the snapshot the digest read; after a repair, the repair's own.
+        return (ctx.catalog().load_table(mirror.table), None) if after_repair else (table, head_id)
 
-    return Sides(source_rows, mirror_rows, False, table.location())
+    return Sides(
+        **common,
+        mirror=lambda after_repair=False: iceberg_batches(*at(after_repair), columns.names),
+        mirror_keys=lambda: iceberg_batches(table, head_id, key),
+        mirror_for=lambda keys, after_repair=False: iceberg_rows_for_keys(*at(after_repair), columns, keys),
+        mirror_is_postgres=False,
+        location=table.location(),
+    )
+
+
+def _keys_in(
+    rows: Iterator[pa.RecordBatch], columns: Columns, buckets: int, pg: bool, differing: np.ndarray
+) -> pa.Table:
+    """The distinct keys of the rows in ``differing`` buckets, read from key columns only."""
+    only = Columns(columns.key, columns.types, columns.key, columns.json_nested)
+    found = _collect(rows, only, buckets, pg, differing, list(columns.key))
+    kept = found.kept()
+    # Extension types (uuid) as their storage: Arrow groups neither them nor hands them to pyiceberg filters.
+    kept = pa.table(
+        {
+            name: kept.column(name).cast(kept.column(name).type.storage_type)
+            if isinstance(kept.column(name).type, pa.BaseExtensionType)
+            else kept.column(name)
+            for name in columns.key
+        }
+    )
+    if not kept.num_rows:
+        return kept
+    return kept.group_by(list(columns.key), use_threads=False).aggregate([]).select(list(columns.key))
 
 
 def _digests(rows: Iterator[pa.RecordBatch], columns: Columns, buckets: int, pg: bool) -> Digests:
@@ -224,8 +285,29 @@ def verify_mirror(
         result.seconds = seconds
         return result
     keep_source = [f.name for f in fields if f.name in columns.types]
-    found_source = _collect(sides.source(), columns, buckets, False, differing, keep_source)
-    found_mirror = _collect(sides.mirror(), columns, buckets, pg, differing, list(columns.key))
+    key = list(columns.key)
+    source_keys = _keys_in(sides.source_keys(), columns, buckets, False, differing)
+    mirror_keys = _keys_in(sides.mirror_keys(), columns, buckets, pg, differing)
+    keyed = source_keys.num_rows + mirror_keys.num_rows <= KEYED_LIMIT
+    if keyed:  # a few drifted buckets: fetch their rows by key instead of reading both sides again
+        wanted = (
+            pa.concat_tables([sides.mirror_key_form(source_keys), mirror_keys], promote_options="permissive")
+            if source_keys.num_rows and mirror_keys.num_rows
+            else (sides.mirror_key_form(source_keys) if source_keys.num_rows else mirror_keys)
+        )
+
+        def read_mirror(after_repair: bool = False) -> Iterator[pa.RecordBatch]:
+            return sides.mirror_for(wanted, after_repair) if wanted.num_rows else iter(())
+
+        source_rows_read = sides.source_for(source_keys) if source_keys.num_rows else iter(())
+    else:
+
+        def read_mirror(after_repair: bool = False) -> Iterator[pa.RecordBatch]:
+            return sides.mirror(after_repair)
+
+        source_rows_read = sides.source()
+    found_source = _collect(source_rows_read, columns, buckets, False, differing, keep_source)
+    found_mirror = _collect(read_mirror(), columns, buckets, pg, differing, key)
     drift = find_drift(
         found_source.table(len(columns.key)), found_mirror.table(len(columns.key)), len(columns.key)
     )
@@ -242,7 +324,7 @@ def verify_mirror(
             ctx, mirror, fields, columns, mark, drift, source_rows, mirror_rows, run_id, epoch, hook=call
         )
         lap("repair")
-        again = _collect(sides.mirror(after_repair=True), columns, buckets, pg, differing, list(columns.key))
+        again = _collect(read_mirror(after_repair=True), columns, buckets, pg, differing, key)
         left = find_drift(
             found_source.table(len(columns.key)), again.table(len(columns.key)), len(columns.key)
         )

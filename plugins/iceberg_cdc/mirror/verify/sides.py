@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.table import Table
 from pyiceberg.types import IcebergType
 
@@ -108,6 +109,75 @@ def postgres_batches(dsn: str, table: str, columns: Columns) -> Iterator[pa.Reco
             f"{postgres_select(name, columns.types[name])} AS {quote(name)}" for name in columns.names
         )
         cursor.execute(f"SELECT {select} FROM {qualified(table)}")
+        reader: Any = cursor.fetch_record_batch()
+        for batch in reader:
+            if batch.num_rows:
+                yield batch
+    finally:
+        connection.close()
+
+
+# ----------------------------------------------------------------------------- by key
+
+
+def postgres_key(array: pa.Array | pa.ChunkedArray, typ: IcebergType) -> pa.Array:
+    """A key column (as pyiceberg reads it) in the form :func:`.canonical.postgres_select` reads the mirror's."""
+    from pyiceberg.types import DecimalType, UUIDType
+
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if isinstance(array.type, pa.BaseExtensionType):
+        array = array.storage
+    if isinstance(typ, DecimalType) and pa.types.is_decimal(array.type):
+        return pc.cast(array, pa.string())
+    if isinstance(typ, UUIDType):
+        return pc.cast(array, pa.binary())
+    return array
+
+
+def iceberg_rows_for_keys(
+    table: Table, snapshot_id: int | None, columns: Columns, keys: pa.Table
+) -> Iterator[pa.RecordBatch]:
+    """The rows of ``table`` whose first key column is among ``keys``' (the scan prunes files by it)."""
+    import uuid
+
+    from pyiceberg.expressions import In
+    from pyiceberg.types import UUIDType
+
+    if snapshot_id is None and table.current_snapshot() is None:
+        return
+    first = columns.key[0]
+    values = keys.column(first).unique().to_pylist()
+    if isinstance(columns.types[first], UUIDType):
+        values = [uuid.UUID(bytes=v) if isinstance(v, bytes) else v for v in values]
+    scan = table.scan(snapshot_id=snapshot_id, selected_fields=columns.names, row_filter=In(first, values))
+    for batch in scan.to_arrow_batch_reader():
+        if batch.num_rows:
+            yield batch
+
+
+def postgres_rows_for_keys(
+    dsn: str, table: str, columns: Columns, keys: pa.Table
+) -> Iterator[pa.RecordBatch]:
+    """A PostgreSQL mirror's rows whose key is among ``keys`` (in :func:`postgres_key` form), by one join."""
+    connection = connect(dsn)
+    try:
+        cursor = connection.cursor()
+        flat = pa.table({f"k{i}": keys.column(name) for i, name in enumerate(columns.key)})
+        cursor.execute("DROP TABLE IF EXISTS pg_temp.cdc_verify_keys")
+        cursor.adbc_ingest("cdc_verify_keys", flat, mode="create", temporary=True)
+        select = ", ".join(
+            f"{postgres_select(name, columns.types[name]).replace(quote(name), 'm.' + quote(name))} AS {quote(name)}"
+            for name in columns.names
+        )
+        match = " AND ".join(
+            f"{postgres_select(name, columns.types[name]).replace(quote(name), 'm.' + quote(name))} = k.k{i}"
+            for i, name in enumerate(columns.key)
+        )
+        cursor.execute(
+            f"SELECT {select} FROM {qualified(table)} AS m "
+            f"JOIN (SELECT DISTINCT * FROM pg_temp.cdc_verify_keys) AS k ON {match}"
+        )
         reader: Any = cursor.fetch_record_batch()
         for batch in reader:
             if batch.num_rows:
