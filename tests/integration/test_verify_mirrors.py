@@ -336,7 +336,9 @@ def test_a_composite_key_of_uuid_decimal_date_and_text_is_fetched_by_key_and_rep
         with mirror_lease(ctx, mirror).hold("t", 60) as held:
             found = verify_mirror(ctx, mirror, repair=True, run_id="t", epoch=held.epoch)
         assert found.drift == expected and found.status == "repaired", found.line()
-        assert all("tenant=" in k and "uid=UUID(" in k and "amount=Decimal(" in k for k in found.keys), found.keys
+        assert all("tenant=" in k and "uid=UUID(" in k and "amount=Decimal(" in k for k in found.keys), (
+            found.keys
+        )
         with mirror_lease(ctx, mirror).hold("u", 60) as held:
             assert verify_mirror(ctx, mirror, repair=False, run_id="u", epoch=held.epoch).status == "equal"
 

@@ -148,7 +148,7 @@ def test_a_verification_metric_says_equal_or_not():
             "status": "drift",
             "drifted_keys": 2,
             "left_keys": 2,
-            "seconds": {"digest_source": 1.5, "digest_mb_per_s": 9.0},
+            "seconds": {"digest_source": 1.2, "total": 1.5, "digest_mb_per_s": 9.0},
         },
     )
     assert sent == [

@@ -152,5 +152,5 @@ def emit_verification(stats: StatsBackend, source: str, mirror_name: str, verifi
     stats.gauge(f"{prefix}.equal", 1.0 if equal else 0.0, tags=tags)
     stats.gauge(f"{prefix}.drifted_keys", float(verified.get("drifted_keys") or 0), tags=tags)
     stats.gauge(f"{prefix}.left_keys", float(verified.get("left_keys") or 0), tags=tags)
-    total = sum(v for k, v in (verified.get("seconds") or {}).items() if k != "digest_mb_per_s")
+    total = (verified.get("seconds") or {}).get("total", 0.0)
     stats.timing(f"{prefix}.seconds", timedelta(seconds=float(total)), tags=tags)

@@ -51,9 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             for mirror in mirrors:
                 result = _verify(ctx, mirror, repair=not args.no_repair, limit=args.limit)
                 checked += 1
-                print(
-                    f"{table.source} -> {result.line()} ({sum(v for k, v in result.seconds.items() if k != 'digest_mb_per_s'):.1f} s)"
-                )
+                print(f"{table.source} -> {result.line()} ({result.seconds.get('total', 0):.1f} s)")
                 if not result.equal:
                     left += 1
         if not checked:
