@@ -30,6 +30,9 @@ Runs, in this one invocation, all on Spark ``local[2]``:
 * mirrors (``mirror_bench.py``): 1 M changed rows applied to PostgreSQL against
   ``executemany``, and a mirror 30 changelog snapshots behind caught up in one
   run against one run per snapshot (``--skip-mirror`` leaves it out);
+* verifying both mirrors (``verify_bench.py``): digests of the bench table's
+  PostgreSQL and Iceberg mirrors against reading both sides once, and a
+  1-row drift found and repaired (``--skip-verify`` leaves it out);
 * an Iceberg mirror (``iceberg_mirror_bench.py``): a 1% update + 0.1% delete
   of the N-row table applied by the Iceberg mirror target against pyiceberg's
   own ``Table.upsert`` (seconds, bytes written), and a 30-snapshot catch-up in
@@ -411,6 +414,9 @@ def main() -> None:
     parser.add_argument("--skip-airflow", action="store_true", help="leave the one-row Airflow run out")
     parser.add_argument("--skip-mirror", action="store_true", help="leave the mirror figures out")
     parser.add_argument(
+        "--skip-verify", action="store_true", help="leave verify_bench.py (verifying both mirrors) out"
+    )
+    parser.add_argument(
         "--skip-iceberg-mirror", action="store_true", help="leave the Iceberg mirror figures out"
     )
     parser.add_argument(
@@ -503,6 +509,20 @@ def main() -> None:
             [*command, *(["--quick"] if args.quick else [])], check=True, stdout=subprocess.DEVNULL
         )
         results["mirror"] = json.loads((out_dir / "mirror.json").read_text())
+    if not args.skip_verify:
+        log(
+            "verify: both mirrors of the bench table proved equal, then a 1-row drift repaired (verify_bench.py)"
+        )
+        command = [
+            sys.executable,
+            str(ROOT / "bench" / "verify_bench.py"),
+            "--rows",
+            str(rows),
+            "--out",
+            str(out_dir),
+        ]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        results["verify"] = json.loads((out_dir / "verify.json").read_text())
     results["bench_wall_seconds"] = round(time.perf_counter() - started, 1)
     results["headline"] = report.headline(results)
     (out_dir / "pipeline.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
@@ -530,6 +550,8 @@ def main() -> None:
         print("\n".join(freshness))
     if "mirror" in results:
         print((out_dir / "mirror.txt").read_text().rstrip())
+    if "verify" in results:
+        print((out_dir / "verify.txt").read_text().rstrip())
     print(report.shuffled_line(results))
     if "connect" in results:
         print(connect_line(results))
