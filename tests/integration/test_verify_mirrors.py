@@ -356,3 +356,28 @@ def test_a_large_drift_reads_both_sides_again_instead_of_fetching_by_key(two, mo
             found = verify_mirror(ctx, mirror, repair=True, run_id="t", epoch=held.epoch)
         assert found.status == "repaired" and found.left_keys == 0, found.line()
     p.exact()
+
+
+def test_a_mirror_that_moved_while_it_was_verified_is_not_repaired(two):
+    """Another writer (one that ignored the lease) moves the watermark between the digests and the
+    repair: the repair is refused, naming why, and changes nothing."""
+    from iceberg_cdc.errors import MirrorStateError
+
+    p = two
+    _drift(p)
+    ctx = Context.of(p.config, SOURCE)
+    mirror = ctx.table.mirror("pg")
+    before = p.target.read_rows().sort_by("id")
+
+    def move(point: str) -> None:
+        if point == "repair_planned":
+            p.pg(
+                f"UPDATE {p.pg_table.split('.')[0]}._cdc_mirror_state SET change_ordinal = change_ordinal + 1"
+            )
+
+    with (
+        pytest.raises(MirrorStateError, match="moved while it was verified"),
+        mirror_lease(ctx, mirror).hold("t", 60) as held,
+    ):
+        verify_mirror(ctx, mirror, repair=True, run_id="t", epoch=held.epoch, hook=move)
+    assert p.target.read_rows().sort_by("id").equals(before)
