@@ -34,13 +34,8 @@ from pyiceberg.schema import Schema, index_by_id
 from pyiceberg.table import Table
 from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.types import (
-    DecimalType,
-    DoubleType,
-    FloatType,
     IcebergType,
-    IntegerType,
     ListType,
-    LongType,
     MapType,
     NestedField,
     StructType,
@@ -50,6 +45,7 @@ from iceberg_cdc.errors import MirrorSchemaError
 from iceberg_cdc.mirror.iceberg.summary import MAPPING_PROPERTY
 from iceberg_cdc.mirror.schema_changes import schema_changes
 from iceberg_cdc.pyiceberg_internals.format_v3 import writing_v3_metadata
+from iceberg_cdc.sink.schema import widens  # one rule: Iceberg's own promotions
 
 
 def read_mapping(table: Table) -> dict[int, int] | None:
@@ -78,19 +74,6 @@ class SchemaPlan:
     mapping: dict[int, int]
     changed: bool
     figures: dict[str, list[str]]
-
-
-def _widens(narrow: IcebergType, wide: IcebergType) -> bool:
-    """Iceberg's own promotions (the sink's rules): int -> long, float -> double, decimal precision."""
-    if narrow == wide:
-        return True
-    if isinstance(narrow, IntegerType) and isinstance(wide, LongType):
-        return True
-    if isinstance(narrow, FloatType) and isinstance(wide, DoubleType):
-        return True
-    if isinstance(narrow, DecimalType) and isinstance(wide, DecimalType):
-        return narrow.scale == wide.scale and narrow.precision <= wide.precision
-    return False
 
 
 def _same_shape(a: IcebergType, b: IcebergType) -> bool:
@@ -140,9 +123,9 @@ def _level(
         if isinstance(have, StructType) and isinstance(want, StructType):
             _level(name, have.fields, want.fields, mapping, at, ops, problems)
         elif have.is_primitive and want.is_primitive:
-            if _widens(want, have):
+            if widens(want, have):
                 continue  # equal, or the mirror's column is already wider
-            if _widens(have, want):
+            if widens(have, want):
                 ops.widens.append((at, want))
             else:
                 problems.append(f"column {'.'.join(at)!r} is {have} in the mirror, {want} in the changelog")
