@@ -45,7 +45,7 @@ from iceberg_cdc.errors import MirrorSchemaError
 from iceberg_cdc.mirror.iceberg.summary import MAPPING_PROPERTY
 from iceberg_cdc.mirror.schema_changes import schema_changes
 from iceberg_cdc.pyiceberg_internals.format_v3 import writing_v3_metadata
-from iceberg_cdc.sink.schema import widens  # one rule: Iceberg's own promotions
+from iceberg_cdc.sink.schema_plan import widens  # one rule: Iceberg's own promotions
 
 
 def read_mapping(table: Table) -> dict[int, int] | None:
