@@ -128,19 +128,19 @@ class Sides:
         return pa.table({k: postgres_key(keys.column(k), self.columns.types[k]) for k in self.columns.key})
 
 
-def compared_columns(ctx: Context, mirror: MirrorConfig) -> tuple[Columns, list[Any], Any, Any]:
-    """The compared columns, the mirror's fields, the source table and the changelog table."""
+def compared_columns(ctx: Context, mirror: MirrorConfig) -> tuple[Columns, list[Any], Any]:
+    """The compared columns, the mirror's fields (the changelog's, minus exclusions) and the source table."""
     catalog = ctx.catalog()
     source = load_source_table(catalog, ctx.table)
-    changelog = catalog.load_table(ctx.table.sink)
+    changelog_schema = catalog.load_table(ctx.table.sink).schema()
     schema = source.schema()
     key = mirror_key(ctx.table, mirror, schema)
-    fields = mirror_fields(changelog.schema(), mirror, key)
+    fields = mirror_fields(changelog_schema, mirror, key)
     held = {f.name for f in fields}
     current = [f for f in schema.fields if f.name in held]
     names = tuple(key) + tuple(f.name for f in current if f.name not in key)
     types = {f.name: f.field_type for f in current}
-    return Columns(names, types, tuple(key), json_nested=mirror.type == "postgres"), fields, source, changelog
+    return Columns(names, types, tuple(key), json_nested=mirror.type == "postgres"), fields, source
 
 
 def _sides(ctx: Context, mirror: MirrorConfig, columns: Columns, source: Any, mark: ChangelogMark) -> Sides:
@@ -262,7 +262,7 @@ def verify_mirror(
     if mark is None:
         return result
     result.at = mark.to_dict()
-    columns, fields, source, _changelog = compared_columns(ctx, mirror)
+    columns, fields, source = compared_columns(ctx, mirror)
     sides = _sides(ctx, mirror, columns, source, mark)
     result.mirror_location = sides.location
     snapshot = source.snapshot_by_id(mark.source_snapshot_id)

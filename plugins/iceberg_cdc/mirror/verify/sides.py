@@ -97,7 +97,7 @@ def iceberg_batches(table: Table, snapshot_id: int | None, names: Sequence[str])
     scan = table.scan(snapshot_id=snapshot_id, selected_fields=tuple(names))
     for batch in scan.to_arrow_batch_reader():
         if batch.num_rows:
-            yield batch.select(list(names)) if hasattr(batch, "select") else batch
+            yield batch.select(list(names))
 
 
 def postgres_batches(dsn: str, table: str, columns: Columns) -> Iterator[pa.RecordBatch]:
