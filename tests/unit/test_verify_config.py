@@ -49,6 +49,7 @@ def test_a_bad_verify_setting_names_the_choices():
 
 def test_due():
     assert due(0.0, {"verified_at": 100.0}, now=101.0)
+    assert due(0.0, {"verified_at": 200.0}, now=100.0)  # always: even when the clocks disagree
     assert not due(None, None, now=0.0)
     assert due(3600.0, None, now=0.0)  # never verified: due at once
     assert not due(3600.0, {"verified_at": 100.0}, now=3699.0)
