@@ -6,7 +6,8 @@ import pytest
 
 from iceberg_cdc.airflow.freshness_dag import resolve_callback
 from iceberg_cdc.errors import ConfigError
-from iceberg_cdc.run.freshness import breaches, span
+from iceberg_cdc.run.freshness import breaches
+from iceberg_cdc.units import format_duration
 
 NOT_CALLABLE = 42
 
@@ -31,4 +32,8 @@ def test_a_wrong_path_names_the_fix(path, message):
 def test_the_breach_rule_is_strictly_above_a_configured_slo():
     assert not breaches(900.0, 900.0) and breaches(900.5, 900.0)
     assert not breaches(10**6, None) and not breaches(None, 60.0)
-    assert (span(59), span(61), span(7260)) == ("59s", "1m 1s", "2h 1m")
+    assert (format_duration(59), format_duration(61), format_duration(7260)) == (
+        "59 s",
+        "1 min 1 s",
+        "2 h 1 min",
+    )

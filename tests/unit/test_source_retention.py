@@ -28,7 +28,6 @@ from iceberg_cdc.source.retention import (
     MAX_SNAPSHOT_AGE_PROPERTY,
     MIN_SNAPSHOTS_PROPERTY,
     NeededSnapshots,
-    format_duration,
     outlook,
 )
 
@@ -169,13 +168,6 @@ def test_the_warning_names_the_snapshot_and_the_fixes_only_below_the_threshold()
     assert text is not None
     assert "the watermark's snapshot 1 may be expired in 2 h" in text and "protect_pending: true" in text
     assert "may be expired now" in result.warning(T0 + 11 * HOUR, threshold_seconds=60)
-
-
-def test_format_duration():
-    assert format_duration(0) == "0 s"
-    assert format_duration(59) == "59 s"
-    assert format_duration(3 * 86400 + 4 * 3600 + 5) == "3 d 4 h"
-    assert format_duration(2 * 3600 + 5 * 60) == "2 h 5 min"
 
 
 @st.composite

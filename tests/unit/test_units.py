@@ -6,7 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iceberg_cdc.units import UNITS, GiB, KiB, MiB, TiB, format_bytes, format_size, parse_size
+from iceberg_cdc.units import (
+    UNITS,
+    GiB,
+    KiB,
+    MiB,
+    TiB,
+    format_bytes,
+    format_duration,
+    format_size,
+    parse_size,
+)
 
 
 @pytest.mark.parametrize(
@@ -66,3 +76,13 @@ def test_shown_sizes_are_within_rounding_of_the_value(size):
     factor = dict(UNITS)[unit]
     assert abs(float(number) * factor - size) <= 0.05 * factor
     assert unit == "TiB" or float(number) < 1024.05
+
+
+def test_format_duration_shows_the_two_largest_units():
+    assert format_duration(0) == "0 s"
+    assert format_duration(-5) == "0 s"
+    assert format_duration(59.9) == "59 s"
+    assert format_duration(61) == "1 min 1 s"
+    assert format_duration(3 * 86400 + 4 * 3600 + 5) == "3 d 4 h"
+    assert format_duration(2 * 3600 + 5 * 60) == "2 h 5 min"
+    assert format_duration(2 * 3600 + 5) == "2 h 5 s"

@@ -20,7 +20,6 @@ connections that supply them at run time. Secrets never appear in reprs,
 logs or XCom (see :meth:`CdcConfig.redacted`).
 """
 
-from iceberg_cdc.config.base import parse_duration
 from iceberg_cdc.config.loading import CONFIG_ENV, load_config, parse_config
 from iceberg_cdc.config.model import CdcConfig
 from iceberg_cdc.config.sections import (
@@ -33,7 +32,7 @@ from iceberg_cdc.config.sections import (
 from iceberg_cdc.config.tables import MirrorConfig, TableConfig, dag_id_for, mirror_dag_id_for
 from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.redaction import is_secret_key
-from iceberg_cdc.units import parse_size
+from iceberg_cdc.units import parse_duration, parse_size
 
 __all__ = [
     "CONFIG_ENV",

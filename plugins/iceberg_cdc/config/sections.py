@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from iceberg_cdc.config.base import _Redacting, _Strict, parse_duration
+from iceberg_cdc.config.base import _Redacting, _Strict
 from iceberg_cdc.redaction import redact_value
-from iceberg_cdc.units import MiB, format_size, parse_size
+from iceberg_cdc.units import MiB, format_size, parse_duration, parse_size
 
 
 class CatalogConfig(_Redacting):

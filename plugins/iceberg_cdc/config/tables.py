@@ -7,9 +7,10 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from iceberg_cdc.config.base import _IDENT, _Strict, parse_duration
+from iceberg_cdc.config.base import _IDENT, _Strict
 from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.redaction import redact_value
+from iceberg_cdc.units import parse_duration
 
 _PG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _MIRROR_NAME = re.compile(r"^[A-Za-z0-9_]{1,100}$")

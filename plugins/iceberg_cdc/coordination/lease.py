@@ -73,7 +73,6 @@ from iceberg_cdc.coordination.lease_record import (
     LeaseInfo,
     _ask,
     _check,
-    _duration,
     _is_ours,
     _iso,
     _utc,
@@ -83,6 +82,7 @@ from iceberg_cdc.coordination.lease_record import (
 from iceberg_cdc.coordination.store_probe import probe_conditional_writes
 from iceberg_cdc.errors import LeaseHeldError, LeaseLostError
 from iceberg_cdc.storage import ObjectStore, open_store
+from iceberg_cdc.units import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -266,13 +266,13 @@ class TableLease:
             return None
         if state == "working":
             return (
-                f"its lease expired at {_iso(current.expires_at)} ({_duration(now - current.expires_at)} ago) "
+                f"its lease expired at {_iso(current.expires_at)} ({format_duration((now - current.expires_at).total_seconds())} ago) "
                 "while Airflow shows a task of its run running: that task stopped renewing (dead or hung)"
             )
         if state == "running" and now < current.expires_at + timedelta(seconds=ttl_seconds):
             return None  # between tasks in Airflow's eyes: one more TTL before it is presumed stuck
         return (
-            f"its lease expired at {_iso(current.expires_at)} ({_duration(now - current.expires_at)} ago) "
+            f"its lease expired at {_iso(current.expires_at)} ({format_duration((now - current.expires_at).total_seconds())} ago) "
             "without renewal"
         )
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from iceberg_cdc.coordination.lease_record import LeaseInfo, _duration, _iso
+from iceberg_cdc.coordination.lease_record import LeaseInfo, _iso
+from iceberg_cdc.units import format_duration
 
 
 def held_message(table: str, owner: str, current: LeaseInfo, now: datetime) -> str:
@@ -20,8 +21,8 @@ def held_message(table: str, owner: str, current: LeaseInfo, now: datetime) -> s
     else:
         timing = (
             f"it holds the lease since {_iso(current.acquired_at)} "
-            f"({_duration(now - current.acquired_at)} ago) until {_iso(current.expires_at)} "
-            f"(in {_duration(current.expires_at - now)}, renewed while it works)"
+            f"({format_duration((now - current.acquired_at).total_seconds())} ago) until {_iso(current.expires_at)} "
+            f"(in {format_duration((current.expires_at - now).total_seconds())}, renewed while it works)"
         )
     return (
         f"table {table!r} is in use by another run, so run {owner!r} must not start: "

@@ -14,7 +14,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from iceberg_cdc.errors import StorageError
@@ -51,13 +51,6 @@ def _utc(value: datetime) -> datetime:
 
 def _iso(value: datetime) -> str:
     return value.isoformat(timespec="milliseconds")
-
-
-def _duration(delta: timedelta) -> str:
-    seconds = int(abs(delta.total_seconds()))
-    hours, rest = divmod(seconds, 3600)
-    minutes, seconds = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
 
 
 # What Airflow says of a holder's run: "working" (one of its tasks is running), "running" (the run is,

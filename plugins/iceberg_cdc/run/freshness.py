@@ -26,6 +26,7 @@ from iceberg_cdc.run.context import Context
 from iceberg_cdc.sink.table import read_watermark
 from iceberg_cdc.source.history import next_snapshot, pending_count
 from iceberg_cdc.source.tables import load_source_table
+from iceberg_cdc.units import format_duration
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -61,9 +62,9 @@ class Freshness:
         """``shop.orders is 17m 3s behind its source (SLO 15m): snapshot 123 ...``."""
         if not self.pending:
             return f"{self.source}: changelog holds every source snapshot (lag 0 s)"
-        slo = f" (SLO {span(self.slo_seconds)})" if self.slo_seconds is not None else ""
+        slo = f" (SLO {format_duration(self.slo_seconds)})" if self.slo_seconds is not None else ""
         return (
-            f"{self.source} is {span(self.lag_seconds)} behind its source{slo}: snapshot "
+            f"{self.source} is {format_duration(self.lag_seconds or 0)} behind its source{slo}: snapshot "
             f"{self.oldest_pending}, committed {self.oldest_committed_at}, is the oldest of "
             f"{self.pending} not yet in the changelog"
         )
@@ -132,14 +133,4 @@ def stored_state(ctx: Context) -> dict[str, Any] | None:
     return json.loads(found[0]) if found is not None else None
 
 
-def span(seconds: float | None) -> str:
-    """``17m 3s`` / ``2h 5m``: a lag as people read it."""
-    seconds = int(seconds or 0)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h {minutes}m"
-    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
-
-
-__all__ = ["Freshness", "Transition", "breaches", "check", "measure", "span", "state_key", "stored_state"]
+__all__ = ["Freshness", "Transition", "breaches", "check", "measure", "state_key", "stored_state"]

@@ -44,6 +44,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRef, SnapshotRefType
 from pyiceberg.table.snapshots import ancestors_of
 
+from iceberg_cdc.units import format_duration
 from iceberg_cdc.watermark import Watermark
 
 MAX_SNAPSHOT_AGE_PROPERTY = "history.expire.max-snapshot-age-ms"
@@ -127,19 +128,6 @@ class RetentionOutlook:
             "seconds_left": self.seconds_left(now_ms),
             "first": first,
         }
-
-
-def format_duration(seconds: float) -> str:
-    """``3 d 4 h``, ``2 h 5 min``, ``40 s``: the two largest units, for notes and the page."""
-    seconds = max(0, int(seconds))
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
-        if seconds >= size or (unit == "s" and not parts):
-            parts.append(f"{seconds // size} {unit}")
-            seconds %= size
-        if len(parts) == 2:
-            break
-    return " ".join(parts)
 
 
 def _int_property(properties: Mapping[str, str], key: str, default: int) -> int:

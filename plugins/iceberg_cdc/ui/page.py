@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from iceberg_cdc.run.freshness import span
 from iceberg_cdc.ui.page_format import (
     CSS,
     REFRESH_SECONDS,
@@ -28,6 +27,7 @@ from iceberg_cdc.ui.page_format import (
 from iceberg_cdc.ui.page_runs import failed_runs, recent_runs, run_badge
 from iceberg_cdc.ui.sink_history import ProcessedSnapshot
 from iceberg_cdc.ui.status import TableStatus
+from iceberg_cdc.units import format_duration
 
 
 @dataclass
@@ -57,7 +57,10 @@ def _badge(status: TableStatus) -> str:
     if status.state == "behind":
         label = f"{status.pending} pending"
     elif status.state == "late":  # red: the freshness SLO is broken
-        age, slo = span(status.oldest_pending_age_seconds), span(status.freshness_slo)
+        age, slo = (
+            format_duration(status.oldest_pending_age_seconds or 0),
+            format_duration(status.freshness_slo or 0),
+        )
         label = f"late: {status.pending} pending, oldest {age} old (SLO {slo})"
     return f'<span class="badge {status.state}" data-field="state">{esc(label)}</span>'
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from iceberg_cdc.units import format_bytes
+from iceberg_cdc.units import format_bytes, format_duration
 
 REFRESH_SECONDS = 30
 
@@ -29,20 +29,8 @@ def fmt_bytes(value: int | None) -> str:
 
 
 def fmt_age(seconds: float | None) -> str:
-    """``42 s``, ``5 min``, ``3 h 20 min``, ``2 d 4 h``."""
-    if seconds is None:
-        return "—"
-    s = int(max(0, seconds))
-    if s < 60:
-        return f"{s} s"
-    minutes, s = divmod(s, 60)
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
+    """An age as :func:`iceberg_cdc.units.format_duration` writes it; ``—`` when unknown."""
+    return "—" if seconds is None else format_duration(seconds)
 
 
 def fmt_time(value: datetime | None) -> str:
