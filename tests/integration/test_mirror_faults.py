@@ -248,3 +248,16 @@ def test_plan_apply_marked_success_without_running(pipeline):
         steps.apply(ctx, mirror, detected, {"join_args": []})
     steps.cleanup(ctx, mirror, detected, "run-1")
     finish(pipeline, "plan_apply marked success")
+
+
+def test_the_mirror_lease_lasts_the_tables_lease_ttl(pipeline, monkeypatch):
+    """Without the environment override, a mirror's lease lasts its table's ``tables[].lease_ttl``."""
+    monkeypatch.delenv("CDC_LEASE_TTL_SECONDS")
+    ctx, mirror = ctx_mirror(pipeline)
+    ctx = dataclasses.replace(ctx, table=ctx.table.model_copy(update={"lease_ttl": 7.0}))
+    detected = steps.detect(ctx, mirror, "run-ttl")
+    held = steps.mirror_lease(ctx, mirror).current()
+    steps.cleanup(ctx, mirror, detected, "run-ttl")
+    assert detected["lease_ttl"] == 7.0
+    assert (held.expires_at - held.acquired_at).total_seconds() == pytest.approx(7.0, abs=0.5)
+    finish(pipeline, "lease TTL from the table's config")

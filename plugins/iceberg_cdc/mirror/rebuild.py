@@ -76,7 +76,7 @@ def rebuild(
         return steps.rebuild(ctx, mirror, origin=origin)
     run_id = run_id or f"rebuild__{time.strftime('%Y%m%dT%H%M%S')}"
     lease = mirror_lease(ctx, mirror)
-    with lease.hold(run_id, lease_ttl_seconds()) as held:
+    with lease.hold(run_id, lease_ttl_seconds(ctx.table)) as held:
         started = time.perf_counter()
         catalog = ctx.catalog()
         changelog = catalog.load_table(ctx.table.sink)

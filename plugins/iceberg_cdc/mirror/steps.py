@@ -77,7 +77,7 @@ def detect(
     lease = mirror_lease(ctx, mirror)
     probe_once(lease.store)
     held = lease.acquire(
-        run_id, lease_ttl_seconds(), dag_id=dag_id, try_number=try_number, holder_state=holder_state
+        run_id, lease_ttl_seconds(ctx.table), dag_id=dag_id, try_number=try_number, holder_state=holder_state
     )
     try:
         return _detect(ctx, mirror, run_id, held)
@@ -99,7 +99,7 @@ def _detect(ctx: Context, mirror: MirrorConfig, run_id: str, held: LeaseInfo) ->
         "mirror_table": mirror.table,
         "run_id": run_id,
         "epoch": held.epoch,
-        "lease_ttl": lease_ttl_seconds(),
+        "lease_ttl": lease_ttl_seconds(ctx.table),
         "swept": swept,
     }
     catalog = ctx.catalog()
@@ -159,7 +159,7 @@ def sweep_leftovers(ctx: Context, mirror: MirrorConfig, keep_attempt: str) -> in
             for join_prefix in (paths.join_prefix, f"{paths.prefix}verify/join/"):
                 try:
                     swept = iceberg_steps(mirror).sweep_attempt(
-                        ctx, mirror, join_prefix, lease_ttl=lease_ttl_seconds()
+                        ctx, mirror, join_prefix, lease_ttl=lease_ttl_seconds(ctx.table)
                     )
                 except CdcError as exc:  # a later run sweeps again; this one goes on
                     log.warning("%s: could not sweep %s: %s", mirror.describe(), attempt, exc)

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _verify(ctx: Context, mirror, *, repair: bool, limit: int) -> Verification:
     run_id = f"verify__{time.strftime('%Y%m%dT%H%M%S')}"
-    with mirror_lease(ctx, mirror).hold(run_id, lease_ttl_seconds()) as held:
+    with mirror_lease(ctx, mirror).hold(run_id, lease_ttl_seconds(ctx.table)) as held:
         result = verify_mirror(ctx, mirror, repair=repair, run_id=run_id, epoch=held.epoch, key_limit=limit)
     save_verification(ctx.runtime.store(), ctx.table.source, mirror.mirror_name, result.to_dict())
     return result
