@@ -108,8 +108,10 @@ class UnsupportedDependencyError(CdcError):
     """An installed library is outside the version range the pipeline is built and tested for.
 
     The message names the library, the installed and the supported versions,
-    and how to install a supported one.
+    and how to install a supported one. Final: the same install fails every retry.
     """
+
+    final = True
 
 
 class SinkSchemaError(CdcError):

@@ -56,7 +56,7 @@ from pyiceberg.types import (
 )
 
 from iceberg_cdc import pyiceberg_internals
-from iceberg_cdc.errors import UnsupportedDependencyError
+from iceberg_cdc.errors import UnsupportedDependencyError, is_final
 from iceberg_cdc.pyiceberg_internals import commit as commit_door
 from iceberg_cdc.pyiceberg_internals.datafiles import data_file_from_footer
 from iceberg_cdc.pyiceberg_internals.file_io import pyarrow_file_arguments
@@ -105,6 +105,7 @@ def test_versions_outside_the_range_fail_naming_both(version):
     message = str(caught.value)
     assert f"pyiceberg {version} is installed" in message
     assert pyiceberg_internals.SUPPORTED in message and "pyiceberg==0.12.0" in message
+    assert is_final(caught.value), "a retry of the same install fails the same way: fail at once"
 
 
 def test_the_declared_range_is_the_doors():
