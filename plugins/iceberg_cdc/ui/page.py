@@ -19,11 +19,12 @@ from iceberg_cdc.ui.page_format import (
     SCRIPT,
     esc,
     fmt_age,
+    fmt_clock,
     fmt_int,
     fmt_time,
     time_tag,
 )
-from iceberg_cdc.ui.page_runs import failed_runs, recent_runs, run_badge
+from iceberg_cdc.ui.page_runs import blocked_line, failed_runs, recent_runs, run_badge, run_when
 from iceberg_cdc.ui.page_snapshots import recent_table
 from iceberg_cdc.ui.status import TableStatus
 
@@ -46,13 +47,16 @@ _STATE_LABEL = {
     "behind": "behind",
     "late": "late",
     "error": "error",
+    "blocked": "blocked",
     "unknown": "unknown",
 }
 
 
-def _badge(status: TableStatus) -> str:
+def _badge(status: TableStatus, now: datetime) -> str:
     label = _STATE_LABEL[status.state]
-    if status.state == "behind":
+    if status.state == "blocked" and status.blocked is not None and status.blocked.since is not None:
+        label = f"blocked since {fmt_clock(status.blocked.since, now)}"
+    elif status.state == "behind":
         label = f"{status.pending} pending"
     elif status.state == "late":  # red: the freshness SLO is broken
         age, slo = span(status.oldest_pending_age_seconds), span(status.freshness_slo)
@@ -138,7 +142,7 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
             (
                 "Latest run",
                 f'<a href="{esc(latest.url)}" target="_top" class="mono">{esc(latest.run_id)}</a> '
-                f"{run_badge(latest.state)} started {time_tag(latest.started_at or latest.run_after, now)}"
+                f"{run_badge(latest.state)} {run_when(latest, now)}"
                 + (
                     f'<div class="run-note" data-field="latest-note">{esc(latest.note)}</div>'
                     if latest.note
@@ -221,11 +225,12 @@ def _section(status: TableStatus, runs: Any, now: datetime) -> str:
     )
     errors = "".join(f'<p class="error" data-field="error">{esc(e)}</p>' for e in status.errors)
     errors += "".join(f'<p class="warn" data-field="warning">⚠ {esc(w)}</p>' for w in status.warnings)
+    errors = blocked_line(status.blocked, now) + errors
     notes = "".join(f'<p class="note">{esc(n)}</p>' for n in status.notes)
     return (
         f'<section class="card" id="{esc(_anchor(status.source))}" data-source="{esc(status.source)}">'
         f'<h2><span class="mono">{esc(status.source)}</span> → <span class="mono">{esc(status.sink)}</span> '
-        f"{_badge(status)} {dag_link}</h2>"
+        f"{_badge(status, now)} {dag_link}</h2>"
         f"{errors}{notes}{_facts(status, runs, now)}"
         f"<h3>Last processed snapshots</h3>{recent_table(status, now)}"
         f"{recent_runs(runs, now)}"
@@ -241,6 +246,7 @@ def _overview(model: PageModel, now: datetime) -> str:
         last = status.last_commit
         latest = runs.latest if runs is not None else None
         failed = len(runs.failed) if runs is not None else None
+        blocking = ' <span class="failure blocking">(1 blocking)</span>' if status.blocked is not None else ""
         watermark = (
             f'<span class="mono">{esc(status.watermark_snapshot_id)}</span> <span class="muted">#{esc(status.watermark_ordinal)}</span>'
             if status.watermark_snapshot_id is not None
@@ -249,13 +255,13 @@ def _overview(model: PageModel, now: datetime) -> str:
         rows.append(
             f'<tr data-source="{esc(status.source)}">'
             f'<td><a href="#{esc(_anchor(status.source))}" class="mono">{esc(status.source)}</a></td>'
-            f"<td>{_badge(status)}</td>"
+            f"<td>{_badge(status, now)}</td>"
             f"<td>{watermark}</td>"
             f'<td class="num">{esc(fmt_int(status.pending))}</td>'
             f"<td>{esc(fmt_age(status.oldest_pending_age_seconds)) if status.pending else '—'}</td>"
             f"<td>{time_tag(last.committed_at, now) if last else '—'}</td>"
             f"<td>{run_badge(latest.state if latest else None)}</td>"
-            f'<td class="num">{esc(fmt_int(failed)) if failed is not None else "—"}</td>'
+            f'<td class="num">{esc(fmt_int(failed)) + blocking if failed is not None else "—"}</td>'
             "</tr>"
         )
     return (
