@@ -209,3 +209,21 @@ def test_the_json_api_says_blocked_and_which_failed_run_blocks(history):
     failures = {r["run_id"]: r["failure"] for r in table["airflow"]["failed_runs"]}
     assert failures["r2"]["blocking"] is True and failures["bad"]["kind"] == "bad-input"
     assert table["airflow"]["last_success"]["run_id"] == "ok"
+
+
+def test_a_missing_bucket_is_final_and_blocks():
+    """No retry creates a bucket: S3's NoSuchBucket is a final error, so a run it fails blocks the table."""
+    import botocore.exceptions
+
+    from iceberg_cdc.error_lines import line_of
+    from iceberg_cdc.errors import is_final
+    from iceberg_cdc.storage.s3_errors import translate
+
+    answer = {"Error": {"Code": "NoSuchBucket"}, "ResponseMetadata": {"HTTPStatusCode": 404}}
+    error = translate(
+        botocore.exceptions.ClientError(answer, "PutObject"), "s3://gone/x", "gone", "", None, 1
+    )
+    assert is_final(error)
+    found = assess(dag_runs(run("r1", 0, task="shuffle_write[0]", error=line_of(error))))
+    assert found.blocked is not None and found.blocked.error_name == "MissingBucketError"
+    assert found.blocked.fix == "Create it, or fix shuffle.uri."
