@@ -92,7 +92,8 @@ header p { margin: 0 0 14px; color: var(--muted); }
 .run-state { font-weight: 600; } .run-state.success { color: var(--ok); } .run-state.failed { color: var(--bad); }
 .run-state.running, .run-state.queued { color: var(--warn); }
 .run-note { font-size: 0.9em; margin-top: 2px; }
-td.warnings { min-width: 14em; }
+/* The snapshots table fits its card at 1,400 px: its headers wrap, and the warnings share the width. */
+.grid.recent th { white-space: normal; } td.warnings { min-width: 9em; overflow-wrap: anywhere; }
 .dag-link { font-size: 13px; font-weight: normal; margin-left: 8px; }
 .facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 8px 0 0; }
 .facts dt { color: var(--muted); } .facts dd { margin: 0; }
