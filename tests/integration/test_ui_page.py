@@ -15,7 +15,10 @@ its own file. Checked:
 * the page in Chromium, logged in through the UI's ``_token`` cookie (set
   over the DevTools protocol): table names, watermark, counts and the failed
   run appear in the rendered DOM; and in Airflow's own UI at ``/plugin/cdc``,
-  the nav entry frames the page.
+  the nav entry frames the page;
+* the failed reprocess is bad input to that run, not a block; a run triggered
+  with an old logical date and never started comes first, "queued since";
+* the snapshots table fits its card at 1,400 px (the page alone, in Chromium).
 
 Chromium comes from Debian's package ``chromium`` (``apt-get install -y
 chromium``); without it the browser tests skip. (The screenshots of
@@ -189,6 +192,10 @@ def test_the_json_api_with_a_token(server):
     assert [t["task_id"] for t in failed["failed_tasks"]] == ["detect"]
     # The plugin's listener noted why the run failed (dags test logs to the console only: no log line).
     assert failed["note"].startswith("failed at detect: SourceHistoryError: "), failed["note"]
+    # A reprocess (its conf) that failed in detect is bad input to that run: the table lags, it is not blocked.
+    assert (
+        failed["reprocess"] is True and failed["failure"]["kind"] == "bad-input" and table["blocked"] is None
+    )
     status, _, body = _request(f"{server.base}/api/v2/dags/{DAG_ID}/dagRuns", token=server.token)
     assert status == 200, body
     [run] = json.loads(body)["dag_runs"]
@@ -253,6 +260,23 @@ def test_the_page_in_chromium(server):
         assert SINK in framed and str(server.merge) in framed
     finally:
         browser.close()
+
+
+def test_a_queued_run_comes_first_and_says_since_when_it_is_queued(server):
+    """A run not started yet (no scheduler here) has an old logical date: it sorts by when it was queued."""
+    status, _, body = _request(
+        f"{server.base}/api/v2/dags/{DAG_ID}/dagRuns",
+        token=server.token,
+        data={"logical_date": "2024-01-02T00:00:00Z", "conf": {}},
+    )
+    assert status == 200, body
+    run_id = json.loads(body)["dag_run_id"]
+    status, _, body = _request(f"{server.base}/cdc/api/tables/{SOURCE}", token=server.token)
+    runs = json.loads(body)["airflow"]["recent_runs"]
+    assert [r["run_id"] for r in runs][:1] == [run_id], runs
+    assert runs[0]["state"] == "queued" and runs[0]["started_at"] is None and runs[0]["queued_at"]
+    status, _, page = _request(f"{server.base}/cdc/", token=server.token)
+    assert status == 200 and 'data-field="queued">queued since <time' in page
 
 
 @needs_chromium
