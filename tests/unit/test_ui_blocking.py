@@ -151,7 +151,11 @@ def test_the_page_shows_the_block_in_red_with_its_fix_and_marks_each_failed_run(
     status = _status(blocked=found.blocked)
     page = render_page(PageModel(generated_at=status.checked_at, statuses=[status], runs={DAG_ID: runs}))
     assert status.state == "blocked" and "1 pending" not in page
-    assert '<span class="badge blocked" data-field="state">blocked since 04:21 UTC</span>' in page
+    badge = (
+        '<span class="badge blocked" data-field="state" title="Restore the file, or roll the source back past'
+    )
+    assert page.count(badge) == 2  # the overview and the card
+    assert ">blocked since 04:21 UTC by SourceFileMissingError</span>" in page
     assert 'data-field="blocked">⛔ Blocked since 04:21 UTC' in page
     assert "by SourceFileMissingError at changelog_insert" in page
     assert (

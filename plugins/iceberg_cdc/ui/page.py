@@ -53,15 +53,17 @@ _STATE_LABEL = {
 
 
 def _badge(status: TableStatus, now: datetime) -> str:
-    label = _STATE_LABEL[status.state]
-    if status.state == "blocked" and status.blocked is not None and status.blocked.since is not None:
-        label = f"blocked since {fmt_clock(status.blocked.since, now)}"
+    label, title = _STATE_LABEL[status.state], ""
+    if status.state == "blocked" and status.blocked is not None:  # red: no run moves it until a person acts
+        since = f" since {fmt_clock(status.blocked.since, now)}" if status.blocked.since else ""
+        label = f"blocked{since} by {status.blocked.error_name}"
+        title = f' title="{esc(status.blocked.fix or status.blocked.error)}"'
     elif status.state == "behind":
         label = f"{status.pending} pending"
     elif status.state == "late":  # red: the freshness SLO is broken
         age, slo = span(status.oldest_pending_age_seconds), span(status.freshness_slo)
         label = f"late: {status.pending} pending, oldest {age} old (SLO {slo})"
-    return f'<span class="badge {status.state}" data-field="state">{esc(label)}</span>'
+    return f'<span class="badge {status.state}" data-field="state"{title}>{esc(label)}</span>'
 
 
 def _anchor(source: str) -> str:
