@@ -156,11 +156,12 @@ def test_the_page_shows_the_block_in_red_with_its_fix_and_marks_each_failed_run(
     )
     assert page.count(badge) == 2  # the overview and the card
     assert ">blocked since 04:21 UTC by SourceFileMissingError</span>" in page
-    assert 'data-field="blocked">⛔ Blocked since 04:21 UTC' in page
+    assert 'data-field="blocked">Blocked since 04:21 UTC' in page
     assert "by SourceFileMissingError at changelog_insert" in page
     assert (
         'data-field="blocked-fix">Fix: Restore the file, or roll the source back past snapshot 3011' in page
     )
+    assert "duplicated). Then clear that run (or trigger the DAG)." in page
     assert '<span class="failure blocking">(1 blocking)</span>' in page  # the overview's failed runs
     assert 'data-kind="blocking">blocking: no retry can fix this' in page
     assert 'data-kind="marked">harmless: marked failed by a person' in page

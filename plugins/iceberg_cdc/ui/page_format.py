@@ -102,7 +102,8 @@ header p { margin: 0 0 14px; color: var(--muted); }
 .phases { font-size: 12px; } .phase { white-space: nowrap; margin-right: 6px; } .total { font-weight: 600; margin-right: 6px; }
 .rows { font-size: 12px; } .error-line { color: var(--bad); white-space: pre-wrap; word-break: break-word; }
 .scroll { overflow-x: auto; }
-.blocked-line { color: var(--bad); margin: 4px 0; font-weight: 600; } .blocked-line .fix { font-weight: normal; }
+.blocked-line { color: var(--bad); margin: 4px 0; font-weight: 600; }
+.blocked-line .fix, .blocked-line code { font-weight: normal; }
 .failure { font-size: 12px; } .failure.blocking { color: var(--bad); font-weight: 700; }
 .failure.harmless { color: var(--muted); }
 tr.replaced td { color: var(--muted); } tr.replaced td.mono { text-decoration: line-through; }

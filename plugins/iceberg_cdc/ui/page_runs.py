@@ -35,13 +35,13 @@ def blocked_line(blocked: Blocked | None, now: datetime) -> str:
         else ""
     )
     where = f" at {esc(blocked.task)}" if blocked.task else ""
-    fix = f"{esc(blocked.fix)} " if blocked.fix else "Fix what the error names, "
+    fix = f"Fix: {esc(blocked.fix)} Then clear" if blocked.fix else "Fix what the error names, then clear"
     return (
-        f'<p class="blocked-line" data-field="blocked">⛔ Blocked{since} by {esc(blocked.error_name)}{where} '
+        f'<p class="blocked-line" data-field="blocked">Blocked{since} by {esc(blocked.error_name)}{where} '
         f'in run <a href="{esc(blocked.run_url)}" target="_top" class="mono">{esc(blocked.run_id)}</a>: '
         f'<code class="error-line">{esc(blocked.error)}</code><br><span class="fix" data-field="blocked-fix">'
-        f"Fix: {fix}then clear that run (or trigger the DAG). No retry can fix it on its own; the table stays "
-        "blocked until a run succeeds.</span></p>"
+        f"{fix} that run (or trigger the DAG). No retry fixes it on its own; the table stays blocked until "
+        "a run succeeds.</span></p>"
     )
 
 
