@@ -212,7 +212,8 @@ def test_the_json_api_says_blocked_and_which_failed_run_blocks(history):
     assert blocked["run_id"] == "r2" and blocked["error_name"] == "SourceFileMissingError"
     assert blocked["since"] == "2026-03-01T04:21:00Z" and blocked["fix"].startswith("Restore the file")
     failures = {r["run_id"]: r["failure"] for r in table["airflow"]["failed_runs"]}
-    assert failures["r2"]["blocking"] is True and failures["bad"]["kind"] == "bad-input"
+    assert failures["r2"]["blocking"] is True and failures["r2"]["harmless"] is False
+    assert failures["bad"]["kind"] == "bad-input" and failures["bad"]["harmless"] is True
     assert table["airflow"]["last_success"]["run_id"] == "ok"
 
 

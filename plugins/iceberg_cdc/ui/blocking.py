@@ -47,6 +47,7 @@ LABELS = {
     "superseded": "harmless: a later run succeeded",
     "unknown": "error not known (see the task's log)",
 }
+HARMLESS = frozenset({"marked", "bad-input", "reprocess", "superseded"})  # kinds that never hold the table up
 _FAILED_AT = re.compile(r"failed at (\S+?): (.+)$")
 _NOTE_TAIL = (re.compile(r"; WARNING: .*$"), re.compile(r" \(also failed: [^)]*\)$"))
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(])")
@@ -64,8 +65,17 @@ class Failure:
     def label(self) -> str:
         return LABELS[self.kind]
 
+    @property
+    def harmless(self) -> bool:
+        return self.kind in HARMLESS
+
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "label": self.label, "blocking": self.kind == "blocking"}
+        return {
+            "kind": self.kind,
+            "label": self.label,
+            "blocking": self.kind == "blocking",
+            "harmless": self.harmless,
+        }
 
 
 @dataclass(frozen=True)
@@ -124,21 +134,17 @@ def _error(run: Any) -> tuple[str | None, str | None]:
     return found.group(1), line
 
 
-def _ran_at(run: Any) -> datetime | None:
-    return run.started_at or getattr(run, "queued_at", None) or run.run_after
-
-
 def assess(runs: Any) -> Assessment:
     """Apply the rules of this module to a DAG's failed runs (``DagRuns``, newest first)."""
     result = Assessment()
     if runs is None or getattr(runs, "error", None):
         return result
     success = getattr(runs, "last_success", None)
-    success_at = _ran_at(success) if success is not None else None
+    success_at = success.ran_at if success is not None else None
     blocking: list[tuple[Any, str | None, str]] = []
     for run in runs.failed:
         task, error = _error(run)
-        ran = _ran_at(run)
+        ran = run.ran_at
         if marked_failed_by_person(run.note):
             failure = Failure("marked", task, error)
         elif getattr(run, "reprocess", False):
@@ -157,6 +163,6 @@ def assess(runs: Any) -> Assessment:
     if blocking:
         newest, task, error = blocking[0]
         first = blocking[-1][0]
-        since = first.ended_at or _ran_at(first) or newest.ended_at
+        since = first.ended_at or first.ran_at or newest.ended_at
         result.blocked = Blocked(since, newest.run_id, newest.url, task, error, fix_of(error))
     return result

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from iceberg_cdc.ui.blocking import LABELS, Blocked
+from iceberg_cdc.ui.blocking import Blocked
 from iceberg_cdc.ui.page_format import esc, fmt_clock, time_tag
 
 # A person's mark leaves nothing in the task's log: say so instead of sending the reader there.
@@ -49,14 +49,8 @@ def _failure_mark(runs: Any, run: Any) -> str:
     failure = getattr(runs, "failures", {}).get(run.run_id)
     if failure is None:
         return ""
-    tone = (
-        "blocking"
-        if failure.kind == "blocking"
-        else "harmless"
-        if failure.label.startswith("harmless")
-        else ""
-    )
-    return f'<div class="failure {tone}" data-field="failure" data-kind="{esc(failure.kind)}">{esc(LABELS[failure.kind])}</div>'
+    tone = "blocking" if failure.kind == "blocking" else "harmless" if failure.harmless else ""
+    return f'<div class="failure {tone}" data-field="failure" data-kind="{esc(failure.kind)}">{esc(failure.label)}</div>'
 
 
 def run_badge(state: str | None) -> str:
