@@ -28,7 +28,7 @@ TEST_WORKERS ?= 2
 # Random histories per property test in make test-fast (make test runs 200; CDC_HISTORIES sets both).
 FAST_HISTORIES ?= 20
 
-.PHONY: help prereqs setup java-setup test-java test test-fast test-compat demo demo-engine sync verify airflow lint format bench bench-scale wheel clean
+.PHONY: help prereqs setup java-setup test-java test test-fast test-compat demo demo-engine sync verify airflow airflow-stop lint format bench bench-scale wheel clean
 
 help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
@@ -38,6 +38,7 @@ help:
 	@echo "make verify CONFIG=path.yaml   prove every mirror equals its source; repair drift (REPAIR=0: only report;"
 	@echo "             TABLE=ns.t MIRROR=name: one mirror). Exit 1 while drift is left"
 	@echo "make airflow Airflow on the demo config at http://127.0.0.1:8080 (PORT=...), with the CDC view"
+	@echo "make airflow-stop   stop the make airflow running in another shell (as Ctrl-C there would)"
 	@echo "make demo-engine   only the shuffle engine, on one generated snapshot (seconds)"
 	@echo "make test    install into .venv/ when missing, lint, run the test suite"
 	@echo "make test-compat   the end-to-end subset on the oldest supported versions (constraints-min.txt), in .venv-min/"
@@ -128,6 +129,10 @@ verify: setup
 
 airflow: setup
 	$(BIN)/python scripts/airflow_ui.py $(if $(PORT),--port $(PORT),)
+
+# The running make airflow's pid is in .cdc/airflow-ui.pid; SIGTERM takes its Ctrl-C path.
+airflow-stop:
+	$(BIN)/python scripts/airflow_ui.py --stop
 
 bench: setup
 	@$(MAKE) --no-print-directory prereqs

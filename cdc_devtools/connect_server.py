@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -81,6 +82,25 @@ def session_answers(url: str) -> bool:
 def reachable(url: str) -> bool:
     """A Spark Connect server answers on ``url`` (a cheap port check first)."""
     return port_open(url) and session_answers(url)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt in the block (main thread, default handler only), so cleanup runs."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @dataclass
@@ -147,16 +167,25 @@ class LocalSparkConnectServer:
             start_new_session=True,
         )
         log.close()
+        # The JVM runs in its own session: Ctrl-C reaches only this process. Whatever ends the wait --
+        # Ctrl-C, SIGTERM, an error -- stops the server before it goes on, or the JVM would outlive us.
+        with _sigterm_interrupts():
+            try:
+                return self._wait_until_up(timeout)
+            except BaseException:
+                self.stop()
+                raise
+
+    def _wait_until_up(self, timeout: float) -> LocalSparkConnectServer:
+        assert self.process is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 code = self.process.returncode
-                self.stop()
                 raise RuntimeError(f"the Spark Connect server exited with code {code}; see {self.log_path}")
             if port_open(self.url, timeout=0.5) and session_answers(self.url):
                 return self
             time.sleep(0.5)
-        self.stop()
         raise RuntimeError(f"Spark Connect server not up after {timeout:.0f} s; see {self.log_path}")
 
     def stop(self) -> None:

@@ -114,6 +114,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The task log servers follow the API server's port: 8080 -> 8793 and 8794 (Airflow's defaults).
+LOG_PORT_OFFSET = 713
+
+
+def log_server_ports(port: int) -> tuple[int, int]:
+    """The worker's and the triggerer's log server ports for an API server on ``port``.
+
+    ``port + 713`` and ``port + 714`` when free, else the next free ones above:
+    two ``make airflow`` on different ``PORT``s never share a log server.
+    """
+    found: list[int] = []
+    candidate = port + LOG_PORT_OFFSET
+    while len(found) < 2:
+        if candidate > 65535:
+            raise RuntimeError(
+                f"no free port above {port + LOG_PORT_OFFSET} on {HOST} for the task log servers"
+            )
+        if candidate != port and port_free(candidate):
+            found.append(candidate)
+        candidate += 1
+    return found[0], found[1]
+
+
 def machine_env(env: dict[str, str], port: int, *, parallelism: int | None = None) -> dict[str, str]:
     """Settings for one small machine, everything on 127.0.0.1 (``env`` is changed and returned).
 
@@ -136,8 +159,12 @@ def machine_env(env: dict[str, str], port: int, *, parallelism: int | None = Non
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": "urllib.request.localhost",
         }
     )
-    env.setdefault("AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT", "8793")
-    env.setdefault("AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT", "8794")
+    if not {"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT", "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"} <= set(
+        env
+    ):
+        worker, trigger = log_server_ports(port)
+        env.setdefault("AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT", str(worker))
+        env.setdefault("AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT", str(trigger))
     database = env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
     if database.startswith("sqlite") and "?" not in database:
         # Scheduler, DAG processor, API server and CLI commands (a backfill) write one SQLite file:

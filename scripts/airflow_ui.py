@@ -25,7 +25,10 @@ CDC view answer 401/403. "CDC" in the navigation is the change data capture view
 (``plugins/cdc_ui_plugin.py``). The DAG ``cdc__shop__orders`` starts paused:
 unpause it, or trigger it, and each run processes the next snapshot; a run
 that leaves more pending starts the next one at once. Ctrl-C stops Airflow and
-the servers started here (S3 keeps its data in memory).
+the servers started here (S3 keeps its data in memory); from another shell,
+``make airflow-stop`` does the same (the pid is in ``.cdc/airflow-ui.pid``). The
+task log servers listen on ``PORT + 713`` and ``PORT + 714`` (8793 and 8794 for
+8080), or the next free ports.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from cdc_devtools.airflow_env import (
 )
 from cdc_devtools.connect_server import connect_server_for
 from cdc_devtools.local_s3 import LocalS3Server
+from cdc_devtools.pidfile import pid_file, stop_running
 from cdc_devtools.scheduler import HOST, components, healthy, machine_env, port_free, stop_processes
 from iceberg_cdc.config import load_config
 
@@ -61,6 +65,7 @@ WORK = REPO / ".cdc" / "airflow-ui"  # rebuilt on every start
 # Outside WORK, so the password outlives restarts; Airflow's own file name.
 PASSWORDS_FILE = REPO / ".cdc" / "airflow" / PASSWORDS_FILE_NAME
 DEFAULT_PORT = 8080
+PID_FILE = REPO / ".cdc" / "airflow-ui.pid"  # make airflow-stop reads it
 
 
 def ui_env(
@@ -113,7 +118,10 @@ def run_airflow(env: dict[str, str], port: int) -> int:
                 print(
                     f"\n  Airflow UI: {url}\n{login_banner(passwords_file, generated)}\n"
                     f"  CDC view:   {url}/plugin/cdc  (JSON: {url}/cdc/api/tables)\n"
-                    f"  Listening on {HOST} only; another port: make airflow PORT=8081. Ctrl-C to stop.\n",
+                    f"  Task logs:  log servers on {HOST}:{env['AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT']} "
+                    f"(tasks) and :{env['AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT']} (triggerer)\n"
+                    f"  Listening on {HOST} only; another port: make airflow PORT=8081. Ctrl-C to stop "
+                    "(or make airflow-stop from another shell).\n",
                     flush=True,
                 )
             time.sleep(0.5)
@@ -140,10 +148,28 @@ def main() -> int:
         default=int(os.environ.get("AIRFLOW__API__PORT", DEFAULT_PORT)),
         help=f"the API server's port on {HOST} (default {DEFAULT_PORT}; make airflow PORT=...)",
     )
-    port = parser.parse_args().port
+    parser.add_argument(
+        "--stop", action="store_true", help="stop the make airflow running here (make airflow-stop)"
+    )
+    args = parser.parse_args()
+    if args.stop:
+        stopped, message = stop_running(PID_FILE, Path(__file__).name)
+        print(message)
+        return 0 if stopped else 1
+    port = args.port
     if not port_free(port):
         print(f"port {port} on {HOST} is in use; choose another: make airflow PORT=8081", file=sys.stderr)
         return 2
+    try:
+        with pid_file(PID_FILE):
+            return _start(port)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM before Airflow ran: the servers started are stopped
+        print("\nmake airflow: interrupted while starting; stopped what it had started", file=sys.stderr)
+        return 130
+
+
+def _start(port: int) -> int:
+    """The demo's servers, then Airflow on them until Ctrl-C; everything started here stops on the way out."""
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     with contextlib.ExitStack() as servers:

@@ -31,6 +31,12 @@ class ObjectNotFoundError(StorageError):
     """A shuffle object that must exist does not."""
 
 
+class MissingBucketError(StorageError):
+    """The bucket a storage URI names does not exist: no retry creates it (create it, or fix the URI)."""
+
+    final = True
+
+
 class ShortObjectError(StorageError):
     """An object is shorter than a requested byte range (short body, or HTTP 416)."""
 

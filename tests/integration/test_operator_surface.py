@@ -341,11 +341,21 @@ def test_a_missing_source_file_fails_at_once_naming_the_file_and_the_fix(
     assert f"restore the file, or roll the source back past snapshot {snapshot}" in note.lower(), note
     assert pipeline.watermark() == mark
     state.runs["missing"] = run
+    # The CDC view: not lag but a block, by this run, with the fix -- until a run succeeds.
+    table = airflow.request("GET", f"/cdc/api/tables/{SOURCE}")
+    assert table["state"] == "blocked", table["state"]
+    blocked = table["blocked"]
+    assert blocked["run_id"] == run["dag_run_id"] and blocked["error_name"] == "SourceFileMissingError"
+    assert blocked["fix"].startswith("Restore the file"), blocked
 
     s3.put_object(Bucket=bucket, Key=key, Body=saved)  # the documented fix
     airflow.trigger(DAG_ID)
     [run] = new_runs(airflow, state)
     assert run["state"] == "success" and int(detected(airflow, run)["snapshot_id"]) == snapshot
+    table = airflow.request("GET", f"/cdc/api/tables/{SOURCE}")
+    assert table["state"] != "blocked" and table["blocked"] is None
+    [failed] = table["airflow"]["failed_runs"]
+    assert failed["failure"]["kind"] == "superseded", failed["failure"]
     result = judged(pipeline)
     assert result.exact and max(result.commits.values()) == 1, result
 

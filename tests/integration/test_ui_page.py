@@ -15,7 +15,10 @@ its own file. Checked:
 * the page in Chromium, logged in through the UI's ``_token`` cookie (set
   over the DevTools protocol): table names, watermark, counts and the failed
   run appear in the rendered DOM; and in Airflow's own UI at ``/plugin/cdc``,
-  the nav entry frames the page.
+  the nav entry frames the page;
+* the failed reprocess is bad input to that run, not a block; a run triggered
+  with an old logical date and never started comes first, "queued since";
+* the snapshots table fits its card at 1,400 px (the page alone, in Chromium).
 
 Chromium comes from Debian's package ``chromium`` (``apt-get install -y
 chromium``); without it the browser tests skip. (The screenshots of
@@ -189,6 +192,10 @@ def test_the_json_api_with_a_token(server):
     assert [t["task_id"] for t in failed["failed_tasks"]] == ["detect"]
     # The plugin's listener noted why the run failed (dags test logs to the console only: no log line).
     assert failed["note"].startswith("failed at detect: SourceHistoryError: "), failed["note"]
+    # A reprocess (its conf) that failed in detect is bad input to that run: the table lags, it is not blocked.
+    assert (
+        failed["reprocess"] is True and failed["failure"]["kind"] == "bad-input" and table["blocked"] is None
+    )
     status, _, body = _request(f"{server.base}/api/v2/dags/{DAG_ID}/dagRuns", token=server.token)
     assert status == 200, body
     [run] = json.loads(body)["dag_runs"]
@@ -253,3 +260,88 @@ def test_the_page_in_chromium(server):
         assert SINK in framed and str(server.merge) in framed
     finally:
         browser.close()
+
+
+def test_a_queued_run_comes_first_and_says_since_when_it_is_queued(server):
+    """A run not started yet (no scheduler here) has an old logical date: it sorts by when it was queued."""
+    status, _, body = _request(
+        f"{server.base}/api/v2/dags/{DAG_ID}/dagRuns",
+        token=server.token,
+        data={"logical_date": "2024-01-02T00:00:00Z", "conf": {}},
+    )
+    assert status == 200, body
+    run_id = json.loads(body)["dag_run_id"]
+    status, _, body = _request(f"{server.base}/cdc/api/tables/{SOURCE}", token=server.token)
+    runs = json.loads(body)["airflow"]["recent_runs"]
+    assert [r["run_id"] for r in runs][:1] == [run_id], runs
+    assert runs[0]["state"] == "queued" and runs[0]["started_at"] is None and runs[0]["queued_at"]
+    status, _, page = _request(f"{server.base}/cdc/", token=server.token)
+    assert status == 200 and 'data-field="queued">queued since <time' in page
+
+
+@needs_chromium
+def test_the_snapshots_table_fits_its_card_at_1400_px(tmp_path):
+    """Twelve columns with real-sized figures and skew warnings: the Warnings column stays inside the card.
+
+    The page alone (no Airflow needed): rendered here, measured in Chromium at
+    1,400 px; the screenshot goes to ``$CDC_UI_SCREENSHOTS`` when set.
+    """
+    import os
+    from datetime import UTC, datetime, timedelta
+
+    from iceberg_cdc.ui.page import PageModel, render_page
+    from iceberg_cdc.ui.sink_history import ProcessedSnapshot
+    from iceberg_cdc.ui.table_status import TableStatus
+
+    now = datetime(2026, 3, 1, 6, 0, tzinfo=UTC)
+    skew = ["3 skewed partitions, largest 342x the median (12.4 MiB): partitions 17, 4, 9"]
+    seconds = {"detect": 0.12, "write": 0.61, "barrier": 1.2, "coalesce": 0.05, "read": 0.44, "commit": 0.9}
+    rows = {"input": 1_000_000, "cancelled": 12_000, "shuffled": 988_000, "read": 988_000}
+    recent = [
+        ProcessedSnapshot(
+            7278462163692909566 - i,
+            9 - i,
+            1234567890123456789,
+            now - timedelta(minutes=5 * i),
+            "overwrite",
+            False,
+            i == 2,
+            1_300,
+            1_100,
+            21_000,
+            169_816,
+            4_200_000,
+            44_000,
+            seconds,
+            {**rows, "carryover": 944_000, "changes": 44_000},
+            skew if i % 2 == 0 else [],
+        )
+        for i in range(4)
+    ]
+    status = TableStatus(
+        "analytics.customer_orders_v2",
+        "analytics.customer_orders_v2_changes",
+        "cdc__analytics__orders",
+        "earliest",
+        checked_at=now,
+        pending=2,
+        recent=recent,
+        watermark_snapshot_id=recent[0].source_snapshot_id,
+        watermark_ordinal=9,
+    )
+    page = tmp_path / "page.html"
+    page.write_text(render_page(PageModel(generated_at=now, statuses=[status])))
+    browser = Chromium(tmp_path, width=1400)
+    try:
+        browser.open(page.as_uri())
+        fit = browser.evaluate(
+            "(() => { const t = document.querySelector('table.recent'), card = t.closest('section.card');"
+            " const warnings = t.querySelector('th:last-child').getBoundingClientRect();"
+            " return {table: t.scrollWidth, box: t.parentElement.clientWidth, right: warnings.right,"
+            " card: card.getBoundingClientRect().right}; })()"
+        )
+        if os.environ.get("CDC_UI_SCREENSHOTS"):
+            browser.screenshot(Path(os.environ["CDC_UI_SCREENSHOTS"]) / "cdc-snapshots-1400.png", height=900)
+    finally:
+        browser.close()
+    assert fit["table"] <= fit["box"] and fit["right"] <= fit["card"], fit

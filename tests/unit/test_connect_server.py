@@ -105,3 +105,91 @@ def test_the_server_binds_loopback_and_runs_this_interpreter():
     assert confs["spark.connect.grpc.binding.port"] == "15123"
     assert confs["spark.ui.enabled"] == "false" and confs["spark.x"] == "1"
     assert server.url == "sc://127.0.0.1:15123"
+
+
+class SleepingServer(LocalSparkConnectServer):
+    """Stands for the JVM: a process that never answers, with a child in its group (a Python worker)."""
+
+    def command(self) -> list[str]:
+        import sys
+
+        child = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])"
+        return [sys.executable, "-c", f"{child}; time.sleep(120)"]
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """The processes start() launches; their groups are killed after the test whatever happened."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+
+    launched: list[subprocess.Popen] = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        launched.append(real_popen(*args, **kwargs))
+        return launched[-1]
+
+    monkeypatch.setattr(connect_server.subprocess, "Popen", popen)
+    yield launched
+    for process in launched:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
+def _gone(pgid: int) -> bool:
+    """No live process is left in the group (zombies waiting for a reaper are dead)."""
+    import os
+    import time
+
+    deadline = time.monotonic() + 5
+    while True:
+        alive = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                alive.append(entry)
+        if not alive or time.monotonic() > deadline:
+            return not alive
+        time.sleep(0.1)
+
+
+def test_ctrl_c_while_the_server_starts_stops_it(tmp_path, monkeypatch, started):
+    """Ctrl-C during the wait for the server stops it (and its group) before the interrupt goes on."""
+    calls = []
+
+    def interrupted(url, timeout=1.0):
+        calls.append(url)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return False
+
+    monkeypatch.setattr(connect_server, "port_open", interrupted)
+    server = SleepingServer(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        server.start(timeout=60)
+    [process] = started
+    assert len(calls) == 3 and server.process is None
+    assert process.poll() is not None and _gone(process.pid)  # the server and its child
+
+
+def test_sigterm_while_the_server_starts_stops_it(tmp_path, monkeypatch, started):
+    import os
+    import signal
+    import threading
+
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        pytest.skip("SIGTERM has a handler in this process; start() leaves it to that handler")
+    monkeypatch.setattr(connect_server, "port_open", lambda url, timeout=1.0: False)
+    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(KeyboardInterrupt):
+        SleepingServer(tmp_path).start(timeout=60)
+    [process] = started
+    assert process.poll() is not None and _gone(process.pid)  # the server and its child
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back

@@ -140,8 +140,9 @@ def test_a_failed_run_names_the_first_failed_task_and_its_error():
     assert run_note("failed", failed=mixed) == (
         "failed at barrier: CorruptShuffleError: bad block (also failed: shuffle_write[0])"
     )
+    # a person marked the run failed in Airflow's UI: said plainly (test_ui_blocking has the stopped tasks)
     assert run_note("failed", reason="Dag Run's state was manually set to `failed`.") == (
-        "failed: Dag Run's state was manually set to `failed`."
+        "marked failed by a person"
     )
 
 

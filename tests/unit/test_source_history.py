@@ -162,6 +162,27 @@ def test_manual_snapshot_must_be_in_the_current_ancestry(catalog):
         validate_manual_snapshot(table, 12345)
 
 
+def test_an_id_a_browser_rounded_is_named_as_such_with_the_snapshot_meant(catalog):
+    """An unquoted 19-digit id in the Trigger form's JSON editor arrives as a double: its last digits are gone."""
+    table = create_table(catalog, "t")
+    a, b = appended(table, 2)
+    rounded = int(float(b)) if int(float(b)) != b else b + 700  # what JSON.parse makes of the digits
+    with pytest.raises(SourceHistoryError, match="does not exist") as raised:
+        validate_manual_snapshot(table, rounded, Watermark(table_uuid(table), b, 2))
+    assert f"The id looks rounded: snapshot {b} differs from it by only {abs(b - rounded)}" in str(
+        raised.value
+    )
+    assert str(raised.value).endswith(
+        f'Quote the id, as a string of digits: {{"snapshot_id": "{b}"}} if {b} is the one you meant.'
+    )
+    with pytest.raises(SourceHistoryError, match=f'"through_snapshot_id": "{b}"'):
+        validate_reprocess_range(table, a, rounded, Watermark(table_uuid(table), b, 2))
+    # far from every snapshot: no such hint
+    with pytest.raises(SourceHistoryError) as raised:
+        validate_manual_snapshot(table, b + 5000, Watermark(table_uuid(table), b, 2))
+    assert "rounded" not in str(raised.value)
+
+
 def test_manual_snapshot_on_a_fresh_sink_is_only_the_next_pending_one(catalog):
     """With no watermark, only the snapshot the next run would pick: anything later skips history."""
     table = create_table(catalog, "t")

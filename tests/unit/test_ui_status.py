@@ -372,6 +372,7 @@ class FakeAirflow:
                 )
             ],
             note="failed at detect: SourceHistoryError: snapshot 123 is not in the ancestry",
+            reprocess=True,  # a reprocess of snapshot 123 (its conf): bad input, the table is not blocked
         )
         done = RunInfo(
             run_id="chained__s42__20260102T030000",

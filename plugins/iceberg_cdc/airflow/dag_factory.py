@@ -137,6 +137,22 @@ and `through_snapshot_id` (reprocess with a manual run instead).
 """
 
 
+def snapshot_id_param(name: str, description: str) -> Param:
+    """A snapshot id Param: a plain text field in Airflow's Trigger form, checked by detect.
+
+    No JSON-schema ``type`` and no ``pattern``: with a type list (``["null",
+    "string", "integer"]``, so API callers may send an integer) Airflow's form
+    shows a JSON field that parses the digits into a rounded number unless
+    ``examples`` is set, and ``examples`` adds a "Start typing to see options"
+    placeholder with no options (Airflow 3.3 ``FlexibleForm/FieldSelector`` /
+    ``FieldString``); a ``pattern`` refuses a typo with a raw JSON-schema dump.
+    Detect reads the value with :func:`iceberg_cdc.snapshot_ids.parse`, which
+    refuses anything but digits with a message naming the param and the fix,
+    before anything runs.
+    """
+    return Param(None, title=name, description=description)
+
+
 def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = None) -> DAG:
     source = table.source
     operator, spark = phase_operator(config)
@@ -161,17 +177,11 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
         tags=["cdc", source],
         doc_md=DOC.format(source=source, sink=table.sink),
         params={
-            # Ids as text: the form and its JSON editor round numbers above 2**53 (snapshot_ids). API
-            # callers may send an integer too; ``examples`` makes Airflow's form show a plain text field
-            # for that type list (without it, a JSON field that parses the digits into a rounded number).
-            "snapshot_id": Param(
-                None,
-                type=["null", "string", "integer"],
-                pattern=snapshot_ids.PATTERN,
-                examples=[],
-                title="snapshot_id",
-                description="Reprocess this snapshot of the current history (replacing its rows in the sink). "
-                "Type the id's digits as Iceberg shows them; leave empty for the next pending snapshot.",
+            # Ids as text: the form and its JSON editor round numbers above 2**53 (snapshot_ids).
+            "snapshot_id": snapshot_id_param(
+                "snapshot_id",
+                "Reprocess this snapshot of the current history (replacing its rows in the sink): type "
+                "the id's digits as Iceberg shows them. Leave empty to process the next pending snapshot.",
             ),
             "trigger_next": Param(
                 "auto",
@@ -186,14 +196,10 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
                 description="Start the next run at once when more snapshots are pending (or, in a range "
                 "reprocess, the next snapshot of the range).",
             ),
-            "through_snapshot_id": Param(
-                None,
-                type=["null", "string", "integer"],
-                pattern=snapshot_ids.PATTERN,
-                examples=[],
-                title="through_snapshot_id",
-                description="With snapshot_id: reprocess every snapshot from snapshot_id through this one, "
-                "one run per snapshot, in order.",
+            "through_snapshot_id": snapshot_id_param(
+                "through_snapshot_id",
+                "With snapshot_id: reprocess every snapshot from snapshot_id through this one, one run per "
+                "snapshot, in order. Type the id's digits as Iceberg shows them; leave empty for one snapshot.",
             ),
         },
         # Transient failures (an S3 blip, a killed worker) are retried where they happen: every

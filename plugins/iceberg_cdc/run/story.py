@@ -43,6 +43,9 @@ NOTE_LIMIT = 1000  # Airflow's dag_run_note.content is a String(1000)
 # Notes a run starts with (set when a predecessor queued it); the run's own outcome replaces them.
 PROVISIONAL_PREFIXES = ("chained: ", "queued: ")
 AFTER_CLEAR = " ⟶ cleared, then: "
+MARKED_FAILED = "marked failed by a person"
+# Airflow's reason when a person sets a run's state: "Dag Run's state was manually set to `failed`."
+_MANUAL_FAILED = "manually set to `failed`"
 
 
 def _count(value: int) -> str:
@@ -228,18 +231,45 @@ def run_note(
     where = ""
     if detected and detected.snapshot_id is not None:
         where = snapshot_label(detected) + ": "
+    return clip(redact(where + failure(failed, reason) + retention_suffix(detected)), NOTE_LIMIT)
+
+
+def failure(failed: list[FailedTask] | None, reason: str | None) -> str:
+    """Why a run failed: its first failed task and error line, or that a person marked it failed.
+
+    A run a person marks failed in Airflow's UI gets its running tasks marked
+    failed too; their logs hold no error, so "see its log" would send the
+    reader nowhere: the note says who ended the run instead.
+    """
     failed = failed or []
-    if failed:
-        cause = next((t for t in failed if t.error), failed[0])
-        what = (
-            f"failed at {cause.name}: {cause.error}" if cause.error else f"{cause.name} failed (see its log)"
-        )
-        others = [t.name for t in failed if t is not cause]
-        if others:
-            what += f" (also failed: {', '.join(others[:3])}{', …' if len(others) > 3 else ''})"
-    else:
-        what = "failed" + (f": {reason}" if reason else "")
-    return clip(redact(where + what + retention_suffix(detected)), NOTE_LIMIT)
+    cause = next((t for t in failed if t.error), None)
+    if cause is None and manually_failed(reason):
+        stopped = f" ({', '.join(t.name for t in failed[:3])}{', …' if len(failed) > 3 else ''} stopped)"
+        return MARKED_FAILED + (stopped if failed else "")
+    if not failed:
+        return "failed" + (f": {reason}" if reason else "")
+    cause = cause or failed[0]
+    what = f"failed at {cause.name}: {cause.error}" if cause.error else f"{cause.name} failed (see its log)"
+    others = [t.name for t in failed if t is not cause]
+    if others:
+        what += f" (also failed: {', '.join(others[:3])}{', …' if len(others) > 3 else ''})"
+    return what
+
+
+def manually_failed(reason: str | None) -> bool:
+    """Whether Airflow's reason for ending a run says a person set its state (UI or REST API)."""
+    return bool(reason) and _MANUAL_FAILED in str(reason)
+
+
+def last_outcome(note: str | None) -> str:
+    """The newest outcome a note tells: after its last "cleared, then:" (a cleared run's note keeps its past)."""
+    return (note or "").rsplit(AFTER_CLEAR, 1)[-1]
+
+
+def marked_failed_by_person(note: str | None) -> bool:
+    """Whether a run's note says its latest end was a person marking it failed (:func:`failure`)."""
+    outcome = last_outcome(note)
+    return MARKED_FAILED in outcome or manually_failed(outcome)
 
 
 def mirror_note(
@@ -274,12 +304,5 @@ def mirror_note(
         parts.append(f"verify: {verified['line']}")
     if state == "success":
         return clip(redact("; ".join(parts) or "succeeded"), NOTE_LIMIT)
-    failed = failed or []
-    cause = next((t for t in failed if t.error), failed[0] if failed else None)
-    if cause is not None:
-        parts.append(
-            f"failed at {cause.name}: {cause.error}" if cause.error else f"{cause.name} failed (see its log)"
-        )
-    else:
-        parts.append("failed" + (f": {reason}" if reason else ""))
+    parts.append(failure(failed, reason))
     return clip(redact("; ".join(parts)), NOTE_LIMIT)

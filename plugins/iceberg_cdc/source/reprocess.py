@@ -25,12 +25,39 @@ from iceberg_cdc.source.history import (
 )
 from iceberg_cdc.watermark import Watermark
 
+# A double holds 53 bits: a 63-bit id a browser parsed as a number is off by at most 512 (ids below 2**63).
+ROUNDING_REACH = 2048
+
 
 def _why_not_in_ancestry(table: Table, snapshot_id: int) -> str:
     """Why a snapshot id cannot be processed: gone from the metadata, or off the current history."""
     if table.metadata.snapshot_by_id(snapshot_id) is None:
         return "it does not exist in the table metadata (expired, or from another table)"
     return "it is not in the current history of main (rolled back, or on another branch)"
+
+
+def rounding_hint(table: Table, snapshot_id: int, param: str = "snapshot_id") -> str:
+    """When no snapshot has ``snapshot_id`` but one is within :data:`ROUNDING_REACH` of it: the id was rounded.
+
+    An unquoted 19-digit id in the Trigger form's JSON editor (or any browser's
+    JSON) becomes a double and loses its last digits; the run then looks for
+    a snapshot that never existed. The hint names the near snapshot and says
+    to quote the id. Empty when the id exists or nothing is near.
+    """
+    if table.metadata.snapshot_by_id(snapshot_id) is not None:
+        return ""
+    near = [
+        s.snapshot_id for s in table.metadata.snapshots if abs(s.snapshot_id - snapshot_id) <= ROUNDING_REACH
+    ]
+    if not near:
+        return ""
+    meant = min(near, key=lambda found: abs(found - snapshot_id))
+    return (
+        f" The id looks rounded: snapshot {meant} differs from it by only {abs(meant - snapshot_id)}, as when "
+        "a browser or the Trigger form's JSON editor reads an unquoted 19-digit number (it keeps about 16 "
+        f'digits). Quote the id, as a string of digits: {{"{param}": "{meant}"}} if {meant} is the one you '
+        "meant."
+    )
 
 
 def validate_manual_snapshot(
@@ -62,7 +89,7 @@ def validate_manual_snapshot(
             f"Cannot reprocess snapshot {snapshot_id} of table {name}: {reason}. Only snapshots of the "
             f"current ancestry can be processed; the current snapshot is "
             f"{ancestry[-1].snapshot_id if ancestry else None} and the oldest one still available is "
-            f"{ancestry[0].snapshot_id if ancestry else None}."
+            f"{ancestry[0].snapshot_id if ancestry else None}.{rounding_hint(table, snapshot_id)}"
         )
     if watermark is None:
         first = next_snapshot(table, None, start)
@@ -128,7 +155,7 @@ def validate_reprocess_range(
                 f"{label} {snapshot_id} is not usable: {reason}. Only snapshots of the current ancestry "
                 f"can be reprocessed; the oldest one still available is "
                 f"{ancestry[0].snapshot_id if ancestry else None}, the sink's watermark is at "
-                f"{watermark.snapshot_id}. Nothing was run."
+                f"{watermark.snapshot_id}. Nothing was run.{rounding_hint(table, snapshot_id, label)}"
             )
         positions[label] = position
     first, through = positions["snapshot_id"], positions["through_snapshot_id"]

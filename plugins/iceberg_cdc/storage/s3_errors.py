@@ -11,7 +11,13 @@ from typing import Any
 
 import botocore.exceptions
 
-from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError, StorageError, TransientStorageError
+from iceberg_cdc.errors import (
+    MissingBucketError,
+    ObjectNotFoundError,
+    ShortObjectError,
+    StorageError,
+    TransientStorageError,
+)
 
 # Answers to a conditional request whose precondition did not hold: nothing was done.
 _CONDITION_FAILED = frozenset(
@@ -90,7 +96,9 @@ def translate(
     if code == "InvalidRange" or status == 416:
         return ShortObjectError(f"{where}: the requested byte range starts past the end of the object")
     if code == "NoSuchBucket":
-        return StorageError(f"bucket {bucket!r} does not exist: create it or fix shuffle.uri")
+        return MissingBucketError(
+            f"{where}: bucket {bucket!r} does not exist. Create it, or fix shuffle.uri."
+        )
     if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
         return StorageError(
             f"{where}: access denied ({code}); check the S3 credentials (s3.access-key-id and "

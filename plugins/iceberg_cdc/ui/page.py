@@ -18,14 +18,13 @@ from iceberg_cdc.ui.page_format import (
     SCRIPT,
     esc,
     fmt_age,
-    fmt_bytes,
+    fmt_clock,
     fmt_int,
-    fmt_seconds,
     fmt_time,
     time_tag,
 )
-from iceberg_cdc.ui.page_runs import failed_runs, recent_runs, run_badge
-from iceberg_cdc.ui.sink_history import ProcessedSnapshot
+from iceberg_cdc.ui.page_runs import blocked_line, failed_runs, recent_runs, run_badge, run_when
+from iceberg_cdc.ui.page_snapshots import recent_table
 from iceberg_cdc.ui.status import TableStatus
 from iceberg_cdc.units import format_duration
 
@@ -48,13 +47,18 @@ _STATE_LABEL = {
     "behind": "behind",
     "late": "late",
     "error": "error",
+    "blocked": "blocked",
     "unknown": "unknown",
 }
 
 
-def _badge(status: TableStatus) -> str:
-    label = _STATE_LABEL[status.state]
-    if status.state == "behind":
+def _badge(status: TableStatus, now: datetime) -> str:
+    label, title = _STATE_LABEL[status.state], ""
+    if status.state == "blocked" and status.blocked is not None:  # red: no run moves it until a person acts
+        since = f" since {fmt_clock(status.blocked.since, now)}" if status.blocked.since else ""
+        label = f"blocked{since} by {status.blocked.error_name}"
+        title = f' title="{esc(status.blocked.fix or status.blocked.error)}"'
+    elif status.state == "behind":
         label = f"{status.pending} pending"
     elif status.state == "late":  # red: the freshness SLO is broken
         age, slo = (
@@ -62,100 +66,11 @@ def _badge(status: TableStatus) -> str:
             format_duration(status.freshness_slo or 0),
         )
         label = f"late: {status.pending} pending, oldest {age} old (SLO {slo})"
-    return f'<span class="badge {status.state}" data-field="state">{esc(label)}</span>'
+    return f'<span class="badge {status.state}" data-field="state"{title}>{esc(label)}</span>'
 
 
 def _anchor(source: str) -> str:
     return "table-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in source)
-
-
-def _kind(snapshot: ProcessedSnapshot, now: datetime) -> str:
-    parts = []
-    if snapshot.initial_load:
-        parts.append("initial load")
-    elif snapshot.operation:
-        parts.append(snapshot.operation)
-    if snapshot.reprocess:
-        parts.append("reprocess")
-    kind = esc(" · ".join(parts) or "—")
-    if snapshot.replaced:
-        kind += (
-            f'<div class="replaced-mark" data-field="replaced" title="its rows were deleted by sink commit '
-            f'{esc(snapshot.replaced_by)}">replaced by a reprocess {time_tag(snapshot.replaced_at, now)}</div>'
-        )
-    return kind
-
-
-def _phases(snapshot: ProcessedSnapshot) -> str:
-    if not snapshot.seconds:
-        return '<span class="muted">—</span>'
-    items = " ".join(
-        f'<span class="phase"><span class="muted">{esc(name)}</span> {esc(fmt_seconds(value))}</span>'
-        for name, value in snapshot.seconds.items()
-    )
-    return f'<span class="total">{esc(fmt_seconds(snapshot.total_seconds or 0))} s</span> {items}'
-
-
-def _conservation(snapshot: ProcessedSnapshot) -> str:
-    rows = snapshot.rows
-    if not rows:
-        return '<span class="muted">not recorded</span>'
-    cancelled = f", {fmt_int(rows['cancelled'])} cancelled" if rows.get("cancelled") else ""
-    text = (
-        f"{fmt_int(rows.get('input'))} in{cancelled} → {fmt_int(rows.get('shuffled'))} shuffled → "
-        f"{fmt_int(rows.get('read'))} read = {fmt_int(rows.get('carryover'))} carryover + "
-        f"{fmt_int(rows.get('changes'))} changes"
-    )
-    balanced = snapshot.balanced
-    mark = (
-        '<span class="ok" title="rows add up">✓</span>'
-        if balanced
-        else '<span class="bad" title="rows do not add up">✗</span>'
-        if balanced is False
-        else ""
-    )
-    return f'<span class="rows">{esc(text)}</span> {mark}'
-
-
-def _recent_table(status: TableStatus, now: datetime) -> str:
-    if not status.recent:
-        if status.sink_exists:
-            return '<p class="muted">No commits from this source in the sink yet.</p>'
-        return ""
-    head = (
-        "<tr><th>Ordinal</th><th>Source snapshot</th><th>Committed</th><th>Kind</th>"
-        '<th class="num">INSERT</th><th class="num">DELETE</th><th class="num">UPDATE</th>'
-        '<th class="num">Carryover</th><th class="num">Shuffled</th><th>Rows (conservation)</th>'
-        "<th>Seconds per phase</th><th>Warnings</th></tr>"
-    )
-    body = []
-    for s in status.recent:
-        warnings = "".join(f'<div class="warn" data-field="skew-warning">⚠ {esc(w)}</div>' for w in s.skew)
-        replaced = ' class="replaced" data-replaced="true"' if s.replaced else ""
-        body.append(
-            f'<tr data-snapshot="{esc(s.source_snapshot_id)}"{replaced}>'
-            f'<td class="num">{esc(fmt_int(s.ordinal))}</td>'
-            f'<td class="mono">{esc(s.source_snapshot_id)}</td>'
-            f"<td>{time_tag(s.committed_at, now)}</td>"
-            f"<td>{_kind(s, now)}</td>"
-            f'<td class="num" data-field="inserts">{esc(fmt_int(s.inserts))}</td>'
-            f'<td class="num" data-field="deletes">{esc(fmt_int(s.deletes))}</td>'
-            f'<td class="num" data-field="updates">{esc(fmt_int(s.updates))}</td>'
-            f'<td class="num" data-field="carryover">{esc(fmt_int(s.carryover_rows))}</td>'
-            f'<td class="num" data-field="shuffle-bytes">{esc(fmt_bytes(s.shuffle_bytes))}</td>'
-            f"<td>{_conservation(s)}</td>"
-            f'<td class="phases">{_phases(s)}</td>'
-            f'<td class="warnings">{warnings or "<span class=muted>—</span>"}</td>'
-            "</tr>"
-        )
-    return (
-        f'<div class="scroll"><table class="grid recent"><thead>{head}</thead>'
-        f"<tbody>{''.join(body)}</tbody></table></div>"
-        '<p class="hint">UPDATE counts pairs (an UPDATE_BEFORE and an UPDATE_AFTER row each). Snapshots whose '
-        "changes all cancelled out, and skipped <code>replace</code> snapshots, move the watermark "
-        "without a sink commit and are not listed. A commit a later reprocess replaced (its rows deleted) "
-        "is struck through.</p>"
-    )
 
 
 def _retention(status: TableStatus) -> str:
@@ -232,7 +147,7 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
             (
                 "Latest run",
                 f'<a href="{esc(latest.url)}" target="_top" class="mono">{esc(latest.run_id)}</a> '
-                f"{run_badge(latest.state)} started {time_tag(latest.started_at or latest.run_after, now)}"
+                f"{run_badge(latest.state)} {run_when(latest, now)}"
                 + (
                     f'<div class="run-note" data-field="latest-note">{esc(latest.note)}</div>'
                     if latest.note
@@ -315,13 +230,14 @@ def _section(status: TableStatus, runs: Any, now: datetime) -> str:
     )
     errors = "".join(f'<p class="error" data-field="error">{esc(e)}</p>' for e in status.errors)
     errors += "".join(f'<p class="warn" data-field="warning">⚠ {esc(w)}</p>' for w in status.warnings)
+    errors = blocked_line(status.blocked, now) + errors
     notes = "".join(f'<p class="note">{esc(n)}</p>' for n in status.notes)
     return (
         f'<section class="card" id="{esc(_anchor(status.source))}" data-source="{esc(status.source)}">'
         f'<h2><span class="mono">{esc(status.source)}</span> → <span class="mono">{esc(status.sink)}</span> '
-        f"{_badge(status)} {dag_link}</h2>"
+        f"{_badge(status, now)} {dag_link}</h2>"
         f"{errors}{notes}{_facts(status, runs, now)}"
-        f"<h3>Last processed snapshots</h3>{_recent_table(status, now)}"
+        f"<h3>Last processed snapshots</h3>{recent_table(status, now)}"
         f"{recent_runs(runs, now)}"
         f"<h3>Failed runs</h3>{failed_runs(runs, now)}"
         "</section>"
@@ -335,6 +251,7 @@ def _overview(model: PageModel, now: datetime) -> str:
         last = status.last_commit
         latest = runs.latest if runs is not None else None
         failed = len(runs.failed) if runs is not None else None
+        blocking = ' <span class="failure blocking">(1 blocking)</span>' if status.blocked is not None else ""
         watermark = (
             f'<span class="mono">{esc(status.watermark_snapshot_id)}</span> <span class="muted">#{esc(status.watermark_ordinal)}</span>'
             if status.watermark_snapshot_id is not None
@@ -343,13 +260,13 @@ def _overview(model: PageModel, now: datetime) -> str:
         rows.append(
             f'<tr data-source="{esc(status.source)}">'
             f'<td><a href="#{esc(_anchor(status.source))}" class="mono">{esc(status.source)}</a></td>'
-            f"<td>{_badge(status)}</td>"
+            f"<td>{_badge(status, now)}</td>"
             f"<td>{watermark}</td>"
             f'<td class="num">{esc(fmt_int(status.pending))}</td>'
             f"<td>{esc(fmt_age(status.oldest_pending_age_seconds)) if status.pending else '—'}</td>"
             f"<td>{time_tag(last.committed_at, now) if last else '—'}</td>"
             f"<td>{run_badge(latest.state if latest else None)}</td>"
-            f'<td class="num">{esc(fmt_int(failed)) if failed is not None else "—"}</td>'
+            f'<td class="num">{esc(fmt_int(failed)) + blocking if failed is not None else "—"}</td>'
             "</tr>"
         )
     return (

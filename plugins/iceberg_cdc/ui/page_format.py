@@ -39,6 +39,12 @@ def fmt_time(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def fmt_clock(value: datetime, now: datetime) -> str:
+    """``04:12 UTC`` on the day of ``now`` (UTC), else ``2026-01-02 04:12 UTC``: when something began."""
+    value, now = value.astimezone(UTC), now.astimezone(UTC)
+    return value.strftime("%H:%M UTC" if value.date() == now.date() else "%Y-%m-%d %H:%M UTC")
+
+
 def fmt_seconds(value: float) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:.0f}"
 
@@ -70,11 +76,12 @@ header p { margin: 0 0 14px; color: var(--muted); }
 .grid td.num, .grid th.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
 .badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600; color: #fff; }
 .badge.caught-up { background: var(--ok); } .badge.behind { background: var(--warn); }
-.badge.error, .badge.late { background: var(--bad); } .badge.unknown { background: var(--muted); }
+.badge.error, .badge.late, .badge.blocked { background: var(--bad); } .badge.unknown { background: var(--muted); }
 .run-state { font-weight: 600; } .run-state.success { color: var(--ok); } .run-state.failed { color: var(--bad); }
 .run-state.running, .run-state.queued { color: var(--warn); }
 .run-note { font-size: 0.9em; margin-top: 2px; }
-td.warnings { min-width: 14em; }
+/* The snapshots table fits its card at 1,400 px: its headers wrap, and the warnings share the width. */
+.grid.recent th { white-space: normal; } td.warnings { min-width: 9em; overflow-wrap: anywhere; }
 .dag-link { font-size: 13px; font-weight: normal; margin-left: 8px; }
 .facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 8px 0 0; }
 .facts dt { color: var(--muted); } .facts dd { margin: 0; }
@@ -83,6 +90,10 @@ td.warnings { min-width: 14em; }
 .phases { font-size: 12px; } .phase { white-space: nowrap; margin-right: 6px; } .total { font-weight: 600; margin-right: 6px; }
 .rows { font-size: 12px; } .error-line { color: var(--bad); white-space: pre-wrap; word-break: break-word; }
 .scroll { overflow-x: auto; }
+.blocked-line { color: var(--bad); margin: 4px 0; font-weight: 600; }
+.blocked-line .fix, .blocked-line code { font-weight: normal; }
+.failure { font-size: 12px; } .failure.blocking { color: var(--bad); font-weight: 700; }
+.failure.harmless { color: var(--muted); }
 tr.replaced td { color: var(--muted); } tr.replaced td.mono { text-decoration: line-through; }
 .replaced-mark { color: var(--warn); font-size: 12px; white-space: nowrap; }
 .toolbar { float: right; color: var(--muted); font-size: 12px; } .toolbar label { cursor: pointer; }

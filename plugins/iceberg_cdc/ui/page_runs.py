@@ -9,7 +9,48 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from iceberg_cdc.ui.page_format import esc, time_tag
+from iceberg_cdc.ui.blocking import Blocked
+from iceberg_cdc.ui.page_format import esc, fmt_clock, time_tag
+
+# A person's mark leaves nothing in the task's log: say so instead of sending the reader there.
+_MARKED = "marked failed by a person in Airflow (the task's log has no error)"
+
+
+def run_when(run: Any, now: datetime) -> str:
+    """``started 5 min ago``; a run not started yet: ``queued since ...`` (never its logical date)."""
+    if run.started_at is not None:
+        return f"started {time_tag(run.started_at, now)}"
+    if run.queued_at is not None:
+        return f'<span data-field="queued">queued since {time_tag(run.queued_at, now)}</span>'
+    return f'<span class="muted">not started (due {time_tag(run.run_after, now)})</span>'
+
+
+def blocked_line(blocked: Blocked | None, now: datetime) -> str:
+    """The table's block: since when, by which error, and the fix (the error's last sentence)."""
+    if blocked is None:
+        return ""
+    since = (
+        f" since {esc(fmt_clock(blocked.since, now))} ({time_tag(blocked.since, now)})"
+        if blocked.since
+        else ""
+    )
+    where = f" at {esc(blocked.task)}" if blocked.task else ""
+    fix = f"Fix: {esc(blocked.fix)} Then clear" if blocked.fix else "Fix what the error names, then clear"
+    return (
+        f'<p class="blocked-line" data-field="blocked">Blocked{since} by {esc(blocked.error_name)}{where} '
+        f'in run <a href="{esc(blocked.run_url)}" target="_top" class="mono">{esc(blocked.run_id)}</a>: '
+        f'<code class="error-line">{esc(blocked.error)}</code><br><span class="fix" data-field="blocked-fix">'
+        f"{fix} that run (or trigger the DAG). No retry fixes it on its own; the table stays blocked until "
+        "a run succeeds.</span></p>"
+    )
+
+
+def _failure_mark(runs: Any, run: Any) -> str:
+    failure = getattr(runs, "failures", {}).get(run.run_id)
+    if failure is None:
+        return ""
+    tone = "blocking" if failure.kind == "blocking" else "harmless" if failure.harmless else ""
+    return f'<div class="failure {tone}" data-field="failure" data-kind="{esc(failure.kind)}">{esc(failure.label)}</div>'
 
 
 def run_badge(state: str | None) -> str:
@@ -36,7 +77,10 @@ def failed_runs(runs: Any, now: datetime) -> str:
             or '<span class="muted">—</span>'
         )
         error = next((t.error for t in run.failed_tasks if t.error), None)
-        if error:
+        failure = getattr(runs, "failures", {}).get(run.run_id)
+        if failure is not None and failure.kind == "marked":
+            error_html = f'<span data-field="marked">{esc(_MARKED)}</span>'
+        elif error:
             error_html = f'<code class="error-line">{esc(error)}</code>'
         elif run.note:  # e.g. `airflow dags test` runs: no log to read, but the run's note names the error
             error_html = (
@@ -51,7 +95,7 @@ def failed_runs(runs: Any, now: datetime) -> str:
             f'<tr data-run="{esc(run.run_id)}">'
             f'<td><a href="{esc(run.url)}" target="_top" class="mono">{esc(run.run_id)}</a>{snapshot}</td>'
             f"<td>{time_tag(run.ended_at or run.run_after, now)}</td>"
-            f"<td>{tasks}</td><td>{error_html}</td></tr>"
+            f"<td>{tasks}</td><td>{error_html}{_failure_mark(runs, run)}</td></tr>"
         )
     return (
         '<div class="scroll"><table class="grid failed" data-field="failed-runs"><thead><tr><th>Run</th>'
@@ -75,13 +119,13 @@ def recent_runs(runs: Any, now: datetime) -> str:
             f'<tr data-run="{esc(run.run_id)}">'
             f'<td><a href="{esc(run.url)}" target="_top" class="mono">{esc(run.run_id)}</a></td>'
             f"<td>{run_badge(run.state)}</td>"
-            f"<td>{time_tag(run.started_at or run.run_after, now)}</td>"
+            f"<td>{run_when(run, now)}</td>"
             f"<td>{time_tag(run.ended_at, now) if run.ended_at else '—'}</td>"
             f"<td>{note}</td></tr>"
         )
     return (
         "<h3>Recent runs</h3>"
         '<div class="scroll"><table class="grid runs" data-field="recent-runs"><thead><tr><th>Run</th>'
-        "<th>State</th><th>Started</th><th>Ended</th><th>Note</th></tr></thead>"
+        "<th>State</th><th>Started / queued</th><th>Ended</th><th>Note</th></tr></thead>"
         f"<tbody>{''.join(body)}</tbody></table></div>"
     )

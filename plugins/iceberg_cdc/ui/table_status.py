@@ -13,6 +13,7 @@ from typing import Any
 
 from iceberg_cdc.run.freshness import breaches
 from iceberg_cdc.sink.foreign import ForeignCommit
+from iceberg_cdc.ui.blocking import Blocked
 from iceberg_cdc.ui.mirrors import MirrorStatus
 from iceberg_cdc.ui.sink_history import ProcessedSnapshot
 
@@ -63,6 +64,8 @@ class TableStatus:
     retention_warning: str | None = None
     mirrors: list[MirrorStatus] = field(default_factory=list)  # each mirror's watermark and lag
     freshness_slo: float | None = None  # tables[].freshness_slo: "late" (red) above it
+    # A failed run no retry can fix holds the table up (ui/blocking.py; set from Airflow's runs by the app).
+    blocked: Blocked | None = None
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -94,7 +97,10 @@ class TableStatus:
 
     @property
     def state(self) -> str:
-        """``error``, ``late`` (behind by more than the freshness SLO), ``behind``, ``caught-up`` or ``unknown``."""
+        """``blocked``, ``error``, ``late`` (behind by more than the freshness SLO), ``behind``, ``caught-up``
+        or ``unknown``. Blocked comes first: however far behind, no run moves the table until a person acts."""
+        if self.blocked is not None:
+            return "blocked"
         if self.errors:
             return "error"
         if self.pending is None:
@@ -114,6 +120,7 @@ class TableStatus:
             "dag_id": self.dag_id,
             "start": self.start,
             "state": self.state,
+            "blocked": self.blocked.to_dict() if self.blocked else None,
             "checked_at": _iso(self.checked_at),
             "source_exists": self.source_exists,
             "sink_exists": self.sink_exists,

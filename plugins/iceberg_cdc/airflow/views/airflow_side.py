@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 _bearer = HTTPBearer(auto_error=False)
 _LOG_CACHE_SIZE = 512
 _NONE_FOUND_TTL = 300.0
+_REPROCESS_KEYS = ("snapshot_id", "through_snapshot_id")  # a run's conf that makes it a reprocess
+_SUCCESS_LOOKBACK = 20  # successful runs searched for the newest one that is not a reprocess
 
 
 async def authenticated_user(
@@ -83,6 +85,13 @@ class RunInfo:
     url: str
     failed_tasks: list[FailedTask] = field(default_factory=list)
     note: str | None = None  # the run's note: what it did, or why it failed (plugin's listener)
+    queued_at: datetime | None = None  # when it was queued (a run not started yet has no started_at)
+    reprocess: bool = False  # its conf names snapshot_id or through_snapshot_id
+
+    @property
+    def ran_at(self) -> datetime | None:
+        """When the run started, else when it was queued: what runs are ordered by (never its logical date)."""
+        return self.started_at or self.queued_at or self.run_after
 
     @property
     def first_error(self) -> str | None:
@@ -93,7 +102,7 @@ class RunInfo:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        for key in ("run_after", "started_at", "ended_at"):
+        for key in ("run_after", "queued_at", "started_at", "ended_at"):
             out[key] = _iso(getattr(self, key))
         out["failed_tasks"] = [task.to_dict() for task in self.failed_tasks]
         out["first_error"] = self.first_error
@@ -112,6 +121,8 @@ class DagRuns:
     failed: list[RunInfo] = field(default_factory=list)
     recent: list[RunInfo] = field(default_factory=list)  # newest first, each with its note
     error: str | None = None  # why Airflow's side could not be read
+    last_success: RunInfo | None = None  # the newest successful run that is not a reprocess
+    failures: dict[str, Any] = field(default_factory=dict)  # run id -> ui.blocking.Failure (set by the app)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -120,14 +131,25 @@ class DagRuns:
             "known": self.known,
             "paused": self.paused,
             "latest_run": self.latest.to_dict() if self.latest else None,
-            "failed_runs": [run.to_dict() for run in self.failed],
+            "failed_runs": [self._failed_dict(run) for run in self.failed],
+            "last_success": self.last_success.to_dict() if self.last_success else None,
             "recent_runs": [run.to_dict() for run in self.recent],
             "error": self.error,
         }
 
+    def _failed_dict(self, run: RunInfo) -> dict[str, Any]:
+        out = run.to_dict()
+        failure = self.failures.get(run.run_id)
+        out["failure"] = failure.to_dict() if failure is not None else None
+        return out
+
 
 def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+def _is_reprocess(conf: Any) -> bool:
+    return isinstance(conf, dict) and any(conf.get(k) not in (None, "") for k in _REPROCESS_KEYS)
 
 
 class AirflowSide:
@@ -205,7 +227,13 @@ class AirflowSide:
             failed_runs = session.scalars(
                 newest.where(DagRun.state == DagRunState.FAILED).limit(self.failed_limit)
             ).all()
+            successes = session.scalars(
+                newest.where(DagRun.state == DagRunState.SUCCESS).limit(_SUCCESS_LOOKBACK)
+            ).all()
+            success = next((r for r in successes if not _is_reprocess(r.conf)), None)
             snapshots = _detected_snapshots(session, dag_id, {r.run_id for r in [*recent, *failed_runs]})
+            if success is not None:
+                result.last_success = self._run_info(success, base, [], snapshots)
             result.recent = [self._run_info(run, base, [], snapshots) for run in recent]
             if result.recent:
                 result.latest = result.recent[0]
@@ -254,6 +282,8 @@ class AirflowSide:
             url=run_url(base, run.dag_id, run.run_id),
             failed_tasks=tasks,
             note=redact(run.note) if run.note else None,
+            queued_at=run.queued_at,
+            reprocess=_is_reprocess(conf),
         )
 
     def _error_line(self, ti: Any) -> str | None:

@@ -34,6 +34,7 @@ from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (mirrors' c
 from iceberg_cdc.airflow.views.airflow_side import AirflowSide, authenticated_user
 from iceberg_cdc.config import CONFIG_ENV, CdcConfig, load_config
 from iceberg_cdc.errors import CdcError
+from iceberg_cdc.ui.blocking import assess
 
 MOUNT_PREFIX = "/cdc"
 ICON_SVG = (
@@ -63,6 +64,15 @@ class _CatalogCache:
                 self._catalog = CdcHook(config).catalog()
                 self._key = key
             return self._catalog
+
+
+def blocked_by(status: Any, runs: Any) -> None:
+    """Judge the DAG's failed runs (:mod:`iceberg_cdc.ui.blocking`): the table's block, each run's meaning."""
+    if runs is None:
+        return
+    found = assess(runs)
+    status.blocked = found.blocked
+    runs.failures = found.failures
 
 
 def create_app(
@@ -149,6 +159,8 @@ def create_app(
                 runs[dag_id] = side.dag_runs(dag_id, base, with_errors=side.can_read_logs(user, dag_id))
             view["statuses"] = statuses.result()
         view["runs"] = runs
+        for status in view["statuses"]:
+            blocked_by(status, runs.get(status.dag_id))
         return view
 
     def table_json(status: Any, runs: Any) -> dict[str, Any]:

@@ -1,0 +1,59 @@
+"""A long-running dev command (``make airflow``) found and stopped from another shell by its pid file.
+
+:func:`pid_file` writes the process id while the command runs and removes
+it when it ends; :func:`stop_running` sends that process SIGTERM -- which the
+command turns into its Ctrl-C path, stopping what it started in order -- and
+waits for it to end. A pid file left by a process that died, or whose id now
+belongs to another program, is reported and removed, never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def pid_file(path: Path) -> Iterator[Path]:
+    """This process's id in ``path`` for the block (removed after it, if still ours)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{os.getpid()}\n")
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            if int(path.read_text().split()[0]) == os.getpid():
+                path.unlink()
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def stop_running(path: Path, marker: str, *, timeout: float = 90.0) -> tuple[bool, str]:
+    """Stop the process ``path`` names if its command line contains ``marker``: (stopped, what happened)."""
+    try:
+        pid = int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False, f"nothing to stop: no pid file {path} (is it running?)"
+    if marker not in _command_line(pid):
+        path.unlink(missing_ok=True)
+        return False, f"nothing to stop: process {pid} of {path} is gone (the stale pid file was removed)"
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while marker in _command_line(pid):
+        if time.monotonic() > deadline:
+            return (
+                False,
+                f"process {pid} did not stop within {timeout:.0f} s; see its terminal, or kill {pid}",
+            )
+        time.sleep(0.2)
+    path.unlink(missing_ok=True)
+    return True, f"stopped process {pid} and what it had started"

@@ -1,0 +1,116 @@
+"""make airflow's plumbing: log server ports that follow PORT, the pid file make airflow-stop reads, Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cdc_devtools.pidfile import pid_file, stop_running
+from cdc_devtools.scheduler import HOST, log_server_ports, machine_env
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def _free_base() -> int:
+    """A port whose log-server ports (+713, +714, +715) are free now."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            base = s.getsockname()[1]
+        if base + 716 < 65535 and log_server_ports(base) == (base + 713, base + 714):
+            return base
+    pytest.skip("no free port range for the test")
+
+
+def test_log_server_ports_follow_the_api_port_and_skip_taken_ones():
+    base = _free_base()
+    env = machine_env({}, base)
+    assert env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] == str(base + 713)
+    assert env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"] == str(base + 714)
+    with socket.socket() as taken:
+        taken.bind((HOST, base + 713))
+        assert log_server_ports(base) == (base + 714, base + 715)
+    # set ones are kept (a deployment's own choice)
+    given = {
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": "9001",
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": "9002",
+    }
+    assert machine_env(dict(given), base)["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] == "9001"
+
+
+def _sleeper(marker: str) -> subprocess.Popen:
+    """A process named like the command (``marker`` in its arguments) that exits 0 on SIGTERM."""
+    code = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
+        "print('up', flush=True); time.sleep(60)"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code, marker], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline() == "up\n"
+    return process
+
+
+def test_make_airflow_stop_signals_the_process_its_pid_file_names(tmp_path):
+    path = tmp_path / "airflow-ui.pid"
+    process = _sleeper("airflow_ui.py")
+    try:
+        path.write_text(f"{process.pid}\n")
+        stopped, message = stop_running(path, "airflow_ui.py", timeout=20)
+        assert stopped, message
+        assert process.wait(timeout=10) == 0 and not path.exists()  # it took its SIGTERM path
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_stale_or_foreign_pid_is_never_signalled(tmp_path):
+    path = tmp_path / "airflow-ui.pid"
+    assert stop_running(path, "airflow_ui.py") == (
+        False,
+        f"nothing to stop: no pid file {path} (is it running?)",
+    )
+    other = _sleeper("something-else")  # the pid now belongs to another program
+    try:
+        path.write_text(f"{other.pid}\n")
+        stopped, message = stop_running(path, "airflow_ui.py", timeout=5)
+        assert not stopped and "is gone" in message and not path.exists()
+        assert other.poll() is None  # untouched
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_the_pid_file_lives_as_long_as_the_block(tmp_path):
+    path = tmp_path / "sub" / "airflow-ui.pid"
+    with pid_file(path):
+        assert path.read_text().strip().isdigit()
+    assert not path.exists()
+
+
+def test_ctrl_c_while_make_airflow_starts_is_one_line_and_leaves_no_pid_file(tmp_path, monkeypatch, capsys):
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import airflow_ui
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+    def interrupted(port: int) -> int:
+        assert airflow_ui.PID_FILE.exists()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(airflow_ui, "PID_FILE", tmp_path / "airflow-ui.pid")
+    monkeypatch.setattr(airflow_ui, "_start", interrupted)
+    monkeypatch.setattr(sys, "argv", ["airflow_ui.py", "--port", str(_free_base())])
+    sigint, sigterm = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        assert airflow_ui.main() == 130
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+        signal.signal(signal.SIGTERM, sigterm)
+    err = capsys.readouterr().err
+    assert err.strip() == "make airflow: interrupted while starting; stopped what it had started"
+    assert not (tmp_path / "airflow-ui.pid").exists()
