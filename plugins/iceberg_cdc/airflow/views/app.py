@@ -157,16 +157,38 @@ def create_app(
             for source in shown:
                 dag_id = configured[source].dag_id
                 runs[dag_id] = side.dag_runs(dag_id, base, with_errors=side.can_read_logs(user, dag_id))
+            # Each mirror DAG's runs too (its last failure), when the user may read that DAG.
+            mirror_dags = {configured[s].mirror_dag_id(m) for s in shown for m in configured[s].mirrors}
+            for dag_id in sorted(side.readable_dag_ids(user, mirror_dags) if mirror_dags else ()):
+                runs[dag_id] = side.dag_runs(dag_id, base, with_errors=side.can_read_logs(user, dag_id))
             view["statuses"] = statuses.result()
         view["runs"] = runs
         for status in view["statuses"]:
             blocked_by(status, runs.get(status.dag_id))
         return view
 
-    def table_json(status: Any, runs: Any) -> dict[str, Any]:
+    def table_json(status: Any, all_runs: dict[str, Any]) -> dict[str, Any]:
         out = status.to_dict()
+        runs = all_runs.get(status.dag_id)
         out["airflow"] = runs.to_dict() if runs is not None else None
+        for mirror in out["mirrors"]:
+            mirror["airflow"] = mirror_airflow(all_runs.get(mirror["dag_id"]))
         return out
+
+    def mirror_airflow(runs: Any) -> dict[str, Any] | None:
+        """A mirror DAG's latest run and last failed run (with its error line), as the table's runs are given."""
+        if runs is None:
+            return None
+        found = runs.to_dict()
+        return {
+            "dag_id": found["dag_id"],
+            "url": found["url"],
+            "known": found["known"],
+            "paused": found["paused"],
+            "latest_run": found["latest_run"],
+            "last_failed_run": found["failed_runs"][0] if found["failed_runs"] else None,
+            "error": found["error"],
+        }
 
     @app.exception_handler(HTTPException)
     async def _login_page(request: Request, exc: HTTPException) -> Response:
@@ -215,7 +237,7 @@ def create_app(
                 "generated_at": view["generated_at"].isoformat().replace("+00:00", "Z"),
                 "config": view["config_path"],
                 "hidden_tables": view["hidden_tables"],
-                "tables": [table_json(s, view["runs"].get(s.dag_id)) for s in view["statuses"]],
+                "tables": [table_json(s, view["runs"]) for s in view["statuses"]],
             },
             headers={"Cache-Control": "no-store"},
         )
@@ -229,9 +251,7 @@ def create_app(
             # Not configured and not readable look the same: the answer does not tell which tables exist.
             raise HTTPException(404, f"no table {source!r} among the tables you may read")
         status = view["statuses"][0]
-        return JSONResponse(
-            table_json(status, view["runs"].get(status.dag_id)), headers={"Cache-Control": "no-store"}
-        )
+        return JSONResponse(table_json(status, view["runs"]), headers={"Cache-Control": "no-store"})
 
     @app.get("/icon.svg", include_in_schema=False)
     def icon() -> Response:

@@ -67,6 +67,7 @@ from iceberg_cdc.mirror.iceberg.table import (
     read_mirror_watermark,
     source_schema_at,
 )
+from iceberg_cdc.mirror.iceberg.table import last_apply as table_last_apply
 from iceberg_cdc.pipeline.groups import phase_seconds, record_phase
 from iceberg_cdc.pipeline.runtime import Runtime
 from iceberg_cdc.pyiceberg_internals.commit import set_schema_at
@@ -381,10 +382,20 @@ def watermark(ctx: Any, mirror: Any) -> Any:
     return ChangelogMark(mark.changelog_snapshot_id, mark.source_snapshot_id, mark.ordinal)
 
 
+def last_apply(ctx: Any, mirror: Any) -> dict | None:
+    """The mirror's last apply as its snapshot summary recorded it (:func:`.table.last_apply`; None: none yet)."""
+    try:
+        table = ctx.catalog().load_table(str(_setting(mirror, "table")))
+    except NoSuchTableError:
+        return None
+    return table_last_apply(table)
+
+
 __all__ = [
     "cleanup",
     "commit",
     "files_added_by",
+    "last_apply",
     "plan",
     "run_units_inline",
     "sweep_attempt",

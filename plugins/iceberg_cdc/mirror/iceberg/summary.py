@@ -63,6 +63,30 @@ def parse_mark(values: Mapping[str, str], prefix: str) -> Through | None:
         return None
 
 
+def parse_apply(values: Mapping[str, str]) -> dict[str, dict] | None:
+    """What an apply's snapshot summary says it did: ``rows`` (upserted, replaced) and ``seconds`` per phase.
+
+    None for a snapshot that is no apply: no marker, or a verification's repair.
+    """
+    if parse_mark(values, MARKER_PREFIX) is None or values.get(REPAIR_KEY):
+        return None
+    rows = {}
+    for name in ("upserted", "replaced"):
+        try:
+            rows[name] = int(values[f"{MARKER_PREFIX}rows.{name}"])
+        except (KeyError, ValueError):
+            continue
+    seconds = {}
+    prefix = f"{MARKER_PREFIX}seconds."
+    for key, value in values.items():
+        if key.startswith(prefix):
+            try:
+                seconds[key[len(prefix) :]] = float(value)
+            except ValueError:
+                continue
+    return {"rows": rows, "seconds": seconds}
+
+
 def apply_summary(
     figures: Mapping[str, int],
     seconds: Mapping[str, float],

@@ -33,7 +33,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from iceberg_cdc.errors import MirrorStateError
 from iceberg_cdc.mirror.iceberg.inputs import Through
-from iceberg_cdc.mirror.iceberg.summary import MARKER_PREFIX, WATERMARK_PREFIX, parse_mark
+from iceberg_cdc.mirror.iceberg.summary import MARKER_PREFIX, WATERMARK_PREFIX, parse_apply, parse_mark
 from iceberg_cdc.pyiceberg_internals.format_v3 import writing_v3_metadata
 
 
@@ -61,6 +61,29 @@ def find_apply(table: Table, through: Through) -> Snapshot | None:
                 return snapshot
             if marker.ordinal < through.ordinal:
                 return None
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.metadata.snapshot_by_id(parent) if parent is not None else None
+    return None
+
+
+LAST_APPLY_SEARCH = 100  # snapshots searched back from the head (maintenance commits may follow an apply)
+
+
+def last_apply(table: Table) -> dict | None:
+    """The newest apply of ``main``'s history (a verification's repair is none): its time, rows and seconds.
+
+    Read from the apply's own snapshot summary, so it is as durable as the
+    mirror (it outlives Airflow's database). None: no apply within
+    :data:`LAST_APPLY_SEARCH` snapshots of the head.
+    """
+    snapshot = table.current_snapshot()
+    for _ in range(LAST_APPLY_SEARCH):
+        if snapshot is None:
+            return None
+        summary = snapshot.summary
+        found = parse_apply(summary.additional_properties) if summary is not None else None
+        if found is not None:
+            return {"at_ms": snapshot.timestamp_ms, **found}
         parent = snapshot.parent_snapshot_id
         snapshot = table.metadata.snapshot_by_id(parent) if parent is not None else None
     return None

@@ -31,9 +31,10 @@ never race on DDL and a failed apply leaves no half-made schema change
 
 The state table ``<schema>._cdc_mirror_state`` holds one row per mirror table:
 its :class:`~iceberg_cdc.mirror.net_changes.ChangelogMark`, the lease epoch
-and run of the last apply, that apply's row counts and the column mapping. A
-state table from before the mapping gains its ``field_ids`` column on the next
-apply (``ADD COLUMN IF NOT EXISTS``, under the state table's lock).
+and run of the last apply, that apply's time, row counts and seconds, and the
+column mapping. A state table from before the mapping or the seconds gains
+its ``field_ids`` / ``apply_seconds`` column on the next apply (``ADD COLUMN
+IF NOT EXISTS``, under the state table's lock).
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ _STATE_COLUMNS = """
     applied_at timestamptz,
     upserted bigint,
     deleted bigint,
-    field_ids jsonb
+    field_ids jsonb,
+    apply_seconds double precision
 """
 MAPPING_COLUMN = "field_ids"  # changelog field id -> mirror column name; null: not mapped yet
+SECONDS_COLUMN = "apply_seconds"  # the last apply's transaction, start to mark (the CDC view shows it)
 
 
 def state_table(mirror_table: str) -> str:
@@ -87,13 +90,16 @@ def ensure_state_table(cursor: Any, mirror_table: str) -> None:
     current state table is never locked exclusively by an ``ALTER``.
     """
     relation = state_table(mirror_table)
-    if _exists(cursor, relation) and MAPPING_COLUMN in _columns(cursor, relation):
+    if _exists(cursor, relation) and {MAPPING_COLUMN, SECONDS_COLUMN} <= set(_columns(cursor, relation)):
         return
     cursor.execute("SELECT pg_advisory_xact_lock(hashtext('cdc-mirror-state'))")
     cursor.fetchall()
     cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(mirror_table.split('.', 1)[0])}")
     cursor.execute(f"CREATE TABLE IF NOT EXISTS {relation} ({_STATE_COLUMNS})")
     cursor.execute(f"ALTER TABLE {relation} ADD COLUMN IF NOT EXISTS {quote(MAPPING_COLUMN)} jsonb")
+    cursor.execute(
+        f"ALTER TABLE {relation} ADD COLUMN IF NOT EXISTS {quote(SECONDS_COLUMN)} double precision"
+    )
 
 
 def _columns(cursor: Any, relation: str) -> dict[str, tuple[str, bool, bool]]:

@@ -22,7 +22,8 @@ In one transaction, in this order:
    ``INSERT ... ON CONFLICT (key) DO UPDATE`` and 3.5 s for ``MERGE``
    (``bench/mirror_bench.py``'s table). A key twice among the upserts would
    fail the insert, and with it the transaction: nothing is applied;
-6. the new mark written to the state table, then ``COMMIT``.
+6. the new mark written to the state table, with this apply's time, row
+   counts and seconds (what the CDC view shows of it), then ``COMMIT``.
 
 A crash, a kill or a server restart anywhere before the commit leaves the
 mirror and its mark as they were (PostgreSQL rolls the transaction back); a
@@ -40,6 +41,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -81,6 +83,12 @@ class MirrorState:
     epoch: int
     run_id: str | None
     mapping: dict[int, str] | None = None  # changelog field id -> column name (None: not mapped yet)
+    applied_at: datetime | None = None  # when the last apply's transaction began (the server's clock)
+    upserted: int | None = None  # the last apply's rows inserted and deleted
+    deleted: int | None = None
+    seconds: float | None = (
+        None  # the last apply's transaction, start to mark (None: written before it was kept)
+    )
 
 
 def _ingest(cursor: Any, name: str, load: Any) -> None:
@@ -134,17 +142,30 @@ class PostgresTarget:
         cursor.execute(
             f"SELECT changelog_snapshot_id, source_snapshot_id, change_ordinal, changelog_table, source_table, "
             # to_jsonb(s): a state table from before the mapping (not migrated yet) reads as unmapped
-            f"epoch, run_id, (to_jsonb(s) -> '{ddl.MAPPING_COLUMN}')::text "
+            f"epoch, run_id, (to_jsonb(s) -> '{ddl.MAPPING_COLUMN}')::text, applied_at, upserted, deleted, "
+            f"(to_jsonb(s) ->> '{ddl.SECONDS_COLUMN}')::double precision "
             f"FROM {ddl.state_table(self.table)} AS s WHERE mirror_table = $1",
             (self.table,),
         )
         row = cursor.fetchone()
         if row is None:
             return None
-        changelog_id, source_id, ordinal, changelog, source, epoch, run_id, mapping = row
+        changelog_id, source_id, ordinal, changelog, source, epoch, run_id, mapping, *applied = row
         mark = None if ordinal is None else ChangelogMark(int(changelog_id), int(source_id), int(ordinal))
         fields = mapping_from_json(json.loads(mapping)) if mapping not in (None, "null") else None
-        return MirrorState(mark, changelog, source, int(epoch), run_id, fields)
+        applied_at, upserted, deleted, seconds = applied
+        return MirrorState(
+            mark,
+            changelog,
+            source,
+            int(epoch),
+            run_id,
+            fields,
+            applied_at=applied_at,
+            upserted=None if upserted is None else int(upserted),
+            deleted=None if deleted is None else int(deleted),
+            seconds=None if seconds is None else float(seconds),
+        )
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -169,7 +190,7 @@ class PostgresTarget:
         """
         call = hook or (lambda point: None)
         seconds: dict[str, float] = {}
-        clock = time.perf_counter()
+        clock = began = time.perf_counter()
 
         def lap(point: str) -> None:
             nonlocal clock
@@ -225,7 +246,8 @@ class PostgresTarget:
                 cursor.execute(self._insert_sql(relation, upserts.expressions))
                 upserted = max(cursor.rowcount, 0)
             lap("upserted")
-            self._write_state(cursor, net.through, epoch, run_id, upserted, deleted, mapping)
+            took = round(time.perf_counter() - began, 4)
+            self._write_state(cursor, net.through, epoch, run_id, (upserted, deleted, took), mapping)
             for name, load in ((_UPSERTS, upserts), (_DELETES, deletes)):
                 if load is not None:
                     cursor.execute(f"DROP TABLE pg_temp.{name}")
@@ -298,20 +320,23 @@ class PostgresTarget:
         mark: ChangelogMark,
         epoch: int,
         run_id: str,
-        upserted: int,
-        deleted: int,
+        applied: tuple[int, int, float],
         mapping: dict[int, str],
     ) -> None:
+        """The state row: the mark, and ``applied`` -- this apply's (upserted, deleted, seconds)."""
+        upserted, deleted, took = applied
         cursor.execute(
             f"INSERT INTO {ddl.state_table(self.table)} AS s (mirror_table, changelog_table, source_table, "
             "changelog_snapshot_id, source_snapshot_id, change_ordinal, epoch, run_id, applied_at, upserted, deleted, "
-            f"{ddl.MAPPING_COLUMN}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $9, $10, $11::text::jsonb) "
+            f"{ddl.MAPPING_COLUMN}, {ddl.SECONDS_COLUMN}) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $9, $10, $11::text::jsonb, $12) "
             "ON CONFLICT (mirror_table) DO UPDATE SET "
             "changelog_table = EXCLUDED.changelog_table, source_table = EXCLUDED.source_table, "
             "changelog_snapshot_id = EXCLUDED.changelog_snapshot_id, source_snapshot_id = EXCLUDED.source_snapshot_id, "
             "change_ordinal = EXCLUDED.change_ordinal, epoch = GREATEST(s.epoch, EXCLUDED.epoch), "
             "run_id = EXCLUDED.run_id, applied_at = EXCLUDED.applied_at, upserted = EXCLUDED.upserted, "
-            f"deleted = EXCLUDED.deleted, {ddl.MAPPING_COLUMN} = EXCLUDED.{ddl.MAPPING_COLUMN}",
+            f"deleted = EXCLUDED.deleted, {ddl.MAPPING_COLUMN} = EXCLUDED.{ddl.MAPPING_COLUMN}, "
+            f"{ddl.SECONDS_COLUMN} = EXCLUDED.{ddl.SECONDS_COLUMN}",
             (
                 self.table,
                 self.changelog,
@@ -324,6 +349,7 @@ class PostgresTarget:
                 upserted,
                 deleted,
                 json.dumps(mapping_to_json(mapping)),
+                took,
             ),
         )
 
