@@ -16,15 +16,18 @@ import pytest
 
 from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.orders import SCHEMA, rows
-from iceberg_cdc.airflow.freshness_dag import build_freshness_dag, run_check
+from iceberg_cdc.airflow.freshness_dag import build_freshness_dag, run_check, run_checks
 from iceberg_cdc.run import steps
-from iceberg_cdc.run.freshness import stored_state
+from iceberg_cdc.run.freshness import Freshness, stored_state
 from iceberg_cdc.run.metrics import metric_prefix
+from iceberg_cdc.ui.mirrors import default_reader
 from iceberg_cdc.ui.status import table_status
+from tests.support.mirror_pipeline import MirrorPipeline
 
 SLO = 1.5  # seconds: long enough that a fresh commit is within it, short enough to wait out
 
 CALLS: list[dict[str, Any]] = []
+FIELDS = set(Freshness.__dataclass_fields__)
 
 
 def record(context: dict[str, Any]) -> None:
@@ -107,3 +110,47 @@ def test_the_checks_dag_has_one_task_per_table_with_a_promise(pipeline):
         update={"tables": [pipeline.config.tables[0].model_copy(update={"freshness_slo": None})]}
     )
     assert build_freshness_dag(unpromised) is None
+
+
+def test_a_mirror_that_falls_behind_fires_its_own_alert_once_and_clears_once(
+    tmp_path, postgres_server, pg_schema
+):
+    """The changelog is fresh, the mirror's DAG is paused: the mirror's SLO fires (once), then clears when it applies."""
+    CALLS.clear()
+    table = {"freshness_slo": f"{SLO}s", "freshness_callback": f"{__name__}.record"}
+    pipeline = MirrorPipeline(tmp_path, postgres_server.dsn, pg_schema, table=table)
+    pipeline.create_source(SCHEMA).append(rows(range(20)))
+    pipeline.sync()
+    ctx = steps.Context.of(pipeline.config, SOURCE)
+    stats = RecordingStats()
+    gauge = f"{metric_prefix(SOURCE)}.mirror.pg.freshness"
+
+    checked = run_checks(ctx, {}, stats)
+    assert (checked["transition"], checked["mirrors"]["pg"]["transition"]) == (None, None)
+    assert checked["mirrors"]["pg"]["lag_seconds"] == 0.0 and stats.gauges[f"{gauge}.breached"] == 0.0
+
+    pipeline.source.append(rows(range(20, 25), "eu"))
+    snapshot_id = pipeline.source.current_snapshot().snapshot_id
+    pipeline.catch_up()  # the changelog holds it; the mirror does not
+    time.sleep(SLO + 0.5)
+    checked = run_checks(ctx, {}, stats)
+    mirror = checked["mirrors"]["pg"]
+    assert checked["transition"] is None and not checked["breached"], "the changelog is fresh"
+    assert mirror["transition"] == "fired" and mirror["breached"] and mirror["lag_seconds"] > SLO
+    assert mirror["oldest_pending"] == str(snapshot_id) and mirror["mirror"] == "pg"
+    assert stats.gauges[f"{gauge}.breached"] == 1.0 and stats.gauges[f"{gauge}.lag_seconds"] > SLO
+    assert run_checks(ctx, {}, stats)["mirrors"]["pg"]["transition"] is None  # still late: no second alert
+    assert [(c["freshness"]["mirror"], c["freshness_transition"]) for c in CALLS] == [("pg", "fired")]
+    assert "mirror pg" in Freshness(**{k: v for k, v in mirror.items() if k in FIELDS}).describe()
+    assert (
+        stored_state(ctx, "pg")["breached"] is True and stored_state(ctx) is None
+    )  # the changelog never moved
+    [shown] = table_status(pipeline.catalog, ctx.table, mirror_reader=default_reader(pipeline.config)).mirrors
+    assert shown.state == "late" and shown.to_dict()["freshness"] == {"slo_seconds": SLO, "breached": True}
+
+    pipeline.mirror()
+    checked = run_checks(ctx, {}, stats)
+    assert checked["mirrors"]["pg"]["transition"] == "cleared" and stats.gauges[f"{gauge}.breached"] == 0.0
+    assert [c["freshness_transition"] for c in CALLS] == ["fired", "cleared"]
+    [shown] = table_status(pipeline.catalog, ctx.table, mirror_reader=default_reader(pipeline.config)).mirrors
+    assert shown.state == "caught-up"

@@ -12,8 +12,14 @@ it: one task per table with ``freshness_slo``, which
 * calls the table's ``freshness_callback`` (any callable, or an Airflow
   notifier instance, by dotted path) once when the SLO is breached and once
   when it clears -- the stored alert state makes each transition fire once,
-* returns the measurement as its XCom, which the CDC view reads for the
-  table's red state.
+* does the same for each of the table's mirrors (gauges
+  ``<table>.mirror.<name>.freshness.*``; the callback's ``freshness`` names
+  the ``mirror``), each with an alert state of its own,
+* returns the measurement as its XCom (the mirrors' under ``mirrors``),
+  which the CDC view reads for the table's red state.
+
+A mirror whose target cannot be read fails the task after the other checks
+ran (the changelog's and the other mirrors' alerts still fire).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any
 from airflow.sdk import DAG, task
 
 from iceberg_cdc.airflow.metrics import emit_safely
-from iceberg_cdc.config import CdcConfig, TableConfig, load_config
+from iceberg_cdc.config import CdcConfig, MirrorConfig, TableConfig, load_config
 from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.freshness import Transition, check
@@ -57,10 +63,13 @@ def resolve_callback(path: str) -> Callable[[dict[str, Any]], Any]:
 
 
 def run_check(
-    ctx: Context, context: dict[str, Any], stats: StatsBackend | None = None
+    ctx: Context,
+    context: dict[str, Any],
+    stats: StatsBackend | None = None,
+    mirror: MirrorConfig | None = None,
 ) -> tuple[dict[str, Any], Transition | None]:
-    """One table's check: measure, send the gauges, call the callback on a transition."""
-    measured, transition = check(ctx)
+    """One check (the changelog's, or ``mirror``'s): measure, send the gauges, call the callback on a transition."""
+    measured, transition = check(ctx, mirror=mirror)
     result = measured.to_dict()
     if stats is not None:
         emit_freshness(stats, ctx.table.source, result)
@@ -71,6 +80,24 @@ def run_check(
         callback({**context, "freshness": result, "freshness_transition": transition})
         log.info("freshness_callback %s called: %s", ctx.table.freshness_callback, transition)
     return result, transition
+
+
+def run_checks(ctx: Context, context: dict[str, Any], stats: StatsBackend | None = None) -> dict[str, Any]:
+    """The table's checks: its changelog's, then each mirror's; raises the first mirror error after all ran."""
+    result, transition = run_check(ctx, context, stats)
+    mirrors: dict[str, Any] = {}
+    failed: list[BaseException] = []
+    for mirror in ctx.table.mirrors:
+        try:
+            measured, moved = run_check(ctx, context, stats, mirror)
+        except Exception as exc:  # the others still get their checks and alerts
+            log.exception("freshness of %s could not be measured", mirror.describe())
+            failed.append(exc)
+            continue
+        mirrors[mirror.mirror_name] = {**measured, "transition": moved}
+    if failed:
+        raise failed[0]
+    return {**result, "transition": transition, "mirrors": mirrors}
 
 
 def build_freshness_dag(config: CdcConfig) -> DAG | None:
@@ -94,11 +121,17 @@ def build_freshness_dag(config: CdcConfig) -> DAG | None:
             def check_table(source: str = table.source, **context: Any) -> dict[str, Any]:
                 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 
-                result, transition = run_check(CdcHook(load_config()).context(source), context)
-                return {**result, "transition": transition}
+                return run_checks(CdcHook(load_config()).context(source), context)
 
             check_table()
     return dag
 
 
-__all__ = ["CHECK_EVERY", "FRESHNESS_DAG_ID", "build_freshness_dag", "resolve_callback", "run_check"]
+__all__ = [
+    "CHECK_EVERY",
+    "FRESHNESS_DAG_ID",
+    "build_freshness_dag",
+    "resolve_callback",
+    "run_check",
+    "run_checks",
+]

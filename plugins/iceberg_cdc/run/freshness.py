@@ -5,9 +5,14 @@ the changelog -- ``now`` minus that snapshot's commit time (its
 ``timestamp_ms``) -- and 0 when the changelog holds every snapshot of the
 source's current history. It grows while a table is paused, blocked or
 slow, whatever the reason, and is what ``tables[].freshness_slo`` promises.
+Each of the table's **mirrors** is held to the same promise, measured the
+same way from the mirror's own mark (the source snapshot whose state it
+holds): a mirror whose DAG is paused or failing breaks it even while the
+changelog is fresh.
 
 **Breach**: lag above the SLO. The state (breached or not, since when) is one
-small JSON object in the shuffle store, ``_freshness/<table>.json``, changed
+small JSON object in the shuffle store, ``_freshness/<table>.json`` (a
+mirror's: ``_freshness/<table>/mirror-<name>.json``), changed
 only by a conditional write, so a breach **fires** exactly once (the check
 whose write turned it on) and **clears** exactly once, however many checkers
 run. Airflow-free: the freshness DAG (``iceberg_cdc.airflow.freshness_dag``)
@@ -22,11 +27,13 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from iceberg_cdc.config import MirrorConfig
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.sink.table import read_watermark
-from iceberg_cdc.source.history import next_snapshot, pending_count
+from iceberg_cdc.source.history import next_snapshot, pending_count, table_uuid
 from iceberg_cdc.source.tables import load_source_table
 from iceberg_cdc.units import format_duration
+from iceberg_cdc.watermark import Watermark
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -50,6 +57,7 @@ class Freshness:
     oldest_pending: str | None  # the oldest source snapshot not yet in the changelog
     oldest_committed_at: str | None  # its commit time (ISO, UTC)
     measured_at: str
+    mirror: str | None = None  # the mirror's name; None: the changelog itself
 
     @property
     def breached(self) -> bool:
@@ -59,25 +67,43 @@ class Freshness:
         return {**asdict(self), "breached": self.breached}
 
     def describe(self) -> str:
-        """``shop.orders is 17m 3s behind its source (SLO 15m): snapshot 123 ...``."""
+        """``shop.orders is 17 min 3 s behind its source (SLO 15 min): snapshot 123 ...``."""
+        who = self.source if self.mirror is None else f"{self.source}'s mirror {self.mirror}"
+        what = "the changelog" if self.mirror is None else f"the mirror {self.mirror}"
         if not self.pending:
-            return f"{self.source}: changelog holds every source snapshot (lag 0 s)"
+            return f"{who}: {what} holds every source snapshot (lag 0 s)"
         slo = f" (SLO {format_duration(self.slo_seconds)})" if self.slo_seconds is not None else ""
         return (
-            f"{self.source} is {format_duration(self.lag_seconds or 0)} behind its source{slo}: snapshot "
+            f"{who} is {format_duration(self.lag_seconds or 0)} behind its source{slo}: snapshot "
             f"{self.oldest_pending}, committed {self.oldest_committed_at}, is the oldest of "
-            f"{self.pending} not yet in the changelog"
+            f"{self.pending} not yet in {what}"
         )
 
 
 def measure(ctx: Context, now: datetime | None = None) -> Freshness:
-    """The table's freshness now; never creates the sink (a missing sink has everything pending)."""
-    now = now or datetime.now(UTC)
+    """The changelog's freshness now; never creates the sink (a missing sink has everything pending)."""
     catalog = ctx.catalog()
     source = load_source_table(catalog, ctx.table)
     watermark = None
     if catalog.table_exists(ctx.table.sink):
         watermark = read_watermark(catalog.load_table(ctx.table.sink), ctx.table.source)
+    return _freshness(ctx, source, watermark, now or datetime.now(UTC))
+
+
+def measure_mirror(ctx: Context, mirror: MirrorConfig, now: datetime | None = None) -> Freshness:
+    """One mirror's freshness now, from the mark its target stores (never applied: everything pending)."""
+    from iceberg_cdc.mirror.targets import read_mirror_mark
+
+    source = load_source_table(ctx.catalog(), ctx.table)
+    mark = read_mirror_mark(ctx, mirror)
+    watermark = None if mark is None else Watermark(table_uuid(source), mark.source_snapshot_id, mark.ordinal)
+    return _freshness(ctx, source, watermark, now or datetime.now(UTC), mirror=mirror.mirror_name)
+
+
+def _freshness(
+    ctx: Context, source: Any, watermark: Watermark | None, now: datetime, mirror: str | None = None
+) -> Freshness:
+    """The age of the oldest source snapshot after ``watermark`` (the sink's own next-snapshot rule)."""
     pending = next_snapshot(source, watermark, ctx.table.start)
     lag, committed_at = 0.0, None
     if pending is not None:
@@ -92,22 +118,28 @@ def measure(ctx: Context, now: datetime | None = None) -> Freshness:
         oldest_pending=None if pending is None else str(pending.snapshot_id),
         oldest_committed_at=committed_at,
         measured_at=now.isoformat(),
+        mirror=mirror,
     )
 
 
-def state_key(source: str) -> str:
-    return f"{STATE_PREFIX}/{source}.json"
+def state_key(source: str, mirror: str | None = None) -> str:
+    return (
+        f"{STATE_PREFIX}/{source}.json" if mirror is None else f"{STATE_PREFIX}/{source}/mirror-{mirror}.json"
+    )
 
 
-def check(ctx: Context, now: datetime | None = None) -> tuple[Freshness, Transition | None]:
-    """Measure, and move the stored alert state when the breach began or ended: the transition, if this check made it.
+def check(
+    ctx: Context, now: datetime | None = None, mirror: MirrorConfig | None = None
+) -> tuple[Freshness, Transition | None]:
+    """Measure (the changelog, or ``mirror``), and move the stored alert state when the breach began or ended.
 
-    Two checkers racing on one transition: the conditional write lets one win;
-    the other sees no transition (it never fires twice).
+    Returns the transition, if this check made it. Two checkers racing on one
+    transition: the conditional write lets one win; the other sees no
+    transition (it never fires twice).
     """
-    measured = measure(ctx, now)
+    measured = measure(ctx, now) if mirror is None else measure_mirror(ctx, mirror, now)
     store = ctx.runtime.store()
-    key = state_key(ctx.table.source)
+    key = state_key(ctx.table.source, measured.mirror)
     found = store.get_with_version(key)
     previous = json.loads(found[0]) if found is not None else {"breached": False}
     if bool(previous.get("breached")) == measured.breached:
@@ -120,17 +152,26 @@ def check(ctx: Context, now: datetime | None = None) -> tuple[Freshness, Transit
     data = json.dumps(state, sort_keys=True).encode()
     version = store.put_if_absent(key, data) if found is None else store.put_if_version(key, data, found[1])
     if version is None:
-        log.info("%s: another check moved the freshness state first", ctx.table.source)
+        log.info("%s: another check moved the freshness state first", key)
         return measured, None
     transition: Transition = "fired" if measured.breached else "cleared"
-    log.warning("freshness SLO of %s %s: %s", ctx.table.source, transition, measured.describe())
+    log.warning("freshness SLO %s: %s", transition, measured.describe())
     return measured, transition
 
 
-def stored_state(ctx: Context) -> dict[str, Any] | None:
+def stored_state(ctx: Context, mirror: str | None = None) -> dict[str, Any] | None:
     """The alert state as the last transition left it (the CDC view shows it), or None."""
-    found = ctx.runtime.store().get_with_version(state_key(ctx.table.source))
+    found = ctx.runtime.store().get_with_version(state_key(ctx.table.source, mirror))
     return json.loads(found[0]) if found is not None else None
 
 
-__all__ = ["Freshness", "Transition", "breaches", "check", "measure", "state_key", "stored_state"]
+__all__ = [
+    "Freshness",
+    "Transition",
+    "breaches",
+    "check",
+    "measure",
+    "measure_mirror",
+    "state_key",
+    "stored_state",
+]

@@ -111,15 +111,24 @@ def emit_lag(stats: StatsBackend, source: str, remaining: int) -> None:
 
 
 def emit_freshness(stats: StatsBackend, source: str, freshness: dict[str, Any]) -> None:
-    """Age of the oldest source snapshot not yet in the changelog, and whether it breaks the table's SLO.
+    """Age of the oldest source snapshot not yet in the changelog (or a mirror), and whether it breaks the SLO.
 
     ``freshness.lag_seconds`` (0 when caught up); ``freshness.breached`` is 1 or
-    0, sent only for a table with ``freshness_slo`` (run/freshness.py).
+    0, sent only for a table with ``freshness_slo`` (run/freshness.py). A
+    mirror's: ``cdc.<table>.mirror.<name>.freshness.*``, tagged ``mirror``.
     """
     prefix, tags = metric_prefix(source), table_tag(source)
+    if freshness.get("mirror"):
+        safe = _mirror_name(freshness["mirror"])
+        prefix, tags = f"{prefix}.mirror.{safe}", {**tags, "mirror": safe}
     stats.gauge(f"{prefix}.freshness.lag_seconds", float(freshness.get("lag_seconds") or 0.0), tags=tags)
     if freshness.get("slo_seconds") is not None:
         stats.gauge(f"{prefix}.freshness.breached", 1.0 if freshness.get("breached") else 0.0, tags=tags)
+
+
+def _mirror_name(name: str) -> str:
+    """A mirror's name as a metric name segment."""
+    return "".join(c if c in _NAME_CHARACTERS else "_" for c in name)
 
 
 def emit_retention(stats: StatsBackend, source: str, retention: dict[str, Any] | None) -> None:
@@ -145,7 +154,7 @@ def emit_verification(stats: StatsBackend, source: str, mirror_name: str, verifi
     ``...verify.drifted_keys`` the keys found differing (repaired or not),
     ``...verify.left_keys`` those still differing, ``...verify.seconds`` its time.
     """
-    safe = "".join(c if c in _NAME_CHARACTERS else "_" for c in mirror_name)
+    safe = _mirror_name(mirror_name)
     prefix = f"{metric_prefix(source)}.mirror.{safe}.verify"
     tags = {**table_tag(source), "mirror": safe}
     equal = verified.get("status") in ("equal", "repaired", "not_applied")

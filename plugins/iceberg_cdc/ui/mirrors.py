@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from iceberg_cdc.config import MirrorConfig, TableConfig
+from iceberg_cdc.run.freshness import breaches
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,12 @@ class MirrorStatus:
     checked_at: datetime | None = None
     last_apply: Any = None  # mirror.targets.LastApply
     last_apply_error: str | None = None  # why the last apply could not be read (the watermark could)
+    freshness_slo: float | None = None  # the table's tables[].freshness_slo, which its mirrors keep too
+
+    @property
+    def late(self) -> bool:
+        """Behind the source by more than the table's freshness SLO (run/freshness.py's rule)."""
+        return breaches(self.lag_seconds, self.freshness_slo)
 
     @property
     def lag_seconds(self) -> float | None:
@@ -69,6 +76,8 @@ class MirrorStatus:
             return "error"
         if self.behind_source is None:
             return "unknown"
+        if self.behind_source and self.late:
+            return "late"
         return "behind" if self.behind_source else "caught-up"
 
     def to_dict(self) -> dict[str, Any]:
@@ -99,6 +108,7 @@ class MirrorStatus:
                 else None,
                 "age_seconds": self.lag_seconds,
             },
+            "freshness": {"slo_seconds": self.freshness_slo, "breached": self.late},
             "last_apply": self.last_apply.to_dict() if self.last_apply is not None else None,
             "last_apply_error": self.last_apply_error,
             "error": self.error,
@@ -166,6 +176,7 @@ def mirror_statuses(
             "table": mirror.table,
             "dag_id": table.mirror_dag_id(mirror),
             "checked_at": now,
+            "freshness_slo": table.freshness_slo,
         }
         if applies is not None:
             try:

@@ -86,6 +86,11 @@ def _lag(mirror: Any) -> str:
         if age is not None
         else ""
     )
+    if mirror.late:
+        waiting += (
+            f'<div class="bad" data-field="mirror-late">late: over its freshness SLO of '
+            f"{esc(fmt_age(mirror.freshness_slo))}</div>"
+        )
     return (
         f'<span class="warn" data-field="mirror-lag">{esc(mirror.behind_changelog)} changelog snapshot(s) '
         f"behind</span> ({esc(mirror.behind_source)} behind the source){waiting}"
