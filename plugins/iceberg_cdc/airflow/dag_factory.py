@@ -23,6 +23,7 @@ detect's dict), not per key.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from datetime import UTC, datetime, timedelta
@@ -30,6 +31,7 @@ from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Asset, AssetAlias, Param, TriggerRule, task
+from airflow.sdk.definitions.param import ParamsDict
 
 from iceberg_cdc import snapshot_ids
 from iceberg_cdc.airflow.events import schedule_for
@@ -137,6 +139,60 @@ and `through_snapshot_id` (reprocess with a manual run instead).
 """
 
 
+def run_params() -> dict[str, Param]:
+    """The DAG's Params (the public contract): new objects per DAG, as a run's conf sets their values."""
+    return {
+        # Ids as text: the form and its JSON editor round numbers above 2**53 (snapshot_ids). API
+        # callers may send an integer too; ``examples`` makes Airflow's form show a plain text field
+        # for that type list (without it, a JSON field that parses the digits into a rounded number).
+        "snapshot_id": Param(
+            None,
+            type=["null", "string", "integer"],
+            pattern=snapshot_ids.PATTERN,
+            examples=[],
+            title="snapshot_id",
+            description="Reprocess this snapshot of the current history (replacing its rows in the sink). "
+            "Type the id's digits as Iceberg shows them; leave empty for the next pending snapshot.",
+        ),
+        "trigger_next": Param(
+            "auto",
+            type=["string", "boolean", "null"],
+            enum=["auto", "yes", "no", True, False, None],
+            values_display={
+                "auto": "auto: yes, except after a reprocess of one snapshot",
+                "yes": "yes: start the next run at once",
+                "no": "no: stop after this run",
+            },
+            title="trigger_next",
+            description="Start the next run at once when more snapshots are pending (or, in a range "
+            "reprocess, the next snapshot of the range).",
+        ),
+        "through_snapshot_id": Param(
+            None,
+            type=["null", "string", "integer"],
+            pattern=snapshot_ids.PATTERN,
+            examples=[],
+            title="through_snapshot_id",
+            description="With snapshot_id: reprocess every snapshot from snapshot_id through this one, "
+            "one run per snapshot, in order.",
+        ),
+    }
+
+
+@functools.cache
+def validated_run_params() -> None:
+    """Check the Params' defaults against their schemas once per process (once per DAG file parse).
+
+    Airflow checks a scheduled DAG's Params when the DAG is built with them,
+    and every task built inside it deep-copies them and then serializes them,
+    re-validating each JSON schema each time (about 1 ms per Param per check,
+    80 checks per DAG): it was most of a DAG's parse cost. So :func:`build_dag`
+    adds them to the DAG after its tasks, and the check Airflow would make
+    runs here, once.
+    """
+    ParamsDict(run_params()).validate()
+
+
 def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = None) -> DAG:
     source = table.source
     operator, spark = phase_operator(config)
@@ -160,42 +216,6 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
         max_active_runs=MAX_ACTIVE_RUNS,
         tags=["cdc", source],
         doc_md=DOC.format(source=source, sink=table.sink),
-        params={
-            # Ids as text: the form and its JSON editor round numbers above 2**53 (snapshot_ids). API
-            # callers may send an integer too; ``examples`` makes Airflow's form show a plain text field
-            # for that type list (without it, a JSON field that parses the digits into a rounded number).
-            "snapshot_id": Param(
-                None,
-                type=["null", "string", "integer"],
-                pattern=snapshot_ids.PATTERN,
-                examples=[],
-                title="snapshot_id",
-                description="Reprocess this snapshot of the current history (replacing its rows in the sink). "
-                "Type the id's digits as Iceberg shows them; leave empty for the next pending snapshot.",
-            ),
-            "trigger_next": Param(
-                "auto",
-                type=["string", "boolean", "null"],
-                enum=["auto", "yes", "no", True, False, None],
-                values_display={
-                    "auto": "auto: yes, except after a reprocess of one snapshot",
-                    "yes": "yes: start the next run at once",
-                    "no": "no: stop after this run",
-                },
-                title="trigger_next",
-                description="Start the next run at once when more snapshots are pending (or, in a range "
-                "reprocess, the next snapshot of the range).",
-            ),
-            "through_snapshot_id": Param(
-                None,
-                type=["null", "string", "integer"],
-                pattern=snapshot_ids.PATTERN,
-                examples=[],
-                title="through_snapshot_id",
-                description="With snapshot_id: reprocess every snapshot from snapshot_id through this one, "
-                "one run per snapshot, in order.",
-            ),
-        },
         # Transient failures (an S3 blip, a killed worker) are retried where they happen: every
         # step is idempotent within the run's lease epoch. Errors a retry cannot fix fail at once.
         # A task that fails for good records its error line (XCom cdc_error) for the run's note,
@@ -313,6 +333,10 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
         # then sees it and leaves the next snapshot to it (one chain per table, docs/operating.md).
         mark >> teardown
         trigger_next >> teardown
+    # After the tasks, so that no task carries (and serializes) a copy: tasks see them through the DAG
+    # (a task's params are the DAG's, then its own, then the run's conf). See validated_run_params.
+    validated_run_params()
+    dag.params.update(run_params())
     return dag
 
 
