@@ -27,7 +27,7 @@ import functools
 import logging
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Asset, AssetAlias, Param, TriggerRule, task
@@ -43,11 +43,15 @@ from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_op
 from iceberg_cdc.airflow.policy import final_errors, record_error, task_retries
 from iceberg_cdc.airflow.sensors.barrier import MapOutputBarrierSensor
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
-from iceberg_cdc.run import steps
 from iceberg_cdc.run.kinds import is_backfill, should_chain
-from iceberg_cdc.run.lease import kept_alive
 from iceberg_cdc.run.metrics import emit_commit, emit_lag
-from iceberg_cdc.run.story import chained_note, chained_run_id, story
+
+if TYPE_CHECKING:
+    from iceberg_cdc.run.context import Context
+
+# The tasks' own modules (steps, the lease, the story: pyiceberg, pyarrow, the object stores) are
+# imported in the task functions: the DAG processor imports this module at every parse of the DAG
+# files, in a new process each time, and builds no task's work there.
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -204,7 +208,7 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
 
     barrier_mode = sensor_mode()
 
-    def context() -> steps.Context:
+    def context() -> Context:
         return CdcHook(load_config()).context(source)
 
     with DAG(
@@ -251,6 +255,9 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
 
         @task(task_id="coalesce")
         def coalesce(detected: dict[str, Any]) -> list[list[str]]:
+            from iceberg_cdc.run import steps
+            from iceberg_cdc.run.lease import kept_alive
+
             ctx = context()
             with final_errors(), kept_alive(ctx, detected):
                 return steps.coalesce(ctx, detected)
@@ -270,6 +277,10 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
         def commit(ti=None, outlet_events=None) -> dict[str, Any]:
             # Pulled, not passed: an argument would make commit a direct downstream of the
             # setup task, which Airflow allows only with trigger rule ALL_SUCCESS.
+            from iceberg_cdc.run import steps
+            from iceberg_cdc.run.lease import kept_alive
+            from iceberg_cdc.run.story import story
+
             detected = ti.xcom_pull(task_ids="detect")
             ctx = context()
             with final_errors(), kept_alive(ctx, detected):
@@ -287,6 +298,9 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
         # Assets page, active) although commit emits its events only through the alias.
         @task(task_id="watermark", inlets=[asset])
         def watermark(detected: dict[str, Any], committed: dict[str, Any]) -> dict[str, Any]:
+            from iceberg_cdc.run import steps
+            from iceberg_cdc.run.story import chained_note, chained_run_id
+
             mark = steps.watermark(context(), detected)
             emit_safely(emit_lag, source, int(mark.get("remaining") or 0))
             # When the chained run is started, not this run's logical date (a backfill's or a past tick's).
@@ -321,6 +335,8 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
 
         @task(task_id="cleanup")
         def cleanup(detected: dict[str, Any], run_id: str | None = None) -> dict[str, Any]:
+            from iceberg_cdc.run import steps
+
             return steps.cleanup(context(), detected, run_id or "manual")
 
         committed = commit()
