@@ -366,7 +366,12 @@ class ChainRunOperator(TriggerDagRunOperator):
     template_fields = (*TriggerDagRunOperator.template_fields, "note")
 
 
-def build_dags(config: CdcConfig | None = None, config_path: str | None = None) -> dict[str, DAG]:
-    """One DAG per table; ``config_path`` (default: ``CDC_CONFIG``) is what the event triggers read."""
+def build_dags(
+    config: CdcConfig | None = None,
+    config_path: str | None = None,
+    tables: list[TableConfig] | None = None,
+) -> dict[str, DAG]:
+    """One DAG per table (of ``tables``, default all); ``config_path`` (default: ``CDC_CONFIG``) is what the
+    event triggers read."""
     config = config or load_config(config_path)
-    return {table.dag_id: build_dag(config, table, config_path) for table in config.tables}
+    return {table.dag_id: build_dag(config, table, config_path) for table in tables or config.tables}

@@ -199,11 +199,13 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
     return dag
 
 
-def build_mirror_dags(config: CdcConfig | None = None) -> dict[str, DAG]:
-    """Every configured mirror's DAG, by DAG id."""
+def build_mirror_dags(
+    config: CdcConfig | None = None, tables: list[TableConfig] | None = None
+) -> dict[str, DAG]:
+    """Every configured mirror's DAG (of ``tables``' mirrors, default all), by DAG id."""
     config = config or load_config()
     return {
         table.mirror_dag_id(mirror): build_mirror_dag(config, table, mirror)
-        for table in config.tables
+        for table in tables or config.tables
         for mirror in table.mirrors
     }
