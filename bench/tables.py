@@ -12,7 +12,9 @@ catalog holding every table):
   ``parts`` files when the tree has ``dags_from_config(part=, parts=)``);
 * under the real components (:class:`~cdc_devtools.scheduler.LocalAirflow`:
   API server, scheduler, DAG processor with 2 parsing processes, triggerer,
-  LocalExecutor with 2 slots), every DAG unpaused, nothing committing:
+  LocalExecutor with 2 slots), every DAG unpaused and its event trigger
+  polling (Airflow starts an unpaused DAG's watcher at the next parse of its
+  file, so this waits for the shared poll's first report), nothing committing:
   **the DAG processor's CPU** over ``--idle-seconds`` (its process and the
   parse processes it forks, from /proc) as % of one core, and **the
   triggerer's catalog calls** per minute per table, as its shared poll
@@ -47,6 +49,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -286,7 +289,6 @@ def scheduler_figures(
     processor_interval: int | None = None,
 ) -> dict[str, Any]:
     import pyarrow as pa
-    from freshness import _poll_reports
 
     from cdc_devtools.scheduler import LocalAirflow
 
@@ -319,7 +321,17 @@ def scheduler_figures(
             time.sleep(5)
         results["dags_loaded_seconds"] = round(time.monotonic() - started, 1)
         _unpause_all(airflow)
-        time.sleep(60)  # the triggerer starts the watchers' triggers; the processor's loop settles
+        # An unpaused DAG's source asset gets its watcher at the DAG processor's next parse of its file
+        # (Airflow keeps no watcher for paused DAGs): commits before that start nothing. Wait for the
+        # shared poll's first report (60 s after it opened), so what follows is the steady state.
+        unpaused = time.monotonic()
+        while not _poll_counts(logs, work):
+            airflow.check_running()
+            if time.monotonic() > unpaused + (processor_interval or 30) + 300:
+                results["not_loaded"] = "the event triggers never polled the catalog"
+                return results
+            time.sleep(5)
+        results["watchers_polling_after_unpause_seconds"] = round(time.monotonic() - unpaused, 1)
         processor = airflow.processes["dag-processor"].pid
         triggerer = airflow.processes["triggerer"].pid
         cpu0, trig0, wall0 = _tree_cpu_seconds(processor), _tree_cpu_seconds(triggerer), time.monotonic()
@@ -363,12 +375,32 @@ def scheduler_figures(
             results["p50"] = _percentile(list(delays.values()), 0.50)
             results["p95"] = _percentile(list(delays.values()), 0.95)
         time.sleep(max(0.0, 65 - (time.monotonic() - wall0)))  # at least one poll report (every 60 s)
-    reports = _poll_reports(logs) + _poll_reports(work / "airflow" / "logs")
+    reports = _poll_counts(logs, work)
     results["poll_reports"] = reports
-    results["catalog_calls_per_minute_per_table"] = (
-        round(sum(r["per_table"] for r in reports) / len(reports), 3) if reports else None
-    )
+    if reports:
+        calls = sum(r["calls"] for r in reports)
+        minutes = sum(r["seconds"] for r in reports) / 60
+        results["catalog_calls_per_minute_per_table"] = round(calls / minutes / tables, 4)
+    else:
+        results["catalog_calls_per_minute_per_table"] = None
     return results
+
+
+_POLL = re.compile(r"catalog poll .*?: (\d+) calls in (\d+) s for (\d+) table\(s\)")
+
+
+def _poll_counts(logs: Path, work: Path) -> list[dict[str, int]]:
+    """The triggerer's shared-poll reports (every 60 s): calls, seconds, tables."""
+    found = []
+    for folder in (logs, work / "airflow" / "logs"):
+        for path in folder.rglob("*"):
+            if path.is_file():
+                with contextlib.suppress(OSError):
+                    for match in _POLL.finditer(path.read_text(errors="replace")):
+                        found.append(
+                            {"calls": int(match[1]), "seconds": int(match[2]), "tables": int(match[3])}
+                        )
+    return found
 
 
 # --- lines -------------------------------------------------------------------------------------------
@@ -396,7 +428,7 @@ def tables_line(name: str, tables: int, parse: dict[str, Any], live: dict[str, A
     return (
         f"{line}, dag-processor idle {live['dag_processor_idle_percent']:.0f}% of a core "
         f"(parsing every {interval} s), triggerer "
-        f"{'?' if calls is None else f'{calls:.2f}'} catalog loads/min/table, {start}{missing}"
+        f"{'?' if calls is None else f'{calls:.3f}'} catalog loads/min/table, {start}{missing}"
     )
 
 
@@ -414,6 +446,7 @@ def main() -> int:
         help="[dag_processor] min_file_process_interval of the sessions of this tree (Airflow's default: 30)",
     )
     parser.add_argument("--work", type=Path, default=ROOT / ".cdc" / "bench-tables")
+    parser.add_argument("--out", default="tables", help="results/<out>.{json,txt}")
     args = parser.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
@@ -466,9 +499,9 @@ def main() -> int:
             print(lines[-1])
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "tables.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / f"{args.out}.json").write_text(json.dumps(results, indent=2) + "\n")
     command = "python bench/tables.py " + " ".join(sys.argv[1:])
-    (out / "tables.txt").write_text("\n".join([f"# {command.strip()}", *lines]) + "\n")
+    (out / f"{args.out}.txt").write_text("\n".join([f"# {command.strip()}", *lines]) + "\n")
     return 0
 
 

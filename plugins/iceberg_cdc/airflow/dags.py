@@ -13,7 +13,7 @@ from the config named by ``CDC_CONFIG`` unless given.
 
 **Hundreds of tables: several DAG files.** Airflow parses one DAG file in
 one process, within ``[core] dagbag_import_timeout`` (30 s by default), and
-a table's DAGs cost about 10-20 ms to build and serialize. Past a few hundred
+a table's DAGs cost about 20 ms of CPU to build and serialize. Past a few hundred
 tables, split them over ``parts`` files, each the same two lines with its own
 ``part``::
 
