@@ -28,7 +28,7 @@ TEST_WORKERS ?= 2
 # Random histories per property test in make test-fast (make test runs 200; CDC_HISTORIES sets both).
 FAST_HISTORIES ?= 20
 
-.PHONY: help prereqs setup java-setup test-java test test-fast test-compat demo demo-engine sync verify airflow airflow-stop lint format bench bench-scale wheel clean
+.PHONY: help prereqs setup java-setup test-java test test-fast test-compat demo demo-engine sync verify airflow airflow-stop lint format bench bench-scale bench-tables wheel clean
 
 help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
@@ -45,6 +45,8 @@ help:
 	@echo "make test-fast   lint, unit tests and short property runs: no Spark, no Airflow DAG runs (minutes)"
 	@echo "make bench   the pipeline vs a Spark-native job and the floor, memory, S3 requests (QUICK=1: short; SCHEDULER=0: no figures under the scheduler)"
 	@echo "make bench-scale   a 50 M-row copy-on-write snapshot through the pipeline beside a 5 M one (ROWS=...: another size)"
+	@echo "make bench-tables  100 and 1,000 configured tables: DAG parse, idle DAG processor, triggerer, commit to run start"
+	@echo "             (BEFORE=ref: the tree at git ref beside this one; TABLES=\"100 1000\"; SCHEDULER=0: parse only)"
 	@echo "make setup   create .venv/ with everything installed (idempotent; CONSTRAINTS=constraints-min.txt: the oldest supported set)"
 	@echo "make wheel   dist/iceberg_cdc-<version>-py3-none-any.whl: the provider to pip install into Airflow"
 
@@ -141,6 +143,11 @@ bench: setup
 bench-scale: setup
 	@$(MAKE) --no-print-directory prereqs
 	$(BIN)/python bench/scale.py $(if $(ROWS),--rows $(ROWS),)
+
+# What N configured tables cost Airflow (bench/tables.py): about 25 minutes for N = 100 and 1000.
+bench-tables: setup
+	$(BIN)/python bench/tables.py --tables $(or $(TABLES),100 1000) $(if $(BEFORE),--before $(BEFORE),) \
+	  $(if $(filter 0,$(SCHEDULER)),--no-scheduler,)
 
 # The provider distribution: iceberg_cdc only, dependencies from requirements.txt (docs/operating.md).
 wheel: setup

@@ -14,7 +14,7 @@ import yaml
 from cdc_devtools.orders import SCHEMA, rows
 from iceberg_cdc.airflow.compat import AssetOrTimeSchedule, serialized_dag
 from iceberg_cdc.airflow.dag_factory import build_dags
-from iceberg_cdc.airflow.triggers.catalog_snapshots import CatalogSnapshotTrigger
+from iceberg_cdc.airflow.triggers.catalog_snapshots import CatalogSnapshotTrigger, digest_of, watched_tables
 from iceberg_cdc.config import parse_config
 from iceberg_cdc.pipeline.runtime import load_catalog_from_config
 from iceberg_cdc.source.catalog_poll import CatalogPoller, catalog_key
@@ -64,7 +64,7 @@ def _trigger(config, path, table, store=None) -> CatalogSnapshotTrigger:
         config_path=path,
         table=table,
         catalog_key=catalog_key(config.catalog),
-        watched=[t.source for t in config.tables],
+        watched_digest=digest_of(watched_tables(config)),
         poll_interval=1,
     )
     trigger.asset_state_store = store
@@ -131,6 +131,36 @@ def test_every_table_of_a_catalog_shares_one_poll(setup):
     assert len(keys) == 1 and None not in keys
     other = parse_config({**config.model_dump(), "catalog": {**config.catalog.model_dump(), "name": "other"}})
     assert _trigger(other, path, "shop.orders").shared_stream_key() not in keys
+    # A table more in the config: another poll, of the new list (the list itself is not in the kwargs)
+    more = parse_config(
+        {
+            **config.model_dump(),
+            "tables": [*config.model_dump()["tables"], {"source": "shop.x", "sink": "shop.x_changes"}],
+        }
+    )
+    assert _trigger(more, path, "shop.orders").shared_stream_key() not in keys
+    assert "watched" not in _trigger(config, path, "shop.orders").serialize()[1]
+
+
+def test_a_trigger_stored_with_its_table_list_still_polls_that_list(setup):
+    """Triggers serialized before the digest carry ``watched``: they keep polling exactly those tables."""
+    config, path, _ = setup
+    old = CatalogSnapshotTrigger(
+        config_path=path,
+        table="shop.orders",
+        catalog_key=catalog_key(config.catalog),
+        watched=["shop.orders"],
+    )
+    _, kwargs = old.serialize()
+    assert kwargs["watched"] == ["shop.orders"] and kwargs["watched_digest"] == digest_of(["shop.orders"])
+
+    async def one_poll():
+        stream = CatalogSnapshotTrigger.open_shared_stream(kwargs)
+        out = await anext(stream)
+        await stream.aclose()
+        return out
+
+    assert set(asyncio.run(one_poll())["locations"]) == {"shop.orders"}
 
 
 def test_the_shared_stream_polls_the_catalog(setup):

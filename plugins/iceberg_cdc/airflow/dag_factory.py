@@ -23,13 +23,15 @@ detect's dict), not per key.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Asset, AssetAlias, Param, TriggerRule, task
+from airflow.sdk.definitions.param import ParamsDict
 
 from iceberg_cdc import snapshot_ids
 from iceberg_cdc.airflow.events import schedule_for
@@ -41,11 +43,15 @@ from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_op
 from iceberg_cdc.airflow.policy import final_errors, record_error, task_retries
 from iceberg_cdc.airflow.sensors.barrier import MapOutputBarrierSensor
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
-from iceberg_cdc.run import steps
 from iceberg_cdc.run.kinds import is_backfill, should_chain
-from iceberg_cdc.run.lease import kept_alive
 from iceberg_cdc.run.metrics import emit_commit, emit_lag
-from iceberg_cdc.run.story import chained_note, chained_run_id, story
+
+if TYPE_CHECKING:
+    from iceberg_cdc.run.context import Context
+
+# The tasks' own modules (steps, the lease, the story: pyiceberg, pyarrow, the object stores) are
+# imported in the task functions: the DAG processor imports this module at every parse of the DAG
+# files, in a new process each time, and builds no task's work there.
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -153,6 +159,50 @@ def snapshot_id_param(name: str, description: str) -> Param:
     return Param(None, title=name, description=description)
 
 
+def run_params() -> dict[str, Param]:
+    """The DAG's Params (the public contract): new objects per DAG, as a run's conf sets their values."""
+    return {
+        # Ids as text: the form and its JSON editor round numbers above 2**53 (snapshot_ids).
+        "snapshot_id": snapshot_id_param(
+            "snapshot_id",
+            "Reprocess this snapshot of the current history (replacing its rows in the sink): type "
+            "the id's digits as Iceberg shows them. Leave empty to process the next pending snapshot.",
+        ),
+        "trigger_next": Param(
+            "auto",
+            type=["string", "boolean", "null"],
+            enum=["auto", "yes", "no", True, False, None],
+            values_display={
+                "auto": "auto: yes, except after a reprocess of one snapshot",
+                "yes": "yes: start the next run at once",
+                "no": "no: stop after this run",
+            },
+            title="trigger_next",
+            description="Start the next run at once when more snapshots are pending (or, in a range "
+            "reprocess, the next snapshot of the range).",
+        ),
+        "through_snapshot_id": snapshot_id_param(
+            "through_snapshot_id",
+            "With snapshot_id: reprocess every snapshot from snapshot_id through this one, one run per "
+            "snapshot, in order. Type the id's digits as Iceberg shows them; leave empty for one snapshot.",
+        ),
+    }
+
+
+@functools.cache
+def validated_run_params() -> None:
+    """Check the Params' defaults against their schemas once per process (once per DAG file parse).
+
+    Airflow checks a scheduled DAG's Params when the DAG is built with them,
+    and every task built inside it deep-copies them and then serializes them,
+    re-validating each JSON schema each time (about 1 ms per Param per check,
+    80 checks per DAG): it was most of a DAG's parse cost. So :func:`build_dag`
+    adds them to the DAG after its tasks, and the check Airflow would make
+    runs here, once.
+    """
+    ParamsDict(run_params()).validate()
+
+
 def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = None) -> DAG:
     source = table.source
     operator, spark = phase_operator(config)
@@ -164,7 +214,7 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
 
     barrier_mode = sensor_mode()
 
-    def context() -> steps.Context:
+    def context() -> Context:
         return CdcHook(load_config()).context(source)
 
     with DAG(
@@ -176,32 +226,6 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
         max_active_runs=MAX_ACTIVE_RUNS,
         tags=["cdc", source],
         doc_md=DOC.format(source=source, sink=table.sink),
-        params={
-            # Ids as text: the form and its JSON editor round numbers above 2**53 (snapshot_ids).
-            "snapshot_id": snapshot_id_param(
-                "snapshot_id",
-                "Reprocess this snapshot of the current history (replacing its rows in the sink): type "
-                "the id's digits as Iceberg shows them. Leave empty to process the next pending snapshot.",
-            ),
-            "trigger_next": Param(
-                "auto",
-                type=["string", "boolean", "null"],
-                enum=["auto", "yes", "no", True, False, None],
-                values_display={
-                    "auto": "auto: yes, except after a reprocess of one snapshot",
-                    "yes": "yes: start the next run at once",
-                    "no": "no: stop after this run",
-                },
-                title="trigger_next",
-                description="Start the next run at once when more snapshots are pending (or, in a range "
-                "reprocess, the next snapshot of the range).",
-            ),
-            "through_snapshot_id": snapshot_id_param(
-                "through_snapshot_id",
-                "With snapshot_id: reprocess every snapshot from snapshot_id through this one, one run per "
-                "snapshot, in order. Type the id's digits as Iceberg shows them; leave empty for one snapshot.",
-            ),
-        },
         # Transient failures (an S3 blip, a killed worker) are retried where they happen: every
         # step is idempotent within the run's lease epoch. Errors a retry cannot fix fail at once.
         # A task that fails for good records its error line (XCom cdc_error) for the run's note,
@@ -237,6 +261,9 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
 
         @task(task_id="coalesce")
         def coalesce(detected: dict[str, Any]) -> list[list[str]]:
+            from iceberg_cdc.run import steps
+            from iceberg_cdc.run.lease import kept_alive
+
             ctx = context()
             with final_errors(), kept_alive(ctx, detected):
                 return steps.coalesce(ctx, detected)
@@ -256,6 +283,10 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
         def commit(ti=None, outlet_events=None) -> dict[str, Any]:
             # Pulled, not passed: an argument would make commit a direct downstream of the
             # setup task, which Airflow allows only with trigger rule ALL_SUCCESS.
+            from iceberg_cdc.run import steps
+            from iceberg_cdc.run.lease import kept_alive
+            from iceberg_cdc.run.story import story
+
             detected = ti.xcom_pull(task_ids="detect")
             ctx = context()
             with final_errors(), kept_alive(ctx, detected):
@@ -273,6 +304,9 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
         # Assets page, active) although commit emits its events only through the alias.
         @task(task_id="watermark", inlets=[asset])
         def watermark(detected: dict[str, Any], committed: dict[str, Any]) -> dict[str, Any]:
+            from iceberg_cdc.run import steps
+            from iceberg_cdc.run.story import chained_note, chained_run_id
+
             mark = steps.watermark(context(), detected)
             emit_safely(emit_lag, source, int(mark.get("remaining") or 0))
             # When the chained run is started, not this run's logical date (a backfill's or a past tick's).
@@ -307,6 +341,8 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
 
         @task(task_id="cleanup")
         def cleanup(detected: dict[str, Any], run_id: str | None = None) -> dict[str, Any]:
+            from iceberg_cdc.run import steps
+
             return steps.cleanup(context(), detected, run_id or "manual")
 
         committed = commit()
@@ -319,6 +355,10 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
         # then sees it and leaves the next snapshot to it (one chain per table, docs/operating.md).
         mark >> teardown
         trigger_next >> teardown
+    # After the tasks, so that no task carries (and serializes) a copy: tasks see them through the DAG
+    # (a task's params are the DAG's, then its own, then the run's conf). See validated_run_params.
+    validated_run_params()
+    dag.params.update(run_params())
     return dag
 
 
@@ -332,7 +372,12 @@ class ChainRunOperator(TriggerDagRunOperator):
     template_fields = (*TriggerDagRunOperator.template_fields, "note")
 
 
-def build_dags(config: CdcConfig | None = None, config_path: str | None = None) -> dict[str, DAG]:
-    """One DAG per table; ``config_path`` (default: ``CDC_CONFIG``) is what the event triggers read."""
+def build_dags(
+    config: CdcConfig | None = None,
+    config_path: str | None = None,
+    tables: list[TableConfig] | None = None,
+) -> dict[str, DAG]:
+    """One DAG per table (of ``tables``, default all); ``config_path`` (default: ``CDC_CONFIG``) is what the
+    event triggers read."""
     config = config or load_config(config_path)
-    return {table.dag_id: build_dag(config, table, config_path) for table in config.tables}
+    return {table.dag_id: build_dag(config, table, config_path) for table in tables or config.tables}

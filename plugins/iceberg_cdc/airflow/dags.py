@@ -10,21 +10,57 @@ One DAG per table (``cdc__<ns>__<table>``) and one per mirror of a table
 (``cdc_mirror__<ns>__<table>__<mirror name>``, scheduled on the table's
 changelog asset), and ``cdc_freshness`` when a table has a ``freshness_slo``,
 from the config named by ``CDC_CONFIG`` unless given.
+
+**Hundreds of tables: several DAG files.** Airflow parses one DAG file in
+one process, within ``[core] dagbag_import_timeout`` (30 s by default), and
+a table's DAGs cost about 20 ms of CPU to build and serialize. Past a few hundred
+tables, split them over ``parts`` files, each the same two lines with its own
+``part``::
+
+    globals().update(dags_from_config(part=0, parts=4))   # cdc_dags_0.py
+    ...
+    globals().update(dags_from_config(part=3, parts=4))   # cdc_dags_3.py
+
+Each table goes to the part its DAG id hashes to (stable: adding a table
+moves no other), with its mirrors' DAGs; ``cdc_freshness`` is in part 0. The
+DAG processor's parsing processes (``[dag_processor] parsing_processes``)
+then parse the parts side by side. DAG ids stay the same.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from airflow.sdk import DAG
 
 from iceberg_cdc.airflow.dag_factory import build_dags
 from iceberg_cdc.airflow.freshness_dag import build_freshness_dag
 from iceberg_cdc.airflow.mirror_dag import build_mirror_dags
-from iceberg_cdc.config import CdcConfig, load_config
+from iceberg_cdc.config import CdcConfig, ConfigError, TableConfig, load_config
 
 
-def dags_from_config(config_path: str | None = None) -> dict[str, DAG]:
-    """The tables' and the mirrors' DAGs by DAG id, from ``config_path`` (default: ``CDC_CONFIG``)."""
+def part_of(dag_id: str, parts: int) -> int:
+    """The DAG file (of ``parts``) a table's DAGs are built in: a hash of its DAG id, stable across configs."""
+    return int.from_bytes(hashlib.sha256(dag_id.encode()).digest()[:8], "big") % parts
+
+
+def dags_from_config(config_path: str | None = None, *, part: int = 0, parts: int = 1) -> dict[str, DAG]:
+    """The tables' and the mirrors' DAGs by DAG id, from ``config_path`` (default: ``CDC_CONFIG``).
+
+    ``part`` of ``parts``: only the tables whose DAG id hashes to ``part``
+    (:func:`part_of`), for a config split over several DAG files.
+    """
+    if not (isinstance(parts, int) and isinstance(part, int) and parts >= 1 and 0 <= part < parts):
+        raise ConfigError(
+            f"dags_from_config(part={part!r}, parts={parts!r}): part must be 0 to parts - 1, one DAG file "
+            "per part (e.g. part=0 ... part=3 with parts=4)"
+        )
     config: CdcConfig = load_config(config_path)
-    freshness = build_freshness_dag(config)
-    extra = {freshness.dag_id: freshness} if freshness is not None else {}
-    return {**build_dags(config, config_path), **build_mirror_dags(config), **extra}
+    tables: list[TableConfig] = [t for t in config.tables if part_of(t.dag_id, parts) == part]
+    extra: dict[str, DAG] = {}
+    if part == 0:
+        freshness = build_freshness_dag(config)
+        extra = {freshness.dag_id: freshness} if freshness is not None else {}
+    if not tables:
+        return extra
+    return {**build_dags(config, config_path, tables), **build_mirror_dags(config, tables), **extra}

@@ -27,9 +27,8 @@ from typing import Any
 from airflow.sdk import Asset, AssetWatcher
 
 from iceberg_cdc.airflow.compat import AssetOrTimeSchedule, CronTriggerTimetable
-from iceberg_cdc.airflow.triggers.catalog_snapshots import CatalogSnapshotTrigger
-from iceberg_cdc.config import CONFIG_ENV, CdcConfig, TableConfig
-from iceberg_cdc.source.catalog_poll import catalog_key
+from iceberg_cdc.airflow.triggers.catalog_snapshots import CatalogSnapshotTrigger, digest_of, watched_tables
+from iceberg_cdc.config import CONFIG_ENV, CdcConfig, TableConfig, catalog_key
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -61,9 +60,22 @@ def watcher_trigger(config: CdcConfig, table: TableConfig, config_path: str) -> 
         config_path=config_path,
         table=table.source,
         catalog_key=catalog_key(config.catalog),
-        watched=sorted({t.source for t in config.tables}),
+        watched_digest=_watched_digest(config),
         poll_interval=events.poll_interval,
     )
+
+
+_DIGESTS: list[tuple[Any, str]] = []  # (a config's table list, its digest): one config per DAG file parse
+
+
+def _watched_digest(config: CdcConfig) -> str:
+    """The watched tables' digest, computed once per config rather than once per table (N^2 at parse)."""
+    for tables, digest in _DIGESTS:
+        if tables is config.tables:
+            return digest
+    digest = digest_of(watched_tables(config))
+    _DIGESTS[:] = [(config.tables, digest)]
+    return digest
 
 
 def source_asset(config: CdcConfig, table: TableConfig, config_path: str | None) -> Asset:

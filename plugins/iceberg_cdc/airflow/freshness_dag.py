@@ -28,16 +28,18 @@ import importlib
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import DAG, task
 
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.config import CdcConfig, MirrorConfig, TableConfig, load_config
 from iceberg_cdc.errors import ConfigError
-from iceberg_cdc.run.context import Context
-from iceberg_cdc.run.freshness import Transition, check
 from iceberg_cdc.run.metrics import StatsBackend, emit_freshness
+
+if TYPE_CHECKING:  # the check's modules (pyiceberg) are imported where it runs, not at DAG file parse
+    from iceberg_cdc.run.context import Context
+    from iceberg_cdc.run.freshness import Transition
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -69,6 +71,8 @@ def run_check(
     mirror: MirrorConfig | None = None,
 ) -> tuple[dict[str, Any], Transition | None]:
     """One check (the changelog's, or ``mirror``'s): measure, send the gauges, call the callback on a transition."""
+    from iceberg_cdc.run.freshness import check
+
     measured, transition = check(ctx, mirror=mirror)
     result = measured.to_dict()
     if stats is not None:

@@ -24,24 +24,25 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import DAG, TriggerRule, task
 
 from iceberg_cdc.airflow.dag_factory import sink_asset
-from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (conn_id -> DSN)
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
-from iceberg_cdc.airflow.lease_wait import take_waiting
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.detect import lease_wait_seconds, sensor_mode
 from iceberg_cdc.airflow.operators.lineage import lineage_task
 from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
 from iceberg_cdc.airflow.policy import airflow_holder_state, final_errors, record_error, task_retries
 from iceberg_cdc.config import CdcConfig, MirrorConfig, TableConfig, load_config
-from iceberg_cdc.mirror import steps
-from iceberg_cdc.mirror.verify.step import verify_step
-from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.metrics import emit_verification
+
+if TYPE_CHECKING:
+    from iceberg_cdc.run.context import Context
+
+# The mirror's own modules (its steps, targets, verification: pyarrow, pyiceberg, psycopg) are imported
+# in the task functions: the DAG processor imports this module at every parse of the DAG files.
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -73,6 +74,8 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
     operator, spark = phase_operator(config)
 
     def context() -> tuple[Context, MirrorConfig]:
+        from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (conn_id -> DSN, for the tasks)
+
         ctx = CdcHook(load_config()).context(source)
         return ctx, ctx.table.mirror(name)
 
@@ -107,6 +110,9 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
 
         @task(task_id="detect")
         def detect(run_id: str | None = None, ti=None) -> dict[str, Any]:
+            from iceberg_cdc.airflow.lease_wait import take_waiting
+            from iceberg_cdc.mirror import steps
+
             try_started = time.time()
             ctx, mine = context()
 
@@ -136,6 +142,8 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
 
         @task(task_id="plan_apply")
         def plan_apply(detected: dict[str, Any]) -> dict[str, Any]:
+            from iceberg_cdc.mirror import steps
+
             ctx, mine = context()
             with final_errors():
                 return steps.plan_apply(ctx, mine, detected)
@@ -154,6 +162,8 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
 
         @lineage_task(task_id="apply", trigger_rule=TriggerRule.NONE_FAILED, lineage="mirror")
         def apply(ti=None) -> dict[str, Any]:
+            from iceberg_cdc.mirror import steps
+
             ctx, mine = context()
             detected = ti.xcom_pull(task_ids="detect")
             planned = ti.xcom_pull(task_ids="plan_apply")
@@ -162,12 +172,16 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
 
         @task(task_id="cleanup")
         def cleanup(detected: dict[str, Any], run_id: str | None = None, ti=None) -> dict[str, Any]:
+            from iceberg_cdc.mirror import steps
+
             ctx, mine = context()
             planned = ti.xcom_pull(task_ids="plan_apply") if ti is not None else None
             return steps.cleanup(ctx, mine, detected, run_id or "manual", planned)
 
         @lineage_task(task_id="verify", lineage="verify")
         def verify(ti=None) -> dict[str, Any]:
+            from iceberg_cdc.mirror.verify.step import verify_step
+
             ctx, mine = context()
             with final_errors():
                 return verify_step(
@@ -185,11 +199,13 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
     return dag
 
 
-def build_mirror_dags(config: CdcConfig | None = None) -> dict[str, DAG]:
-    """Every configured mirror's DAG, by DAG id."""
+def build_mirror_dags(
+    config: CdcConfig | None = None, tables: list[TableConfig] | None = None
+) -> dict[str, DAG]:
+    """Every configured mirror's DAG (of ``tables``' mirrors, default all), by DAG id."""
     config = config or load_config()
     return {
         table.mirror_dag_id(mirror): build_mirror_dag(config, table, mirror)
-        for table in config.tables
+        for table in tables or config.tables
         for mirror in table.mirrors
     }

@@ -11,13 +11,14 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from iceberg_cdc.airflow.compat import AirflowFailException
-from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
 from iceberg_cdc.error_lines import line_of
 from iceberg_cdc.errors import CdcError, is_final
-from iceberg_cdc.run.story import CHAIN_PREFIX
+
+if TYPE_CHECKING:  # the lease's modules (the object stores) are imported where a task runs, not at parse
+    from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -93,6 +94,8 @@ def airflow_live_chain(ti: Any, dag_id: str, own_run_id: str) -> Callable[[], st
         return None
 
     def live() -> str | None:
+        from iceberg_cdc.run.story import CHAIN_PREFIX
+
         found = ti.get_task_states(dag_id=dag_id, task_ids=["detect"])
         for run_id, tasks in sorted((found or {}).items()):
             if run_id == own_run_id or not run_id.startswith(CHAIN_PREFIX):

@@ -27,6 +27,7 @@ from iceberg_cdc.config.sections import (
     EventsConfig,
     ShuffleConfig,
     SparkConfig,
+    catalog_key,
     connect_url_problem,
 )
 from iceberg_cdc.config.tables import MirrorConfig, TableConfig, dag_id_for, mirror_dag_id_for
@@ -44,6 +45,7 @@ __all__ = [
     "ShuffleConfig",
     "SparkConfig",
     "TableConfig",
+    "catalog_key",
     "connect_url_problem",
     "dag_id_for",
     "is_secret_key",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -22,6 +23,17 @@ class CatalogConfig(_Redacting):
     @property
     def properties(self) -> dict[str, str]:
         return {k: str(v) for k, v in (self.model_extra or {}).items()}
+
+
+def catalog_key(catalog: CatalogConfig) -> str:
+    """A stable, secret-free name for one catalog: what tables polled together share (the event triggers).
+
+    A digest of the catalog's name, type and URI (a URI may hold a password,
+    so it is never used as such).
+    """
+    properties = catalog.properties
+    text = "\x00".join([catalog.name, properties.get("type", ""), properties.get("uri", "")])
+    return f"{catalog.name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 class ShuffleConfig(_Redacting):

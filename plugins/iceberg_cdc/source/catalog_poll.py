@@ -24,7 +24,6 @@ in Airflow's triggerer, one poll shared by all tables of a catalog.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table.refs import MAIN_BRANCH
 
-from iceberg_cdc.config import CatalogConfig
+from iceberg_cdc.config import CatalogConfig, catalog_key  # noqa: F401  (catalog_key: its callers' import)
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -44,17 +43,6 @@ log = logging.getLogger("iceberg_cdc")
 _SQL_LOCATIONS = (
     "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables WHERE catalog_name = :catalog"
 )
-
-
-def catalog_key(catalog: CatalogConfig) -> str:
-    """A stable, secret-free name for one catalog: what tables polled together share.
-
-    A digest of the catalog's name, type and URI (a URI may hold a password,
-    so it is never used as such).
-    """
-    properties = catalog.properties
-    text = "\x00".join([catalog.name, properties.get("type", ""), properties.get("uri", "")])
-    return f"{catalog.name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 @dataclass

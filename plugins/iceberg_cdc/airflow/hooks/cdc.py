@@ -18,14 +18,16 @@ hides them) and the catalog, never into logs, XCom or command lines.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
 from iceberg_cdc.config import CdcConfig, load_config
 from iceberg_cdc.errors import ConfigError
-from iceberg_cdc.pipeline.runtime import Runtime, load_catalog_from_config, runtime_from_config
-from iceberg_cdc.run.context import Context
+
+if TYPE_CHECKING:  # the runtime's modules (pyiceberg, pyarrow) are imported where a task runs, not at parse
+    from iceberg_cdc.pipeline.runtime import Runtime
+    from iceberg_cdc.run.context import Context
 
 _AWS_CONNECTION_KEYS = {
     "login": "s3.access-key-id",
@@ -63,13 +65,19 @@ class CdcHook(BaseHook):
         return {k: str(v) for k, v in properties.items() if v}
 
     def runtime(self) -> Runtime:
+        from iceberg_cdc.pipeline.runtime import runtime_from_config
+
         return runtime_from_config(self.config, self.s3_properties)
 
     def catalog(self) -> Any:
+        from iceberg_cdc.pipeline.runtime import load_catalog_from_config
+
         return load_catalog_from_config(self.config, self.s3_properties)
 
     def context(self, source: str) -> Context:
         """What a step of ``source``'s DAG run works with (:class:`~iceberg_cdc.run.context.Context`)."""
+        from iceberg_cdc.run.context import Context
+
         return Context.of(self.config, source, self.s3_properties)
 
     def spark_connect_url(self, conn_id: str | None = None) -> str:

@@ -20,16 +20,15 @@ from airflow.sdk import BaseOperator
 from iceberg_cdc import snapshot_ids
 from iceberg_cdc.airflow.compat import AirflowFailException
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
-from iceberg_cdc.airflow.lease_wait import take_waiting
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.lineage import LineageReporting, changelog_datasets
 from iceberg_cdc.airflow.policy import airflow_holder_state, airflow_live_chain, final_errors
 from iceberg_cdc.config import TableConfig
-from iceberg_cdc.run import steps
 from iceberg_cdc.run.kinds import backfill_refusal, is_backfill
-from iceberg_cdc.run.lease import lease_ttl_seconds
 from iceberg_cdc.run.metrics import emit_retention
-from iceberg_cdc.run.story import chained_snapshot, story
+
+# The run's own modules (steps, the lease, the story: pyiceberg, pyarrow, the object stores) are
+# imported where a task runs: every DAG file parse imports this module, and they are not needed there.
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -45,6 +44,8 @@ def sensor_mode() -> str:
 
 def lease_wait_seconds(table: TableConfig | None = None) -> float:
     """How long detect waits for another run of the table: two TTLs, so a dead holder is overtaken."""
+    from iceberg_cdc.run.lease import lease_ttl_seconds
+
     raw = os.environ.get(LEASE_WAIT_ENV)
     return float(raw) if raw else 2 * lease_ttl_seconds(table)
 
@@ -64,6 +65,10 @@ class DetectOperator(LineageReporting, BaseOperator):
         self.source = source
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from iceberg_cdc.airflow.lease_wait import take_waiting
+        from iceberg_cdc.run import steps
+        from iceberg_cdc.run.story import chained_snapshot, story
+
         params = context.get("params") or {}
         ti, dag_run = context.get("ti"), context.get("dag_run")
         backfill = is_backfill(getattr(dag_run, "run_type", None))

@@ -25,15 +25,21 @@ from iceberg_cdc.airflow.policy import final_errors
 from iceberg_cdc.config import CdcConfig, load_config
 from iceberg_cdc.error_lines import is_final_line
 from iceberg_cdc.errors import CdcError
-from iceberg_cdc.mirror.iceberg import phase as mirror_phase
-from iceberg_cdc.pipeline.pyfiles import package_zip
 from iceberg_cdc.pipeline.submit_conf import submit_conf
-
-# Every phase a mapped Spark task may run is known in this process: the Iceberg mirror's too.
-mirror_phase.register()
 
 _REPO_APPLICATION = Path(__file__).resolve().parents[4] / "spark_jobs" / "cdc_phase.py"
 _PACKAGE_APPLICATION = Path(__file__).resolve().parents[1] / "spark_entry.py"
+
+
+def _phases_known() -> None:
+    """Make every phase a mapped Spark task may run known in this process: the Iceberg mirror's too.
+
+    Called where a task runs, never at import: the DAG files import this module,
+    and the mirror's phase pulls in the task-only modules (pyiceberg, pyarrow).
+    """
+    from iceberg_cdc.mirror.iceberg import phase as mirror_phase
+
+    mirror_phase.register()
 
 
 def spark_application() -> str:
@@ -83,6 +89,7 @@ class SparkConnectPhaseOperator(BaseOperator):
         from iceberg_cdc.pipeline import connect_app
         from iceberg_cdc.pipeline.spark_app import parse_args
 
+        _phases_known()
         args = parse_args([str(a) for a in self.application_args])
         with final_errors():
             hook = CdcHook()
@@ -124,6 +131,9 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
     """
 
     def execute(self, context: Any) -> None:
+        from iceberg_cdc.pipeline.pyfiles import package_zip
+
+        _phases_known()
         self.py_files = self.py_files or package_zip()
         try:
             with _renewing(self.application_args or []):

@@ -9,16 +9,16 @@ still missing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator
 
 from iceberg_cdc.airflow.compat import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.errors import LeaseLostError
-from iceberg_cdc.run.lease import confirm
-from iceberg_cdc.run.shuffle_steps import missing_map_outputs
-from iceberg_cdc.run.state import Detected
+
+if TYPE_CHECKING:  # the run's modules are imported where the sensor pokes, not when the DAG file parses
+    from iceberg_cdc.run.state import Detected
 
 _NAMED = 20
 
@@ -32,6 +32,8 @@ class MapOutputBarrierSensor(BaseSensorOperator):
         self.detect_task_id = detect_task_id
 
     def _detected(self, context) -> Detected:
+        from iceberg_cdc.run.state import Detected
+
         value = context["ti"].xcom_pull(task_ids=self.detect_task_id)
         detected = Detected.of(value) if value else None
         if detected is None or detected.action != "shuffle":
@@ -39,6 +41,9 @@ class MapOutputBarrierSensor(BaseSensorOperator):
         return detected
 
     def poke(self, context) -> bool:
+        from iceberg_cdc.run.lease import confirm
+        from iceberg_cdc.run.shuffle_steps import missing_map_outputs
+
         detected = self._detected(context)
         ctx = CdcHook().context(self.source)
         try:
@@ -61,6 +66,8 @@ class MapOutputBarrierSensor(BaseSensorOperator):
         try:
             return super().execute(context)
         except AirflowSensorTimeout:
+            from iceberg_cdc.run.shuffle_steps import missing_map_outputs
+
             # In reschedule mode every poke is a new process: list once more rather than trust
             # what this process remembers.
             missing, _ = missing_map_outputs(CdcHook().context(self.source), self._detected(context))

@@ -33,7 +33,10 @@ pipeline's config file (``config_path``, as the DAG files do), in the triggerer.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import os
+import threading
 import time
 from collections.abc import AsyncIterator, Hashable
 from typing import Any
@@ -53,9 +56,15 @@ class CatalogSnapshotTrigger(BaseEventTrigger):
 
     :param config_path: the pipeline's YAML config (its ``catalog:`` is what is polled)
     :param table: the source table this trigger reports on (``namespace.table``)
-    :param catalog_key: :func:`~iceberg_cdc.source.catalog_poll.catalog_key` of the config's catalog
-    :param watched: every source table of the catalog the config watches (one poll serves them all)
+    :param catalog_key: :func:`~iceberg_cdc.config.catalog_key` of the config's catalog
+    :param watched_digest: :func:`watched_digest` of every source table the config watches (one poll
+        serves them all; the poll reads the list itself from ``config_path``)
     :param poll_interval: seconds between polls
+    :param watched: the list itself, as triggers stored before ``watched_digest`` carry it
+
+    The list of tables is not in the kwargs: they are part of every DAG's
+    schedule (one trigger per table), so a list of N tables made each DAG's
+    parse, hash and stored form grow with N -- N^2 for the whole config.
     """
 
     def __init__(
@@ -64,43 +73,51 @@ class CatalogSnapshotTrigger(BaseEventTrigger):
         config_path: str,
         table: str,
         catalog_key: str,
-        watched: list[str],
+        watched_digest: str | None = None,
         poll_interval: float = 10.0,
+        watched: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.config_path = config_path
         self.table = table
         self.catalog_key = catalog_key
-        self.watched = sorted(watched)
+        self.watched = sorted(watched) if watched is not None else None
+        self.watched_digest = watched_digest or (digest_of(self.watched) if self.watched is not None else "")
         self.poll_interval = float(poll_interval)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "config_path": self.config_path,
-                "table": self.table,
-                "catalog_key": self.catalog_key,
-                "watched": self.watched,
-                "poll_interval": self.poll_interval,
-            },
-        )
+        kwargs: dict[str, Any] = {
+            "config_path": self.config_path,
+            "table": self.table,
+            "catalog_key": self.catalog_key,
+            "watched_digest": self.watched_digest,
+            "poll_interval": self.poll_interval,
+        }
+        if self.watched is not None:
+            kwargs["watched"] = self.watched
+        return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
 
     def shared_stream_key(self) -> Hashable | None:
-        """Equal for every table of one catalog in one config: the triggerer polls them once."""
+        """Equal for every table of one catalog in one config: the triggerer polls them once.
+
+        The digest of the watched tables is part of it: a config that gains
+        or loses a table starts a new poll, of the new list.
+        """
         return (
             "iceberg_cdc.catalog_snapshots",
             self.catalog_key,
             self.config_path,
-            tuple(self.watched),
+            self.watched_digest,
             self.poll_interval,
         )
 
     @classmethod
     async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
         """Poll the catalog forever: one raw event per poll, ``{"locations": {table: location}}``."""
-        poller = await asyncio.to_thread(_poller, kwargs["config_path"], list(kwargs["watched"]))
+        poller = await asyncio.to_thread(
+            _poller, kwargs["config_path"], kwargs.get("watched"), kwargs.get("watched_digest")
+        )
         interval = float(kwargs["poll_interval"])
         polls, started = 0, time.monotonic()
         while True:
@@ -204,20 +221,54 @@ class CatalogSnapshotTrigger(BaseEventTrigger):
             return None
 
 
-def _poller(config_path: str, watched: list[str]):
+def watched_tables(config: Any) -> list[str]:
+    """Every source table a config watches, sorted: what one shared poll fetches."""
+    return sorted({t.source for t in config.tables})
+
+
+def digest_of(tables: list[str]) -> str:
+    """A short digest of a sorted table list: equal lists share a poll, a changed list starts another."""
+    return hashlib.sha256("\x00".join(tables).encode()).hexdigest()[:16]
+
+
+def _poller(config_path: str, watched: list[str] | None, digest: str | None):
     from iceberg_cdc.config import load_config
     from iceberg_cdc.pipeline.runtime import load_catalog_from_config
     from iceberg_cdc.source.catalog_poll import CatalogPoller
 
-    return CatalogPoller(load_catalog_from_config(load_config(config_path)), watched)
+    config = load_config(config_path)
+    if watched is None:
+        watched = watched_tables(config)
+        if digest and digest_of(watched) != digest:
+            log.warning(
+                "%s changed since its DAGs were parsed: polling the %d tables it lists now; the DAG "
+                "processor's next parse starts triggers for the new list",
+                config_path,
+                len(watched),
+            )
+    return CatalogPoller(load_catalog_from_config(config), list(watched))
+
+
+_FILE_IOS: dict[tuple[str, float], Any] = {}
+_FILE_IOS_LOCK = threading.Lock()
 
 
 def _file_io_for(config_path: str):
+    """The config's file IO, loaded once per config file version for every trigger of this triggerer.
+
+    Each trigger asks for it at its first event; loading a config of N tables
+    once per trigger was N^2 work in the triggerer (1,000 tables: minutes of
+    CPU before the first event of any table got through).
+    """
     from iceberg_cdc.config import load_config
     from iceberg_cdc.pipeline.runtime import runtime_from_config
 
-    runtime = runtime_from_config(load_config(config_path))
-    return runtime.file_io
+    key = (config_path, os.stat(config_path).st_mtime)
+    with _FILE_IOS_LOCK:
+        if key not in _FILE_IOS:
+            _FILE_IOS.clear()
+            _FILE_IOS[key] = runtime_from_config(load_config(config_path)).file_io
+        return _FILE_IOS[key]
 
 
 def _main_snapshot_id(file_io_for, location: str) -> int | None:
