@@ -73,7 +73,12 @@ def run_check(
     """One check (the changelog's, or ``mirror``'s): measure, send the gauges, call the callback on a transition."""
     from iceberg_cdc.run.freshness import check
 
-    measured, transition = check(ctx, mirror=mirror)
+    if mirror is None:
+        measured, transition = check(ctx)
+    else:
+        from iceberg_cdc.mirror.freshness import measure_mirror
+
+        measured, transition = check(ctx, measured=measure_mirror(ctx, mirror))
     result = measured.to_dict()
     if stats is not None:
         emit_freshness(stats, ctx.table.source, result)

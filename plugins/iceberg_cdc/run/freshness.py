@@ -27,10 +27,9 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from iceberg_cdc.config import MirrorConfig
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.sink.table import read_watermark
-from iceberg_cdc.source.history import next_snapshot, pending_count, table_uuid
+from iceberg_cdc.source.history import next_snapshot, pending_count
 from iceberg_cdc.source.tables import load_source_table
 from iceberg_cdc.units import format_duration
 from iceberg_cdc.watermark import Watermark
@@ -87,23 +86,16 @@ def measure(ctx: Context, now: datetime | None = None) -> Freshness:
     watermark = None
     if catalog.table_exists(ctx.table.sink):
         watermark = read_watermark(catalog.load_table(ctx.table.sink), ctx.table.source)
-    return _freshness(ctx, source, watermark, now or datetime.now(UTC))
+    return freshness_after(ctx, source, watermark, now or datetime.now(UTC))
 
 
-def measure_mirror(ctx: Context, mirror: MirrorConfig, now: datetime | None = None) -> Freshness:
-    """One mirror's freshness now, from the mark its target stores (never applied: everything pending)."""
-    from iceberg_cdc.mirror.targets import read_mirror_mark
-
-    source = load_source_table(ctx.catalog(), ctx.table)
-    mark = read_mirror_mark(ctx, mirror)
-    watermark = None if mark is None else Watermark(table_uuid(source), mark.source_snapshot_id, mark.ordinal)
-    return _freshness(ctx, source, watermark, now or datetime.now(UTC), mirror=mirror.mirror_name)
-
-
-def _freshness(
+def freshness_after(
     ctx: Context, source: Any, watermark: Watermark | None, now: datetime, mirror: str | None = None
 ) -> Freshness:
-    """The age of the oldest source snapshot after ``watermark`` (the sink's own next-snapshot rule)."""
+    """The age of the oldest source snapshot after ``watermark`` (the sink's own next-snapshot rule).
+
+    The changelog's watermark here; a mirror's mark in :mod:`iceberg_cdc.mirror.freshness`.
+    """
     pending = next_snapshot(source, watermark, ctx.table.start)
     lag, committed_at = 0.0, None
     if pending is not None:
@@ -129,15 +121,15 @@ def state_key(source: str, mirror: str | None = None) -> str:
 
 
 def check(
-    ctx: Context, now: datetime | None = None, mirror: MirrorConfig | None = None
+    ctx: Context, now: datetime | None = None, measured: Freshness | None = None
 ) -> tuple[Freshness, Transition | None]:
-    """Measure (the changelog, or ``mirror``), and move the stored alert state when the breach began or ended.
+    """Measure (the changelog, unless ``measured`` is given: a mirror's), and move the alert state on a transition.
 
     Returns the transition, if this check made it. Two checkers racing on one
     transition: the conditional write lets one win; the other sees no
     transition (it never fires twice).
     """
-    measured = measure(ctx, now) if mirror is None else measure_mirror(ctx, mirror, now)
+    measured = measured or measure(ctx, now)
     store = ctx.runtime.store()
     key = state_key(ctx.table.source, measured.mirror)
     found = store.get_with_version(key)
@@ -171,7 +163,7 @@ __all__ = [
     "breaches",
     "check",
     "measure",
-    "measure_mirror",
+    "freshness_after",
     "state_key",
     "stored_state",
 ]
