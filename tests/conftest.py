@@ -97,7 +97,7 @@ def local_store(tmp_path) -> LocalObjectStore:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the slow end-to-end modules first.
 
-    With ``make test``'s two xdist workers (``--dist loadfile``, collection
+    With ``make test``'s xdist workers (``--dist loadfile``, collection
     order kept), the Airflow/Spark modules then start at once on different
     workers, while the in-process tests fill the time beside them.
     """
