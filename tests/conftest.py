@@ -94,11 +94,36 @@ def local_store(tmp_path) -> LocalObjectStore:
     return LocalObjectStore(tmp_path / "store")
 
 
+# The longest end-to-end modules, longest first (minutes measured in one make test run): with
+# --dist loadfile a worker takes a whole module, so the longest must start first or it ends the run
+# alone (it did: test_pipeline_e2e started 14 minutes in and ran 14 more).
+SLOWEST_FIRST = (
+    "integration/test_pipeline_e2e.py",  # 14.5
+    "integration/test_operator_surface.py",  # 9.5
+    "integration/test_mirror_airflow.py",  # 9.2
+    "integration/test_backfill_scheduler.py",  # 7.0
+    "integration/test_iceberg_mirror_airflow.py",  # 6.7
+    "integration/test_distribution.py",  # 5.0
+    "integration/test_event_runs.py",  # 4.3
+    "integration/test_chained_run_ids.py",  # 3.9
+    "integration/test_spark_cluster_e2e.py",  # 3.4
+    "integration/test_iceberg_java.py",  # 3.0
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the slow end-to-end modules first.
+    """Run the slow end-to-end modules first, the longest of them first.
 
     With ``make test``'s xdist workers (``--dist loadfile``, collection
     order kept), the Airflow/Spark modules then start at once on different
     workers, while the in-process tests fill the time beside them.
     """
-    items.sort(key=lambda item: 0 if item.get_closest_marker("e2e") else 1)
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        module = f"{item.path.parent.name}/{item.path.name}"
+        if module in rank:  # the Java judge's and the wheel's modules too (not e2e-marked)
+            return (0, rank[module])
+        return (0, len(SLOWEST_FIRST)) if item.get_closest_marker("e2e") else (1, 0)
+
+    items.sort(key=key)  # stable: a module's tests keep their order

@@ -26,6 +26,7 @@ from cdc_devtools.local_s3 import free_port
 from cdc_devtools.replay import multiset
 from cdc_devtools.spark_cluster import SPARK_HOME
 from iceberg_cdc.airflow.operators.spark import spark_application
+from iceberg_cdc.mirror.iceberg import phase as mirror_phase
 from iceberg_cdc.pipeline import connect_app
 from iceberg_cdc.pipeline.pyfiles import package_zip
 from iceberg_cdc.pipeline.submit_conf import submit_conf
@@ -111,6 +112,9 @@ def connect_server(tmp_path_factory):
 def test_mirror_join_on_spark_connect(tmp_path, s3_client, s3_properties, connect_server):
     pipeline = _pipeline(tmp_path, s3_client, s3_properties)
     history, harness = _history(pipeline, 2, "copy-on-write")
+
+    # The process driving a group knows the mirror's phase as the Connect operator makes it known.
+    mirror_phase.register()
 
     def on_connect(planned: dict) -> None:
         for group, label in enumerate(planned["labels"]):
