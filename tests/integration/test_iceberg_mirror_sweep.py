@@ -28,6 +28,7 @@ from iceberg_cdc.mirror.iceberg import cleanup as cleanup_module
 from iceberg_cdc.mirror.iceberg import steps as iceberg_steps
 from iceberg_cdc.mirror.iceberg.plan import ApplyPaths, ApplyPlan
 from iceberg_cdc.mirror.staging import MirrorPaths as StagingPaths
+from iceberg_cdc.mirror.targets import read_last_apply, read_mirror_mark
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.storage import open_store
 from tests.property.test_iceberg_mirror_changelog import IcebergMirrorPipeline, assert_iceberg_mirror_exact
@@ -170,3 +171,15 @@ def test_a_zombie_commit_racing_the_mirror_teardown_is_refused(mirrored, monkeyp
         assert Path(path.removeprefix("file://")).exists(), f"the mirror references a deleted file: {path}"
     assert run_mirror(pipeline.config, SOURCE, "ice").action == "apply"
     assert_iceberg_mirror_exact(pipeline, history.table)
+
+
+def test_the_target_reports_its_watermark_and_last_apply(mirrored):
+    """What the CDC view and the freshness checks read: the mark and the last apply, from the mirror table alone."""
+    pipeline, _ = mirrored
+    ctx = Context.of(pipeline.config, SOURCE)
+    mirror = ctx.table.mirror("ice")
+    assert run_mirror(pipeline.config, SOURCE, "ice").action == "apply"
+    mark = read_mirror_mark(ctx, mirror)
+    assert mark is not None and mark.source_snapshot_id == pipeline.source.current_snapshot().snapshot_id
+    last = read_last_apply(ctx, mirror)
+    assert last is not None and last.rows["upserted"] > 0 and last.seconds is not None and last.seconds > 0

@@ -32,7 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
 from pyiceberg.types import NestedField
 
@@ -59,6 +59,7 @@ from iceberg_cdc.mirror.iceberg.plan import (
     spread_groups,
 )
 from iceberg_cdc.mirror.iceberg.pruning import prune
+from iceberg_cdc.mirror.iceberg.reads import last_apply, watermark
 from iceberg_cdc.mirror.iceberg.schema import mapping_json, planned_schema
 from iceberg_cdc.mirror.iceberg.summary import apply_summary
 from iceberg_cdc.mirror.iceberg.table import (
@@ -67,7 +68,6 @@ from iceberg_cdc.mirror.iceberg.table import (
     read_mirror_watermark,
     source_schema_at,
 )
-from iceberg_cdc.mirror.iceberg.table import last_apply as table_last_apply
 from iceberg_cdc.pipeline.groups import phase_seconds, record_phase
 from iceberg_cdc.pipeline.runtime import Runtime
 from iceberg_cdc.pyiceberg_internals.commit import set_schema_at
@@ -359,36 +359,6 @@ def commit(ctx: Any, mirror: Any, planned: Mapping[str, Any]) -> dict[str, Any]:
         "seconds": {**seconds, "commit": round(time.perf_counter() - started, 3)},
         **(delta.figures or {}),
     }
-
-
-def watermark(ctx: Any, mirror: Any) -> Any:
-    """The mirror's watermark: the last changelog snapshot applied (None: the mirror is new or empty).
-
-    A ``ChangelogMark`` of the mirror core when it is installed, else this
-    target's own :class:`~.inputs.Through` (same fields).
-    """
-
-    try:
-        table = ctx.catalog().load_table(str(_setting(mirror, "table")))
-    except NoSuchTableError:
-        return None
-    mark = read_mirror_watermark(table)
-    if mark is None:
-        return None
-    try:
-        from iceberg_cdc.mirror.net_changes import ChangelogMark
-    except ImportError:
-        return mark
-    return ChangelogMark(mark.changelog_snapshot_id, mark.source_snapshot_id, mark.ordinal)
-
-
-def last_apply(ctx: Any, mirror: Any) -> dict | None:
-    """The mirror's last apply as its snapshot summary recorded it (:func:`.table.last_apply`; None: none yet)."""
-    try:
-        table = ctx.catalog().load_table(str(_setting(mirror, "table")))
-    except NoSuchTableError:
-        return None
-    return table_last_apply(table)
 
 
 __all__ = [
