@@ -30,6 +30,7 @@ from iceberg_cdc.airflow.compat import AirflowException, AirflowFailException
 from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator
 from iceberg_cdc.coordination.lease import TableLease
 from iceberg_cdc.errors import AmbiguousUpdateError, MirrorSchemaError
+from iceberg_cdc.mirror.iceberg import phase as mirror_phase
 from iceberg_cdc.mirror.iceberg.phase import PHASE as MIRROR_JOIN
 from iceberg_cdc.mirror.iceberg.plan import ApplyPlan
 from iceberg_cdc.pipeline.phase_driver import run_phase_group
@@ -127,7 +128,12 @@ def test_a_snapshot_group_that_recorded_nothing_leaves_the_providers_exception(s
 
 
 def _mirror_plan(inline: InlinePipeline) -> tuple[ApplyPlan, str]:
-    """A saved two-group mirror apply plan whose run holds the mirror's lease."""
+    """A saved two-group mirror apply plan whose run holds the mirror's lease.
+
+    Its phase is registered as the Spark application registers it (spark_entry): the groups are
+    run here by ``run_phase_group`` in the test's process, which imports nothing that would.
+    """
+    mirror_phase.register()
     store = steps.Context.of(inline.config, SOURCE).runtime.store()
     lease_name = "_mirrors/shop.orders/ice"
     held = TableLease(store, lease_name).acquire("mirror-run-1", 60.0)

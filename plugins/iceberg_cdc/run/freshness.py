@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.sink.table import read_watermark
-from iceberg_cdc.source.history import next_snapshot, pending_count
+from iceberg_cdc.source.history import oldest_pending, pending_count
 from iceberg_cdc.source.tables import load_source_table
 from iceberg_cdc.units import format_duration
 from iceberg_cdc.watermark import Watermark
@@ -96,18 +96,17 @@ def freshness_after(
 
     The changelog's watermark here; a mirror's mark in :mod:`iceberg_cdc.mirror.freshness`.
     """
-    pending = next_snapshot(source, watermark, ctx.table.start)
+    pending = oldest_pending(source, watermark, ctx.table.start)
     lag, committed_at = 0.0, None
     if pending is not None:
-        snapshot = source.snapshot_by_id(pending.snapshot_id)
-        committed = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC)
+        committed = pending[1]
         lag, committed_at = max(0.0, (now - committed).total_seconds()), committed.isoformat()
     return Freshness(
         source=ctx.table.source,
         slo_seconds=ctx.table.freshness_slo,
         lag_seconds=round(lag, 3),
         pending=0 if pending is None else pending_count(source, watermark, ctx.table.start),
-        oldest_pending=None if pending is None else str(pending.snapshot_id),
+        oldest_pending=None if pending is None else str(pending[0]),
         oldest_committed_at=committed_at,
         measured_at=now.isoformat(),
         mirror=mirror,

@@ -25,6 +25,7 @@ first snapshot takes its 1-based position in the ancestry.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal
 
 from pyiceberg.table import Table
@@ -232,3 +233,20 @@ def pending_count(table: Table, watermark: Watermark | None, start: StartPositio
     """How many snapshots the sink still has to process after its watermark (0 when caught up)."""
     pending = next_snapshot(table, watermark, start)
     return 0 if pending is None else pending.remaining + 1
+
+
+def oldest_pending(
+    table: Table, watermark: Watermark | None, start: StartPosition = "earliest"
+) -> tuple[int, datetime] | None:
+    """The oldest unprocessed snapshot's id and when it was committed (UTC); None when caught up.
+
+    What freshness is measured from, for the changelog (its watermark) and for
+    each mirror (its mark): the age of the oldest change not yet delivered.
+    """
+    pending = next_snapshot(table, watermark, start)
+    if pending is None:
+        return None
+    snapshot = table.metadata.snapshot_by_id(pending.snapshot_id)
+    if snapshot is None:
+        return None
+    return pending.snapshot_id, datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=UTC)

@@ -132,19 +132,13 @@ def oldest_unapplied(source_table: Any, mark: Any, start: str) -> tuple[int, dat
     The sink's own rule for "the next snapshot" (:func:`~iceberg_cdc.source.history.next_snapshot`),
     from the mirror's mark. None: the mirror holds the source's current snapshot.
     """
-    from iceberg_cdc.source.history import next_snapshot, table_uuid
+    from iceberg_cdc.source.history import oldest_pending, table_uuid
     from iceberg_cdc.watermark import Watermark
 
     watermark = (
         None if mark is None else Watermark(table_uuid(source_table), mark.source_snapshot_id, mark.ordinal)
     )
-    following = next_snapshot(source_table, watermark, start)  # type: ignore[arg-type]
-    if following is None:
-        return None
-    snapshot = source_table.metadata.snapshot_by_id(following.snapshot_id)
-    if snapshot is None:
-        return None
-    return following.snapshot_id, datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=UTC)
+    return oldest_pending(source_table, watermark, start)  # type: ignore[arg-type]
 
 
 def mirror_statuses(
