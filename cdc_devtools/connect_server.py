@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from cdc_devtools.airflow_env import connect_connection, connection_env_var
+from cdc_devtools.children import die_with_parent
 from cdc_devtools.local_s3 import free_port
 from cdc_devtools.spark_cluster import SPARK_HOME, daemon_env
 
@@ -165,6 +166,7 @@ class LocalSparkConnectServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
         log.close()
         # The JVM runs in its own session: Ctrl-C reaches only this process. Whatever ends the wait --

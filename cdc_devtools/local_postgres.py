@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from cdc_devtools.children import die_with_parent
 from cdc_devtools.local_s3 import free_port
 
 _UNPRIVILEGED = "nobody"
@@ -116,6 +117,8 @@ class LocalPostgres:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            # SIGINT: PostgreSQL's fast shutdown (SIGTERM waits for every client to disconnect).
+            preexec_fn=die_with_parent(signal.SIGINT),
             **self._run_as(),
         )
         deadline = time.monotonic() + timeout

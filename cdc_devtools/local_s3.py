@@ -15,6 +15,8 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from cdc_devtools.children import die_with_parent
+
 DUMMY_CREDENTIALS = {"s3.access-key-id": "local", "s3.secret-access-key": "local", "s3.region": "us-east-1"}
 
 
@@ -56,6 +58,7 @@ class LocalS3Server:
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(),
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -51,6 +51,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from cdc_devtools.airflow_env import LOGIN_USER, PASSWORDS_FILE_NAME, VENV_BIN, ensure_airflow_db, login_env
+from cdc_devtools.children import die_with_parent
 
 HOST = "127.0.0.1"
 FINAL_RUN_STATES = frozenset({"success", "failed"})
@@ -345,6 +346,7 @@ class LocalAirflow:
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
+                        preexec_fn=die_with_parent(),
                     )
             deadline = time.monotonic() + timeout
             while not healthy(f"{self.url}/api/v2/monitor/health"):

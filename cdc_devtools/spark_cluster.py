@@ -26,6 +26,7 @@ from types import TracebackType
 
 import pyspark
 
+from cdc_devtools.children import die_with_parent
 from cdc_devtools.local_s3 import free_port
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
@@ -82,6 +83,7 @@ class LocalSparkCluster:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
         log.close()
         self.processes.append(process)
