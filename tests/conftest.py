@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from cdc_devtools.connect_server import LocalSparkConnectServer
 from cdc_devtools.local_postgres import LocalPostgres
 from cdc_devtools.local_s3 import LocalS3Server
 from iceberg_cdc.storage import LocalObjectStore, ObjectStore, open_store
@@ -45,6 +46,22 @@ def _no_real_aws() -> Iterator[None]:
         yield
 
 
+# JVM flags for the tests' Spark processes (spark-submit drivers, PySpark sessions, Connect servers,
+# Spark's launcher): the JIT's first tier only and the serial collector. The tests' Spark jobs are
+# tiny, so a JVM's CPU is mostly its own start-up, and the optimizing compiler (C2) spends it on code
+# that will not run long: a trivial spark-submit measured 28 s of CPU with the defaults, 16 s with
+# these (two cores shared). Deployments keep Spark's defaults.
+_TEST_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quick_jvm_starts() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("SPARK_SUBMIT_OPTS", "SPARK_LAUNCHER_OPTS"):
+            mp.setenv(name, " ".join(filter(None, [os.environ.get(name, ""), _TEST_JVM_OPTS])))
+        yield
+
+
 @pytest.fixture(scope="session")
 def moto_server(_no_real_aws: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS3Server]:
     """A moto S3 server in a subprocess for the whole session, stopped by pid at the end."""
@@ -74,6 +91,19 @@ def s3_bucket(s3_client) -> str:
 @pytest.fixture
 def s3_store(s3_bucket: str, s3_properties: dict[str, str]) -> ObjectStore:
     return open_store(f"s3://{s3_bucket}/shuffle", s3_properties)
+
+
+@pytest.fixture(scope="session")
+def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSparkConnectServer]:
+    """One warm Spark Connect server (``local[2]``) per test worker, started by the first module that asks.
+
+    The modules that run the pipeline in ``spark.mode: connect`` share it, as
+    the tasks of every table share one server in a deployment: its JVM start
+    is paid once per worker, not once per module. Modules that test the
+    server's own life (``test_spark_connect``) start their own.
+    """
+    with LocalSparkConnectServer(tmp_path_factory.mktemp("spark-connect"), master="local[2]") as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

@@ -38,8 +38,6 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from cdc_devtools.airflow_env import connect_connection, connection_env_var
-from cdc_devtools.connect_server import LocalSparkConnectServer
 from cdc_devtools.cow import cow_merge
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.replay import assert_replay, changes_of
@@ -56,19 +54,12 @@ RUN_TIMEOUT = 600.0
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with LocalSparkConnectServer(tmp_path_factory.mktemp("spark-connect"), master="local[2]") as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def pipeline(moto_server, server, tmp_path_factory) -> AirflowPipeline:
+def pipeline(moto_server, spark_connect, tmp_path_factory) -> AirflowPipeline:
     tmp = tmp_path_factory.mktemp("scheduler-e2e")
-    pipeline = AirflowPipeline(tmp, moto_server, SCHEMA, partition_spec=BY_REGION, spark={"mode": "connect"})
+    pipeline = AirflowPipeline(tmp, moto_server, SCHEMA, partition_spec=BY_REGION, connect=spark_connect)
     # Monthly: unpausing makes one scheduled run (this month's), and a backfill gets one run a month.
     pipeline.config["tables"][0]["schedule"] = "@monthly"
     pipeline.config_path.write_text(yaml.safe_dump(pipeline.config))
-    pipeline.env[connection_env_var("spark_connect_default")] = connect_connection(server.url)
     pipeline.env["CDC_TASK_RETRIES"] = "0"
     return pipeline
 

@@ -24,8 +24,6 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from cdc_devtools.airflow_env import connect_connection, connection_env_var
-from cdc_devtools.connect_server import LocalSparkConnectServer
 from cdc_devtools.orders import SCHEMA, rows
 from cdc_devtools.replay import assert_replay
 from cdc_devtools.scheduler import LocalAirflow
@@ -38,20 +36,13 @@ TIMEOUT = 420.0
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with LocalSparkConnectServer(tmp_path_factory.mktemp("spark-connect"), master="local[2]") as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def pipeline(moto_server, server, tmp_path_factory) -> AirflowPipeline:
+def pipeline(moto_server, spark_connect, tmp_path_factory) -> AirflowPipeline:
     pipeline = AirflowPipeline(
-        tmp_path_factory.mktemp("events-e2e"), moto_server, SCHEMA, spark={"mode": "connect"}
+        tmp_path_factory.mktemp("events-e2e"), moto_server, SCHEMA, connect=spark_connect
     )
     pipeline.config["tables"][0]["schedule"] = "@yearly"  # the clock stays out of the way
     pipeline.config["events"] = {"poll_interval": "2s"}
     pipeline.config_path.write_text(yaml.safe_dump(pipeline.config))
-    pipeline.env[connection_env_var("spark_connect_default")] = connect_connection(server.url)
     pipeline.env["CDC_TASK_RETRIES"] = "0"
     return pipeline
 

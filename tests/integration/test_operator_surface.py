@@ -48,8 +48,6 @@ import pyiceberg.table.metadata as iceberg_metadata
 import pytest
 import yaml
 
-from cdc_devtools.airflow_env import connect_connection, connection_env_var
-from cdc_devtools.connect_server import LocalSparkConnectServer
 from cdc_devtools.cow import cow_merge
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.scheduler import LocalAirflow, alive
@@ -68,12 +66,6 @@ MIRROR_SCHEMA = "operator_surface"
 SCREENSHOTS = os.environ.get("CDC_UI_SCREENSHOTS")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with LocalSparkConnectServer(tmp_path_factory.mktemp("spark-connect"), master="local[2]") as running:
-        yield running
-
-
 MIRRORS = {"pg": f"{MIRROR_SCHEMA}.orders", "iceberg": "shop.orders_mirror"}
 
 
@@ -82,9 +74,9 @@ def mirror_dag(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def pipeline(moto_server, server, postgres_server, tmp_path_factory) -> AirflowPipeline:
+def pipeline(moto_server, spark_connect, postgres_server, tmp_path_factory) -> AirflowPipeline:
     tmp = tmp_path_factory.mktemp("operator-surface")
-    pipeline = AirflowPipeline(tmp, moto_server, SCHEMA, partition_spec=BY_REGION, spark={"mode": "connect"})
+    pipeline = AirflowPipeline(tmp, moto_server, SCHEMA, partition_spec=BY_REGION, connect=spark_connect)
     # No schedule: only the runs this module starts; the lease TTL is the config's own key.
     # Its mirror DAGs start paused (Airflow's default): only step 7 runs them.
     mirrors = [
@@ -93,7 +85,6 @@ def pipeline(moto_server, server, postgres_server, tmp_path_factory) -> AirflowP
     ]
     pipeline.config["tables"][0].update(schedule=None, lease_ttl=TTL, mirrors=mirrors)
     pipeline.config_path.write_text(yaml.safe_dump(pipeline.config))
-    pipeline.env[connection_env_var("spark_connect_default")] = connect_connection(server.url)
     return pipeline
 
 
@@ -550,7 +541,7 @@ def task_pids(airflow: LocalAirflow, ti_id: str) -> list[int]:
 
 
 def test_a_killed_task_blocks_its_table_at_most_two_lease_ttls(
-    pipeline: AirflowPipeline, airflow: LocalAirflow, server, state
+    pipeline: AirflowPipeline, airflow: LocalAirflow, spark_connect, state
 ):
     source = pipeline.source
     source.append(rows(range(400, 405), "eu"))
@@ -559,7 +550,7 @@ def test_a_killed_task_blocks_its_table_at_most_two_lease_ttls(
     runtime = runtime_from_config(parse_config(pipeline.config))
     lease = TableLease.open(runtime.shuffle_uri, runtime.shuffle_properties, SOURCE)
     # The Spark Connect server stops answering: the run's Spark task waits for it, alive and renewing.
-    os.killpg(server.process.pid, signal.SIGSTOP)
+    os.killpg(spark_connect.process.pid, signal.SIGSTOP)
     try:
         doomed = airflow.trigger(DAG_ID)
         deadline = time.monotonic() + 180
@@ -578,7 +569,7 @@ def test_a_killed_task_blocks_its_table_at_most_two_lease_ttls(
             os.kill(pid, signal.SIGKILL)
         last_renewal = lease.current().renewed_at
     finally:
-        os.killpg(server.process.pid, signal.SIGCONT)
+        os.killpg(spark_connect.process.pid, signal.SIGCONT)
     successor = airflow.trigger(DAG_ID)
     airflow.wait_for_runs(DAG_ID, [successor["dag_run_id"]], timeout=RUN_TIMEOUT)
     run = airflow.run(DAG_ID, successor["dag_run_id"])

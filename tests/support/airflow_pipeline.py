@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pyiceberg.catalog import load_catalog
@@ -21,6 +21,9 @@ from pyiceberg.table import Table
 from cdc_devtools.airflow_env import airflow_env, dags_test, ensure_airflow_db
 from iceberg_cdc.sink.table import read_watermark
 from iceberg_cdc.watermark import Watermark
+
+if TYPE_CHECKING:
+    from cdc_devtools.connect_server import LocalSparkConnectServer
 
 SOURCE = "shop.orders"
 SINK = "shop.orders_changes"
@@ -37,7 +40,11 @@ class AirflowPipeline:
         partition_spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC,
         spark_master: str = "local[1]",
         spark: dict[str, Any] | None = None,
+        connect: LocalSparkConnectServer | None = None,
     ) -> None:
+        """``connect``: a running Spark Connect server (``url``): the config's ``spark.mode`` is ``connect``."""
+        if connect is not None:
+            spark = {"mode": "connect", **(spark or {})}
         suffix = uuid.uuid4().hex[:8]
         for bucket in (f"wh-{suffix}", f"shuffle-{suffix}"):
             s3.client().create_bucket(Bucket=bucket)
@@ -63,7 +70,12 @@ class AirflowPipeline:
         self.catalog.create_namespace("shop")
         self.source: Table = self.catalog.create_table(SOURCE, schema=schema, partition_spec=partition_spec)
         self.home = tmp / "airflow"
-        self.env = airflow_env(self.home, self.config_path, spark_master=spark_master)
+        self.env = airflow_env(
+            self.home,
+            self.config_path,
+            spark_master=spark_master,
+            connect_url=None if connect is None else connect.url,
+        )
         ensure_airflow_db(self.env)
         self.logs = tmp / "logs"
         self.logs.mkdir()
