@@ -137,7 +137,8 @@ airflow: setup
 airflow-stop:
 	$(BIN)/python scripts/airflow_ui.py --stop
 
-bench: setup
+# The peer (Iceberg's create_changelog_view) runs on Iceberg Java: java-setup builds it once.
+bench: java-setup
 	@$(MAKE) --no-print-directory prereqs
 	$(BIN)/python bench/run.py $(if $(QUICK),--quick,) $(if $(filter 0,$(SCHEDULER)),--no-scheduler,)
 

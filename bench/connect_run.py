@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,27 @@ def _native(
     return result
 
 
+@contextmanager
+def warm_server(work: Path, name: str, driver_memory: str, events: Path) -> Iterator[Any]:
+    """A local Spark Connect server (``MASTER``, an event log) for the block; stopped, and this
+    process's Connect settings dropped, after it."""
+    from cdc_devtools.connect_server import LocalSparkConnectServer
+    from iceberg_cdc.pipeline import connect_app
+
+    server = LocalSparkConnectServer(
+        work / name, master=MASTER, driver_memory=driver_memory, conf=event_log_conf(events)
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        connect_app.close_sessions()
+        server.stop()
+        # Opening a Connect session set these in this process; later Spark runs must not see them.
+        for variable in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
+            os.environ.pop(variable, None)
+
+
 def run_connect(
     bench: Any,
     workloads: dict[str, Any],
@@ -71,28 +93,21 @@ def run_connect(
     import workload as wl
     from pipeline_run import sink_changes
 
-    from cdc_devtools.connect_server import LocalSparkConnectServer
-    from iceberg_cdc.pipeline import connect_app
-
     main = workloads["main"]
     expected = sink_changes(bench.catalog, results["pipeline"]["file"]["sink"], main.snapshot_id, wl.COLUMNS)
     events = bench.work / "events" / "spark-connect"
-    server = LocalSparkConnectServer(
-        bench.work / "spark-connect", master=MASTER, driver_memory=driver_memory, conf=event_log_conf(events)
-    )
     log(f"warm Spark Connect: starting a local server ({MASTER}, driver memory {driver_memory})")
     started = time.perf_counter()
-    server.start()
-    connect: dict[str, Any] = {
-        "master": MASTER,
-        "driver_memory": driver_memory,
-        "server_start_seconds": round(time.perf_counter() - started, 3),
-        "warm_runs": WARM_RUNS,
-        "pipeline": {"file": []},
-        "spark_native": [],
-    }
     checks = results["checks"]
-    try:
+    with warm_server(bench.work, "spark-connect", driver_memory, events) as server:
+        connect: dict[str, Any] = {
+            "master": MASTER,
+            "driver_memory": driver_memory,
+            "server_start_seconds": round(time.perf_counter() - started, 3),
+            "warm_runs": WARM_RUNS,
+            "pipeline": {"file": []},
+            "spark_native": [],
+        }
         for index in range(1, WARM_RUNS + 1):
             log(f"warm Spark Connect, run {index} of {WARM_RUNS}: pipeline (file://), then Spark-native")
             run = bench.pipeline(f"connect-{index}", main, "file", connect_url=server.url)
@@ -114,12 +129,6 @@ def run_connect(
         connect["pipeline"]["s3"] = run
         got = sink_changes(bench.catalog, run["sink"], main.snapshot_id, wl.COLUMNS)
         checks["connect_pipeline_s3_vs_file"] = same_rows(expected, got)
-    finally:
-        connect_app.close_sessions()
-        server.stop()
-        # Opening a Connect session set these in this process; later Spark runs must not see them.
-        for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
-            os.environ.pop(name, None)
     connect["server_log"] = str(server.log_path)
     results["connect"] = connect
 

@@ -85,7 +85,7 @@ def table_batch(first_id: int, n: int, version: int) -> pa.RecordBatch:
     note = _notes(rng, n)
     updated = np.zeros(n, dtype=bool)
     if version == 1:
-        updated = (ids * 2654435761 % 1000) < 100  # 10% of rows updated
+        updated = updated_mask(ids)
         moved = updated & ((ids * 40503 % 5) == 0)  # a fifth of them change region
         amount = np.where(updated, amount + 1, amount)
         status = np.where(updated, (status + 1) % 4, status)
@@ -106,6 +106,10 @@ def table_batch(first_id: int, n: int, version: int) -> pa.RecordBatch:
             "active": ids % 3 == 0,
         }
     )
+
+
+def updated_mask(ids: np.ndarray) -> np.ndarray:
+    return (ids * 2654435761 % 1000) < 100  # 10% of rows updated (some of them deleted as well)
 
 
 def deleted_mask(ids: np.ndarray) -> np.ndarray:

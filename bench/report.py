@@ -7,6 +7,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from peer import peer_figures
+from peer import summary_lines as peer_summary
+
 MiB = float(1 << 20)
 PIPELINE_COLORS = {
     "plan": "#9e9e9e",
@@ -86,6 +89,8 @@ def headline(results: dict[str, Any]) -> dict[str, float]:
                 "connect_server_start_s": connect["server_start_seconds"],
             }
         )
+    if "peer" in results:
+        figures.update(peer_figures(results["peer"]))
     return figures
 
 
@@ -386,6 +391,8 @@ def summary_text(results: dict[str, Any]) -> str:
             f"{noop['session_seconds']:.1f} s)"
         )
     _connect(results, add)
+    if "peer" in results:
+        out.extend(peer_summary(results["peer"]))
     _memory_and_scaling(results, add)
     _latency(results, add)
     _engine(results, add)

@@ -17,6 +17,10 @@ Runs, in this one invocation, all on Spark ``local[2]``:
   child processes, at both sizes (input files 10x apart);
 * the pipeline (``spark.mode: connect``) and the Spark-native job on one warm
   Spark Connect server (``connect_run.py``), each run twice, the second timed;
+* the real peer (``peer.py``): Iceberg's own ``create_changelog_view`` in a warm
+  Iceberg Java session beside the warm pipeline, on the same snapshot as Iceberg
+  Java writes it, each twice, alternating, outputs compared (``--skip-peer``
+  leaves it out; it needs ``make java-setup``);
 * small-snapshot latency: a real ``airflow dags test`` run after a one-row
   update, in submit mode and in connect mode (a local Spark Connect server);
 * under Airflow's scheduler (API server, scheduler, DAG processor, a
@@ -81,12 +85,14 @@ from latency import (  # noqa: E402
     scheduler_lines,
 )
 from mor_bench import mor_line, run_mor_vs_cow  # noqa: E402
+from peer import peer_line, run_peer  # noqa: E402
 from pipeline_run import PipelineSetup, breakdown, expected_reads, run_pipeline, sink_changes  # noqa: E402
 from point_update import point_update_line, run_point_update  # noqa: E402
 from probes import probe  # noqa: E402
 from s3log import RequestLog  # noqa: E402
 from sparkrun import dag_conf, spark_submit  # noqa: E402
 
+from cdc_devtools.iceberg_java import missing as java_missing  # noqa: E402
 from cdc_devtools.local_s3 import LocalS3Server  # noqa: E402
 from iceberg_cdc.config import CdcConfig, parse_config  # noqa: E402
 
@@ -423,6 +429,9 @@ def main() -> None:
         "--skip-connect", action="store_true", help="leave the warm Spark Connect comparison out"
     )
     parser.add_argument(
+        "--skip-peer", action="store_true", help="leave Iceberg's create_changelog_view (the peer) out"
+    )
+    parser.add_argument(
         "--scheduler",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -431,6 +440,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     rows = args.rows or (100_000 if args.quick else 5_000_000)
+    if not args.skip_peer and (why := java_missing()) is not None:
+        raise SystemExit(f"the peer (create_changelog_view) needs Iceberg Java: {why}; or pass --skip-peer")
     started = time.perf_counter()
     work = ROOT / ".cdc" / "bench"
     shutil.rmtree(work, ignore_errors=True)
@@ -477,6 +488,17 @@ def main() -> None:
                 log=log,
                 no_cancel=NO_CANCEL,
             )
+        if not args.skip_peer:
+            results["peer"] = run_peer(
+                bench,
+                rows,
+                appends=5,
+                driver_memory=NATIVE_DRIVER_MEMORY,
+                sql_conf=SPARK_SQL_CONF,
+                same_rows=same_rows,
+                log=log,
+            )
+            results["checks"].update(results["peer"]["checks"])
         if not args.quick and not args.skip_airflow:
             run_latency(bench, workloads, results)
         if args.scheduler:
@@ -552,6 +574,8 @@ def main() -> None:
         print((out_dir / "mirror.txt").read_text().rstrip())
     if "verify" in results:
         print((out_dir / "verify.txt").read_text().rstrip())
+    if "peer" in results:
+        print(peer_line(results["peer"]))
     print(report.shuffled_line(results))
     if "connect" in results:
         print(connect_line(results))

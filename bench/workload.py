@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from engine_bench import deleted_mask, table_batch
+from engine_bench import deleted_mask, table_batch, updated_mask
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
@@ -198,5 +198,5 @@ def expected_counts(rows: int) -> dict[str, int]:
     """Update pairs and deletes the generator puts into a snapshot of ``rows`` rows."""
     ids = np.arange(rows, dtype=np.int64)
     deleted = deleted_mask(ids)
-    updated = ((ids * 2654435761 % 1000) < 100) & ~deleted
+    updated = updated_mask(ids) & ~deleted
     return {"updates": int(updated.sum()), "deletes": int(deleted.sum())}

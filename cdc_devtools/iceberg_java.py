@@ -11,7 +11,9 @@ pyiceberg left them; warehouses must be ``file://`` (no AWS SDK in that jar).
 returns a :class:`IcebergJava` or, when it is not set up, skips the test -- and fails it under CI,
 where the setup is part of the run. Each :meth:`IcebergJava.run` is one child process (one JVM, about
 10-15 s): batch a module's tables into one call. The child exits before pyiceberg writes again: a live
-Spark JVM keeps the SQLite file locked.
+Spark JVM keeps the SQLite file locked. :meth:`IcebergJava.serve` keeps one child (one warm Spark
+session) for many step lists instead, for a benchmark's warm runs; give it a catalog file nobody else
+writes while it lives.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -39,6 +43,7 @@ SQLITE_JDBC = Path("/usr/share/java/sqlite-jdbc.jar")
 JACKSON = ("jackson-core", "jackson-databind", "jackson-annotations")
 RULE = "rule com.fasterxml.jackson.** org.apache.iceberg.shaded.com.fasterxml.jackson.@1\n"
 CHILD = Path(__file__).with_name("iceberg_java_child.py")
+RESULT = "iceberg-java-result "  # the serving child's answer lines (iceberg_java_child.RESULT)
 
 
 class JavaJudgeError(RuntimeError):
@@ -153,6 +158,18 @@ def _merge_jars(parts: list[Path], out: Path) -> None:
                     merged.writestr(item, jar.read(item.filename))
 
 
+def _child_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "SPARK_", "PYTHONPATH"))}
+
+
+def _failure(code: int | None, output: str) -> JavaJudgeError:
+    lines = output.splitlines()
+    step = next((line for line in reversed(lines) if line.startswith("iceberg-java step")), "")
+    causes = [line for line in lines if "Exception:" in line or "Error:" in line][:5]
+    tail = "\n".join([step, *causes, *lines[-15:]])
+    return JavaJudgeError(f"Iceberg Java failed (exit {code}):\n{tail}")
+
+
 @dataclass
 class IcebergJava:
     """One Iceberg Java session per :meth:`run` over a pyiceberg SQL catalog on SQLite."""
@@ -160,6 +177,9 @@ class IcebergJava:
     catalog: str
     sqlite: Path
     warehouse: str
+    master: str = "local[1]"
+    driver_memory: str = "1g"
+    conf: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, catalog: Any, name: str = "inline") -> IcebergJava:
@@ -172,42 +192,60 @@ class IcebergJava:
             raise JavaJudgeError(f"the Iceberg Java judge reads file:// warehouses only, not {warehouse}")
         return cls(name, Path(uri.removeprefix("sqlite:///")), warehouse)
 
+    def _job(self, steps: list[dict[str, Any]], results: Path, serve: bool = False) -> dict[str, Any]:
+        return {
+            "catalog": self.catalog,
+            "sqlite": str(self.sqlite),
+            "warehouse": self.warehouse,
+            "jars": jars(),
+            "master": self.master,
+            "driver_memory": self.driver_memory,
+            "conf": self.conf,
+            "steps": steps,
+            "results": str(results),
+            "serve": serve,
+        }
+
     def run(self, steps: list[dict[str, Any]], *, timeout: float = 600) -> list[dict[str, Any]]:
         """Run the steps (see ``iceberg_java_child``) in one child process; their results in order."""
         with tempfile.TemporaryDirectory(prefix="iceberg-java-") as tmp:
             job = Path(tmp) / "job.json"
             results = Path(tmp) / "results.json"
-            job.write_text(
-                json.dumps(
-                    {
-                        "catalog": self.catalog,
-                        "sqlite": str(self.sqlite),
-                        "warehouse": self.warehouse,
-                        "jars": jars(),
-                        "steps": steps,
-                        "results": str(results),
-                    }
-                )
-            )
-            env = {
-                k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "SPARK_", "PYTHONPATH"))
-            }
+            job.write_text(json.dumps(self._job(steps, results)))
             started = time.monotonic()
             done = subprocess.run(
                 [str(_python()), str(CHILD), str(job)],
                 capture_output=True,
                 text=True,
                 timeout=timeout,
-                env=env,
+                env=_child_env(),
             )
             if done.returncode != 0:
-                lines = (done.stdout + done.stderr).splitlines()
-                step = next((line for line in reversed(lines) if line.startswith("iceberg-java step")), "")
-                causes = [line for line in lines if "Exception:" in line or "Error:" in line][:5]
-                tail = "\n".join([step, *causes, *lines[-15:]])
-                raise JavaJudgeError(f"Iceberg Java failed (exit {done.returncode}):\n{tail}")
+                raise _failure(done.returncode, done.stdout + done.stderr)
             print(f"iceberg java: {len(steps)} step(s) in {time.monotonic() - started:.1f} s")
             return json.loads(results.read_text())
+
+    @contextmanager
+    def serve(self, log: Path) -> Iterator[JavaSession]:
+        """One child kept up (one warm Spark session) for many :meth:`JavaSession.run` calls."""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="iceberg-java-") as tmp, open(log, "w") as err:
+            job = Path(tmp) / "job.json"
+            job.write_text(json.dumps(self._job([], Path(tmp) / "results.json", serve=True)))
+            child = subprocess.Popen(
+                [str(_python()), str(CHILD), str(job)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=_child_env(),
+            )
+            session = JavaSession(child, log)
+            try:
+                session.answer()  # the session is up
+                yield session
+            finally:
+                session.close()
 
     def read(self, tables: list[str]) -> dict[str, pa.Table]:
         """Each table's rows as Iceberg Java reads them (one JVM for all)."""
@@ -217,6 +255,44 @@ class IcebergJava:
             return {t: pq.read_table(out / t) for t in tables}
         finally:
             shutil.rmtree(out, ignore_errors=True)
+
+
+class JavaSession:
+    """A serving Iceberg Java child: step lists in, results out, one warm Spark session throughout."""
+
+    def __init__(self, child: subprocess.Popen[str], log: Path) -> None:
+        self.child = child
+        self.log = log
+
+    def run(self, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The steps' results (``seconds`` each), run in the warm session."""
+        stdin: IO[str] | None = self.child.stdin
+        assert stdin is not None
+        stdin.write(json.dumps(steps) + "\n")
+        stdin.flush()
+        answer = self.answer()
+        if isinstance(answer, dict) and "error" in answer:
+            raise JavaJudgeError(f"Iceberg Java step failed: {answer['error']}\n{answer.get('trace', '')}")
+        return answer
+
+    def answer(self) -> Any:
+        stdout = self.child.stdout
+        assert stdout is not None
+        for line in stdout:
+            if line.startswith(RESULT):
+                return json.loads(line.removeprefix(RESULT))
+        self.child.wait()
+        raise _failure(self.child.returncode, self.log.read_text())
+
+    def close(self) -> None:
+        """Close stdin (the child stops its session and exits); kill it if it does not within a minute."""
+        if self.child.stdin is not None and not self.child.stdin.closed:
+            self.child.stdin.close()
+        try:
+            self.child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            self.child.wait()
 
 
 def judge(catalog: Any, name: str = "inline") -> IcebergJava:
