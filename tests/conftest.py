@@ -50,7 +50,7 @@ def _no_real_aws() -> Iterator[None]:
 # Spark's launcher): the JIT's first tier only and the serial collector. The tests' Spark jobs are
 # tiny, so a JVM's CPU is mostly its own start-up, and the optimizing compiler (C2) spends it on code
 # that will not run long: a trivial spark-submit measured 28 s of CPU with the defaults, 16 s with
-# these (two cores shared). Deployments keep Spark's defaults.
+# these (two cores shared). Deployments choose (docs/operating.md, "Small snapshots, submit mode").
 _TEST_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
