@@ -2,8 +2,9 @@
 
 Real components: moto S3 over HTTP, a SQLite catalog, ``airflow dags test``
 for the changelog's DAG and then the mirror's (detect, plan_apply with the
-Iceberg target's plan, the mapped ``mirror_join`` task as a real
-``spark-submit``, apply through the target's commit, cleanup). The mirror is
+Iceberg target's plan, the mapped ``mirror_join`` task on the test worker's
+warm Spark Connect server, apply through the target's commit, cleanup;
+``mirror_join`` through ``spark-submit`` is test_iceberg_mirror_spark's). The mirror is
 format v3 (deletion vectors). After each mirror run it holds exactly the
 source's rows, read by pyiceberg and by DuckDB, its watermark is the
 changelog's, and the run's staged objects are gone.
@@ -31,9 +32,9 @@ MIRROR_DAG = "cdc_mirror__shop__orders__ice"
 
 
 @pytest.fixture(scope="module")
-def pipeline(moto_server, tmp_path_factory):
+def pipeline(moto_server, spark_connect, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("iceberg-mirror-e2e")
-    p = AirflowPipeline(tmp, moto_server, SCHEMA, partition_spec=BY_REGION)
+    p = AirflowPipeline(tmp, moto_server, SCHEMA, partition_spec=BY_REGION, connect=spark_connect)
     p.config["tables"][0]["mirrors"] = [
         {"type": "iceberg", "table": MIRROR, "name": "ice", "format_version": 3}
     ]

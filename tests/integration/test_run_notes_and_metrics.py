@@ -2,8 +2,8 @@
 
 One table history on the local S3 server: the first append is processed in
 process (the pipeline's own steps, no Spark), then a copy-on-write MERGE with
-deletes and partition moves goes through ``airflow dags test`` (spark-submit
-for the write and read phases) with ``[metrics] statsd_on`` pointing at a UDP
+deletes and partition moves goes through ``airflow dags test`` (the write and
+read phases on the test worker's warm Spark Connect server) with ``[metrics] statsd_on`` pointing at a UDP
 socket of this test, and one more run finds nothing to do. Checked:
 
 * the per-table metrics arrive over StatsD, the table in their names: lag,
@@ -96,8 +96,8 @@ def statsd():
     listener.close()
 
 
-def test_a_real_run_sends_its_metrics_and_notes_its_story(moto_server, tmp_path, statsd):
-    pipeline = AirflowPipeline(tmp_path, moto_server, SCHEMA, partition_spec=BY_REGION)
+def test_a_real_run_sends_its_metrics_and_notes_its_story(moto_server, spark_connect, tmp_path, statsd):
+    pipeline = AirflowPipeline(tmp_path, moto_server, SCHEMA, partition_spec=BY_REGION, connect=spark_connect)
     pipeline.source.append(rows(range(0, 60), "us"))
     pipeline.source.append(rows(range(60, 100), "eu"))
     config = parse_config(pipeline.config)
