@@ -147,3 +147,29 @@ def test_parts_split_the_tables_over_dag_files(tmp_path):
     assert "cdc_freshness" in ids[0]
     with pytest.raises(ConfigError, match="part must be 0 to parts - 1"):
         dags_from_config(path, part=3, parts=3)
+
+
+PLUGIN = """
+import json, sys
+import airflow.sdk, airflow.sdk.plugins_manager  # what a task process has loaded before the plugins
+before = set(sys.modules)
+import iceberg_cdc.airflow.plugin
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_loading_the_plugin_imports_no_task_only_module(tmp_path):
+    """Every Airflow task process loads the plugins (for their listeners): the CDC view's data modules
+    (pyiceberg, pandas, the mirrors') load at its first request, not in each task's start-up."""
+    env = {
+        "PYTHONPATH": f"{REPO / 'plugins'}:{REPO}",
+        "CDC_CONFIG": _config(tmp_path, 1),
+        "AIRFLOW_HOME": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PLUGIN], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [m for m in imported if any(m == t or m.startswith(t + ".") for t in TASK_ONLY)] == []
