@@ -55,8 +55,9 @@ jsonschema.validate = counting  # what Param.resolve calls, once per check
 
 import importlib
 from airflow.utils.file import iter_airflow_imports
-for module in iter_airflow_imports(sys.argv[1]):  # the processor pre-imports the DAG file's airflow.* imports
-    importlib.import_module(module)
+for file in sys.argv[1].split(","):  # the processor pre-imports the DAG files' airflow.* imports
+    for module in iter_airflow_imports(file):
+        importlib.import_module(module)
 
 before = set(sys.modules)
 from iceberg_cdc.airflow.dags import dags_from_config
@@ -88,7 +89,13 @@ def _config(path: Path, tables: int, freshness_slo: float | None = None) -> str:
 def _parse(*config_paths: str) -> dict:
     env = {"PYTHONPATH": f"{REPO / 'plugins'}:{REPO}", "CDC_CONFIG": config_paths[0], "PATH": "/usr/bin:/bin"}
     done = subprocess.run(
-        [sys.executable, "-c", PARSE, str(REPO / "dags" / "cdc_dags.py"), *config_paths],
+        [
+            sys.executable,
+            "-c",
+            PARSE,
+            ",".join(str(p) for p in sorted((REPO / "dags").glob("*.py"))),
+            *config_paths,
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -124,7 +131,7 @@ def test_a_dag_file_parse_imports_no_task_only_module(parsed):
 
 
 def test_the_dag_file_names_its_operators_modules_for_the_processor_to_pre_import(parsed):
-    """dags/cdc_dags.py imports the operators' provider modules: imported once, not at every parse."""
+    """dags/ imports the operators' provider modules at top level: imported once, not at every parse."""
     providers = ("airflow.providers.apache.spark", "airflow.providers.standard.operators.trigger_dagrun")
     assert [m for m in parsed[2]["imported"] if m.startswith(providers)] == []
 
@@ -173,3 +180,40 @@ def test_loading_the_plugin_imports_no_task_only_module(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     imported = json.loads(done.stdout.strip().splitlines()[-1])
     assert [m for m in imported if any(m == t or m.startswith(t + ".") for t in TASK_ONLY)] == []
+
+
+TASK_PARSE = """
+import json, sys
+import airflow.sdk, airflow.sdk.execution_time.task_runner  # what a task process has before the parse
+from airflow.sdk.definitions._internal.dag_parsing_context import _airflow_parsing_context_manager
+before = set(sys.modules)
+import runpy
+with _airflow_parsing_context_manager(dag_id=sys.argv[2], task_id="detect"):  # as the task runner parses
+    built = runpy.run_path(sys.argv[1])
+dags = sorted(k for k, v in built.items() if type(v).__name__ == "DAG")
+print(json.dumps({"dags": dags, "imported": sorted(set(sys.modules) - before)}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["connect", "submit"])
+def test_a_task_process_builds_its_dag_alone_and_imports_spark_submit_only_in_submit_mode(tmp_path, mode):
+    """A task process parses its DAG's file without the processor's pre-imports: it builds only the DAG
+    of its task, and in connect mode nothing imports the spark-submit provider (OpenLineage, the ORM)."""
+    config = Path(_config(tmp_path, 3))
+    raw = yaml.safe_load(config.read_text())
+    raw["spark"] = {"mode": mode}
+    raw["tables"][0]["freshness_slo"] = 600
+    config.write_text(yaml.safe_dump(raw))
+    env = {"PYTHONPATH": f"{REPO / 'plugins'}:{REPO}", "CDC_CONFIG": str(config), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", TASK_PARSE, str(REPO / "dags" / "cdc_dags.py"), "cdc__ns__t1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["dags"] == ["cdc__ns__t1"]
+    submit = "airflow.providers.apache.spark.operators.spark_submit"
+    assert (submit in out["imported"]) is (mode == "submit")

@@ -39,7 +39,7 @@ from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.detect import DetectOperator, sensor_mode
 from iceberg_cdc.airflow.operators.lineage import lineage_task
-from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
+from iceberg_cdc.airflow.operators.spark import phase_operator, submits_applications
 from iceberg_cdc.airflow.policy import final_errors, record_error, task_retries
 from iceberg_cdc.airflow.sensors.barrier import MapOutputBarrierSensor
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
@@ -209,7 +209,7 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
 
     def spark_task(task_id: str, phase: str):
         """A mapped Spark task of ``spark.mode``'s operator, to ``.expand(application_args=...)``."""
-        name = {"name": f"cdc-{source}-{phase}"} if operator is CdcSparkSubmitOperator else {}
+        name = {"name": f"cdc-{source}-{phase}"} if submits_applications(config) else {}
         return operator.partial(task_id=task_id, **name, **spark)
 
     barrier_mode = sensor_mode()
