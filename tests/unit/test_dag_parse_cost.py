@@ -185,11 +185,9 @@ def test_loading_the_plugin_imports_no_task_only_module(tmp_path):
 TASK_PARSE = """
 import json, sys
 import airflow.sdk, airflow.sdk.execution_time.task_runner  # what a task process has before the parse
-from airflow.sdk.definitions._internal.dag_parsing_context import _airflow_parsing_context_manager
 before = set(sys.modules)
 import runpy
-with _airflow_parsing_context_manager(dag_id=sys.argv[2], task_id="detect"):  # as the task runner parses
-    built = runpy.run_path(sys.argv[1])
+built = runpy.run_path(sys.argv[1])  # the parsing context (the task's DAG) is in the environment
 dags = sorted(k for k, v in built.items() if type(v).__name__ == "DAG")
 print(json.dumps({"dags": dags, "imported": sorted(set(sys.modules) - before)}))
 """
@@ -204,9 +202,16 @@ def test_a_task_process_builds_its_dag_alone_and_imports_spark_submit_only_in_su
     raw["spark"] = {"mode": mode}
     raw["tables"][0]["freshness_slo"] = 600
     config.write_text(yaml.safe_dump(raw))
-    env = {"PYTHONPATH": f"{REPO / 'plugins'}:{REPO}", "CDC_CONFIG": str(config), "PATH": "/usr/bin:/bin"}
+    env = {
+        "PYTHONPATH": f"{REPO / 'plugins'}:{REPO}",
+        "CDC_CONFIG": str(config),
+        "PATH": "/usr/bin:/bin",
+        # What Airflow's task runner sets while it parses the file of the task it runs (get_parsing_context).
+        "_AIRFLOW_PARSING_CONTEXT_DAG_ID": "cdc__ns__t1",
+        "_AIRFLOW_PARSING_CONTEXT_TASK_ID": "detect",
+    }
     done = subprocess.run(
-        [sys.executable, "-c", TASK_PARSE, str(REPO / "dags" / "cdc_dags.py"), "cdc__ns__t1"],
+        [sys.executable, "-c", TASK_PARSE, str(REPO / "dags" / "cdc_dags.py")],
         env=env,
         capture_output=True,
         text=True,
