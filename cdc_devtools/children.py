@@ -11,7 +11,7 @@ send the child SIGTERM when its parent goes, whatever way it goes.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import signal
 import sys
 from collections.abc import Callable
@@ -19,11 +19,11 @@ from collections.abc import Callable
 _PR_SET_PDEATHSIG = 1
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name, use_errno=True) if name else None
+    # The running interpreter's own symbols hold libc's prctl (ctypes.util.find_library would run
+    # ldconfig in a subprocess, at every server start).
+    return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
 def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None] | None:
