@@ -17,9 +17,31 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+class AlreadyRunning(RuntimeError):
+    """The pid file names a live process of the same command: a second one would take its files."""
+
+
+def running_pid(path: Path, marker: str) -> int | None:
+    """The live process ``path`` names, if its command line contains ``marker``; else None."""
+    try:
+        pid = int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if pid != os.getpid() and marker in _command_line(pid) else None
+
+
 @contextlib.contextmanager
-def pid_file(path: Path) -> Iterator[Path]:
-    """This process's id in ``path`` for the block (removed after it, if still ours)."""
+def pid_file(path: Path, marker: str | None = None) -> Iterator[Path]:
+    """This process's id in ``path`` for the block (removed after it, if still ours).
+
+    With ``marker``: refused (:class:`AlreadyRunning`) while the file names a
+    live process of the same command (a second ``make airflow`` would wipe the
+    first one's work directory); a stale file is taken over.
+    """
+    if marker is not None and (other := running_pid(path, marker)) is not None:
+        raise AlreadyRunning(
+            f"already running as process {other} (its pid file: {path}); stop it first (make airflow-stop)"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"{os.getpid()}\n")
     try:

@@ -67,7 +67,7 @@ from cdc_devtools.airflow_env import (
 from cdc_devtools.connect_server import connect_server_for
 from cdc_devtools.local_postgres import LocalPostgres
 from cdc_devtools.local_s3 import LocalS3Server
-from cdc_devtools.pidfile import pid_file, stop_running
+from cdc_devtools.pidfile import AlreadyRunning, pid_file, stop_running
 from cdc_devtools.scheduler import HOST, components, healthy, machine_env, port_free, stop_processes
 from iceberg_cdc.config import CdcConfig, load_config
 
@@ -244,12 +244,18 @@ def main() -> int:
         print(message)
         return 0 if stopped else 1
     port = args.port
-    if not port_free(port):
-        print(f"port {port} on {HOST} is in use; choose another: make airflow PORT=8081", file=sys.stderr)
-        return 2
     try:
-        with pid_file(PID_FILE):
+        with pid_file(PID_FILE, Path(__file__).name):
+            if not port_free(port):
+                print(
+                    f"port {port} on {HOST} is in use; choose another: make airflow PORT=8081",
+                    file=sys.stderr,
+                )
+                return 2
             return _start(port)
+    except AlreadyRunning as running:  # a second one would wipe the first one's work directory
+        print(f"make airflow: {running}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM before Airflow ran: the servers started are stopped
         print("\nmake airflow: interrupted while starting; stopped what it had started", file=sys.stderr)
         return 130

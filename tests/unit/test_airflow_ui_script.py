@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc_devtools.pidfile import pid_file, stop_running
+from cdc_devtools.pidfile import AlreadyRunning, pid_file, stop_running
 from cdc_devtools.scheduler import HOST, log_server_ports, machine_env
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -114,3 +115,23 @@ def test_ctrl_c_while_make_airflow_starts_is_one_line_and_leaves_no_pid_file(tmp
     err = capsys.readouterr().err
     assert err.strip() == "make airflow: interrupted while starting; stopped what it had started"
     assert not (tmp_path / "airflow-ui.pid").exists()
+
+
+def test_a_second_make_airflow_is_refused_while_the_first_runs(tmp_path):
+    path = tmp_path / "airflow-ui.pid"
+    first = _sleeper("airflow_ui.py")
+    try:
+        path.write_text(f"{first.pid}\n")
+        with (
+            pytest.raises(AlreadyRunning, match=rf"process {first.pid} .*make airflow-stop"),
+            pid_file(path, "airflow_ui.py"),
+        ):
+            pass
+        assert path.read_text() == f"{first.pid}\n"  # the first one's file is left alone
+    finally:
+        first.kill()
+        first.wait()
+    # Once it is gone its file is stale, and the next one takes it over.
+    with pid_file(path, "airflow_ui.py"):
+        assert path.read_text() == f"{os.getpid()}\n"
+    assert not path.exists()
