@@ -2,12 +2,10 @@
 
 The whole DAG file a deployment needs (see iceberg_cdc.airflow.dags). The ``airflow.*`` imports are
 the DAGs' operators: the DAG processor imports a DAG file's ``airflow.*`` imports once, before it
-forks each parse ([dag_processor] parsing_pre_import_modules), instead of at every parse. The
-spark-submit provider module is pre-imported from ``cdc_preimport.py`` instead: every task process
-parses this file too, and that module (OpenLineage, Airflow's ORM models) would cost each task of
-every run about 0.7 s, where only ``spark.mode: submit``'s Spark tasks use it.
+forks each parse ([dag_processor] parsing_pre_import_modules), instead of at every parse.
 """
 
+import airflow.providers.apache.spark.operators.spark_submit
 import airflow.providers.common.compat.sdk
 import airflow.providers.standard.operators.python
 import airflow.providers.standard.operators.trigger_dagrun  # noqa: F401

@@ -55,9 +55,8 @@ jsonschema.validate = counting  # what Param.resolve calls, once per check
 
 import importlib
 from airflow.utils.file import iter_airflow_imports
-for file in sys.argv[1].split(","):  # the processor pre-imports the DAG files' airflow.* imports
-    for module in iter_airflow_imports(file):
-        importlib.import_module(module)
+for module in iter_airflow_imports(sys.argv[1]):  # the processor pre-imports the DAG file's airflow.* imports
+    importlib.import_module(module)
 
 before = set(sys.modules)
 from iceberg_cdc.airflow.dags import dags_from_config
@@ -89,13 +88,7 @@ def _config(path: Path, tables: int, freshness_slo: float | None = None) -> str:
 def _parse(*config_paths: str) -> dict:
     env = {"PYTHONPATH": f"{REPO / 'plugins'}:{REPO}", "CDC_CONFIG": config_paths[0], "PATH": "/usr/bin:/bin"}
     done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            PARSE,
-            ",".join(str(p) for p in sorted((REPO / "dags").glob("*.py"))),
-            *config_paths,
-        ],
+        [sys.executable, "-c", PARSE, str(REPO / "dags" / "cdc_dags.py"), *config_paths],
         env=env,
         capture_output=True,
         text=True,
@@ -131,7 +124,7 @@ def test_a_dag_file_parse_imports_no_task_only_module(parsed):
 
 
 def test_the_dag_file_names_its_operators_modules_for_the_processor_to_pre_import(parsed):
-    """dags/ imports the operators' provider modules at top level: imported once, not at every parse."""
+    """dags/cdc_dags.py imports the operators' provider modules: imported once, not at every parse."""
     providers = ("airflow.providers.apache.spark", "airflow.providers.standard.operators.trigger_dagrun")
     assert [m for m in parsed[2]["imported"] if m.startswith(providers)] == []
 
@@ -154,71 +147,3 @@ def test_parts_split_the_tables_over_dag_files(tmp_path):
     assert "cdc_freshness" in ids[0]
     with pytest.raises(ConfigError, match="part must be 0 to parts - 1"):
         dags_from_config(path, part=3, parts=3)
-
-
-PLUGIN = """
-import json, sys
-import airflow.sdk, airflow.sdk.plugins_manager  # what a task process has loaded before the plugins
-before = set(sys.modules)
-import iceberg_cdc.airflow.plugin
-print(json.dumps(sorted(set(sys.modules) - before)))
-"""
-
-
-def test_loading_the_plugin_imports_no_task_only_module(tmp_path):
-    """Every Airflow task process loads the plugins (for their listeners): the CDC view's data modules
-    (pyiceberg, pandas, the mirrors') load at its first request, not in each task's start-up."""
-    env = {
-        "PYTHONPATH": f"{REPO / 'plugins'}:{REPO}",
-        "CDC_CONFIG": _config(tmp_path, 1),
-        "AIRFLOW_HOME": str(tmp_path),
-        "PATH": "/usr/bin:/bin",
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", PLUGIN], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    imported = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [m for m in imported if any(m == t or m.startswith(t + ".") for t in TASK_ONLY)] == []
-
-
-TASK_PARSE = """
-import json, sys
-import airflow.sdk, airflow.sdk.execution_time.task_runner  # what a task process has before the parse
-before = set(sys.modules)
-import runpy
-built = runpy.run_path(sys.argv[1])  # the parsing context (the task's DAG) is in the environment
-dags = sorted(k for k, v in built.items() if type(v).__name__ == "DAG")
-print(json.dumps({"dags": dags, "imported": sorted(set(sys.modules) - before)}))
-"""
-
-
-@pytest.mark.parametrize("mode", ["connect", "submit"])
-def test_a_task_process_builds_its_dag_alone_and_imports_spark_submit_only_in_submit_mode(tmp_path, mode):
-    """A task process parses its DAG's file without the processor's pre-imports: it builds only the DAG
-    of its task, and in connect mode nothing imports the spark-submit provider (OpenLineage, the ORM)."""
-    config = Path(_config(tmp_path, 3))
-    raw = yaml.safe_load(config.read_text())
-    raw["spark"] = {"mode": mode}
-    raw["tables"][0]["freshness_slo"] = 600
-    config.write_text(yaml.safe_dump(raw))
-    env = {
-        "PYTHONPATH": f"{REPO / 'plugins'}:{REPO}",
-        "CDC_CONFIG": str(config),
-        "PATH": "/usr/bin:/bin",
-        # What Airflow's task runner sets while it parses the file of the task it runs (get_parsing_context).
-        "_AIRFLOW_PARSING_CONTEXT_DAG_ID": "cdc__ns__t1",
-        "_AIRFLOW_PARSING_CONTEXT_TASK_ID": "detect",
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", TASK_PARSE, str(REPO / "dags" / "cdc_dags.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["dags"] == ["cdc__ns__t1"]
-    submit = "airflow.providers.apache.spark.operators.spark_submit"
-    assert (submit in out["imported"]) is (mode == "submit")

@@ -27,7 +27,7 @@ from cdc_devtools.cow import cow_merge
 from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from iceberg_cdc.airflow.compat import AirflowException, AirflowFailException
-from iceberg_cdc.airflow.operators.spark_submit import CdcSparkSubmitOperator
+from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator
 from iceberg_cdc.coordination.lease import TableLease
 from iceberg_cdc.errors import AmbiguousUpdateError, MirrorSchemaError
 from iceberg_cdc.mirror.iceberg import phase as mirror_phase

@@ -1,6 +1,6 @@
 """One DAG per configured table: ``cdc__<namespace>__<table>``, one run per source snapshot.
 
-    detect ─┬─ write_jobs ─ shuffle_write[] ─ barrier ─ coalesce ─ shuffle_read[] ─┬─ commit ─ watermark ─ trigger_next_run
+    detect ─┬─ write_jobs ─ shuffle_write[] ─ barrier ─ coalesce ─ shuffle_read[] ─┬─ commit ─ watermark ─ more_pending ─ trigger_next_run
             └─ insert_jobs ─ changelog_insert[] ──────────────────────────────────┘
     cleanup: teardown of detect, after trigger_next_run (runs after failures too, keeps them failed)
 
@@ -39,7 +39,7 @@ from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.detect import DetectOperator, sensor_mode
 from iceberg_cdc.airflow.operators.lineage import lineage_task
-from iceberg_cdc.airflow.operators.spark import phase_operator, submits_applications
+from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
 from iceberg_cdc.airflow.policy import final_errors, record_error, task_retries
 from iceberg_cdc.airflow.sensors.barrier import MapOutputBarrierSensor
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
@@ -209,7 +209,7 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
 
     def spark_task(task_id: str, phase: str):
         """A mapped Spark task of ``spark.mode``'s operator, to ``.expand(application_args=...)``."""
-        name = {"name": f"cdc-{source}-{phase}"} if submits_applications(config) else {}
+        name = {"name": f"cdc-{source}-{phase}"} if operator is CdcSparkSubmitOperator else {}
         return operator.partial(task_id=task_id, **name, **spark)
 
     barrier_mode = sensor_mode()
@@ -318,8 +318,16 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
             mark["chained_note"] = chained_note(mark)
             return mark
 
-        # Whether to chain is decided inside the trigger task (ChainRunOperator): a separate short-circuit
-        # task cost a task process and a scheduler hop on every run, for a test of a few dict keys.
+        @task.short_circuit(task_id="more_pending")
+        def more_pending(mark: dict[str, Any], params: dict[str, Any] | None = None, dag_run=None) -> bool:
+            # A backfill never chains: its runs are the backfill's, and a chained run would escape it.
+            # A manual reprocess (snapshot_id) does not chain unless asked to: it is about one snapshot;
+            # a range reprocess chains to the next snapshot of its range (run_kinds).
+            backfill = is_backfill(getattr(dag_run, "run_type", None))
+            if backfill:
+                log.info("a backfill run does not chain; the backfill's next run takes the next snapshot")
+            return should_chain(mark, params, backfill=backfill)
+
         trigger_next = ChainRunOperator(
             task_id="trigger_next_run",
             trigger_dag_id=table.dag_id,
@@ -341,7 +349,7 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
         mark = watermark(detected, committed)
         shuffle_write >> barrier >> ranges >> shuffle_read >> committed
         changelog_insert >> committed
-        mark >> trigger_next
+        mark >> more_pending(mark) >> trigger_next
         teardown = cleanup(detected).as_teardown(setups=detected)
         # The chained run exists before cleanup gives the lease back: a run waiting for the table
         # then sees it and leaves the next snapshot to it (one chain per table, docs/operating.md).
@@ -355,31 +363,13 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
 
 
 class ChainRunOperator(TriggerDagRunOperator):
-    """Starts the table's next run when :func:`~iceberg_cdc.run.kinds.should_chain` says so, else skips.
+    """TriggerDagRunOperator whose ``note`` is a template too (the provider renders only the run id and conf).
 
-    The decision (more snapshots pending, ``trigger_next``, never from a
-    backfill) reads watermark's XCom and the run's params, so it is made here
-    rather than in a short-circuit task of its own: one task process and one
-    scheduler hop fewer per run. ``note`` is a template too (the provider
-    renders only the run id and conf): the chained run's note says how many
-    snapshots were pending when it was started; the plugin's listener replaces
-    it with what the run did when it ends.
+    The chained run's note says how many snapshots were pending when it was
+    started; the plugin's listener replaces it with what the run did when it ends.
     """
 
     template_fields = (*TriggerDagRunOperator.template_fields, "note")
-
-    def execute(self, context: Any) -> Any:
-        from iceberg_cdc.airflow.compat import AirflowSkipException
-
-        mark = context["ti"].xcom_pull(task_ids="watermark") or {}
-        # A backfill never chains: its runs are the backfill's, and a chained run would escape it.
-        # A manual reprocess (snapshot_id) does not chain unless asked to: it is about one snapshot;
-        # a range reprocess chains to the next snapshot of its range (run_kinds).
-        backfill = is_backfill(getattr(context.get("dag_run"), "run_type", None))
-        if not should_chain(mark, context.get("params"), backfill=backfill):
-            reason = "a backfill run does not chain" if backfill else "no next run to start"
-            raise AirflowSkipException(f"{reason} (remaining: {mark.get('remaining', 0)})")
-        return super().execute(context)
 
 
 def build_dags(

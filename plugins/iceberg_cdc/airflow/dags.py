@@ -25,21 +25,16 @@ Each table goes to the part its DAG id hashes to (stable: adding a table
 moves no other), with its mirrors' DAGs; ``cdc_freshness`` is in part 0. The
 DAG processor's parsing processes (``[dag_processor] parsing_processes``)
 then parse the parts side by side. DAG ids stay the same.
-
-**In a task process only the task's DAG is built.** Airflow's task runner
-parses the DAG file of the task it runs, naming the DAG in the parsing
-context (:func:`airflow.sdk.get_parsing_context`); the other tables' DAGs
-would cost every task about 20 ms of CPU each for nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-from airflow.sdk import DAG, get_parsing_context
+from airflow.sdk import DAG
 
 from iceberg_cdc.airflow.dag_factory import build_dags
-from iceberg_cdc.airflow.freshness_dag import FRESHNESS_DAG_ID, build_freshness_dag
+from iceberg_cdc.airflow.freshness_dag import build_freshness_dag
 from iceberg_cdc.airflow.mirror_dag import build_mirror_dags
 from iceberg_cdc.config import CdcConfig, ConfigError, TableConfig, load_config
 
@@ -62,11 +57,8 @@ def dags_from_config(config_path: str | None = None, *, part: int = 0, parts: in
         )
     config: CdcConfig = load_config(config_path)
     tables: list[TableConfig] = [t for t in config.tables if part_of(t.dag_id, parts) == part]
-    running = get_parsing_context().dag_id  # set in a task process: the DAG of the task it runs
-    if running is not None:
-        tables = [t for t in tables if running in (t.dag_id, *(t.mirror_dag_id(m) for m in t.mirrors))]
     extra: dict[str, DAG] = {}
-    if part == 0 and running in (None, FRESHNESS_DAG_ID):
+    if part == 0:
         freshness = build_freshness_dag(config)
         extra = {freshness.dag_id: freshness} if freshness is not None else {}
     if not tables:

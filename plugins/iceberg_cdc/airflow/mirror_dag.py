@@ -33,7 +33,7 @@ from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.detect import lease_wait_seconds, sensor_mode
 from iceberg_cdc.airflow.operators.lineage import lineage_task
-from iceberg_cdc.airflow.operators.spark import phase_operator, submits_applications
+from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
 from iceberg_cdc.airflow.policy import airflow_holder_state, final_errors, record_error, task_retries
 from iceberg_cdc.config import CdcConfig, MirrorConfig, TableConfig, load_config
 from iceberg_cdc.run.metrics import emit_verification
@@ -155,7 +155,7 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
             """The Iceberg target's Spark join tasks (a mapped task expands over a whole return value)."""
             return planned["join_args"]
 
-        name_arg = {"name": f"cdc-{source}-mirror-{name}"} if submits_applications(config) else {}
+        name_arg = {"name": f"cdc-{source}-mirror-{name}"} if operator is CdcSparkSubmitOperator else {}
         mirror_join = operator.partial(task_id="mirror_join", **name_arg, **spark).expand(
             application_args=join_jobs(planned)
         )

@@ -1,7 +1,9 @@
 """The operators of the mapped Spark tasks, one per ``spark.mode``, with errors first.
 
-``submit``: :class:`~iceberg_cdc.airflow.operators.spark_submit.CdcSparkSubmitOperator`
-(its own module, imported only in submit mode). ``connect``: :class:`SparkConnectPhaseOperator`,
+``submit``: :class:`CdcSparkSubmitOperator`, the provider's SparkSubmitOperator
+that, when the application fails, raises the pipeline's own error line (left
+by the phase driver under ``paths.group_error``) before spark-submit's
+command line and JVM noise. ``connect``: :class:`SparkConnectPhaseOperator`,
 which runs the same group from this worker as a Spark Connect client. Both
 take the same ``application_args`` (``--phase --plan --group --label``), so the
 mapped tasks expand, and are labelled, exactly alike.
@@ -9,19 +11,35 @@ mapped tasks expand, and are labelled, exactly alike.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
 
+from iceberg_cdc.airflow.compat import AirflowException, AirflowFailException
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
-from iceberg_cdc.airflow.operators.phases import phases_known
 from iceberg_cdc.airflow.policy import final_errors
-from iceberg_cdc.config import CdcConfig
+from iceberg_cdc.config import CdcConfig, load_config
+from iceberg_cdc.error_lines import is_final_line
+from iceberg_cdc.errors import CdcError
 from iceberg_cdc.pipeline.submit_conf import submit_conf
 
 _REPO_APPLICATION = Path(__file__).resolve().parents[4] / "spark_jobs" / "cdc_phase.py"
 _PACKAGE_APPLICATION = Path(__file__).resolve().parents[1] / "spark_entry.py"
+
+
+def _phases_known() -> None:
+    """Make every phase a mapped Spark task may run known in this process: the Iceberg mirror's too.
+
+    Called where a task runs, never at import: the DAG files import this module,
+    and the mirror's phase pulls in the task-only modules (pyiceberg, pyarrow).
+    """
+    from iceberg_cdc.mirror.iceberg import phase as mirror_phase
+
+    mirror_phase.register()
 
 
 def spark_application() -> str:
@@ -71,7 +89,7 @@ class SparkConnectPhaseOperator(BaseOperator):
         from iceberg_cdc.pipeline import connect_app
         from iceberg_cdc.pipeline.spark_app import parse_args
 
-        phases_known()
+        _phases_known()
         args = parse_args([str(a) for a in self.application_args])
         with final_errors():
             hook = CdcHook()
@@ -102,21 +120,78 @@ class SparkConnectPhaseOperator(BaseOperator):
             runner.cancel()  # logs and never raises: a kill must not fail over a lost connection
 
 
-def submits_applications(config: CdcConfig) -> bool:
-    """Whether the mapped Spark tasks are spark-submit applications (which take a ``name``), not Connect jobs."""
-    return config.spark.mode != "connect"
+class CdcSparkSubmitOperator(SparkSubmitOperator):
+    """SparkSubmitOperator whose failure says the pipeline's error first, at ERROR level.
+
+    The provider's exception starts with ``Cannot execute: spark-submit
+    --master ... --conf ...``; the reason (say ``AmbiguousUpdateError: ...
+    set duplicate_keys: emit_unpaired``) sits many lines down a PySpark
+    traceback logged at INFO. The phase driver leaves that reason as one line
+    in the run's namespace; this operator raises it first.
+    """
+
+    def execute(self, context: Any) -> None:
+        from iceberg_cdc.pipeline.pyfiles import package_zip
+
+        _phases_known()
+        self.py_files = self.py_files or package_zip()
+        try:
+            with _renewing(self.application_args or []):
+                super().execute(context)
+        except AirflowException as exc:
+            line = _group_error(self.application_args or [])
+            if line is None:
+                raise
+            self.log.error("%s", line)
+            error = AirflowFailException if is_final_line(line) else AirflowException
+            raise error(
+                f"{line}\n(spark-submit failed; its command line and output follow in the log)"
+            ) from exc
+
+
+@contextlib.contextmanager
+def _renewing(application_args: list[str]) -> Iterator[None]:
+    """Renew the run's lease from this task's process while spark-submit runs.
+
+    The Spark driver renews it too, but only once its JVM is up; renewing here
+    as well ties the lease to the Airflow task itself, so a killed task stops
+    renewing (coordination.lease, "Dead holders"). Never fails the task: the
+    driver and the next step check the lease themselves.
+    """
+    from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
+    from iceberg_cdc.coordination.lease import TableLease
+    from iceberg_cdc.pipeline.groups import load_phase_plan
+    from iceberg_cdc.pipeline.spark_app import parse_args
+
+    try:
+        args = parse_args([str(a) for a in application_args])
+        store = CdcHook(load_config(args.config)).runtime().store()
+        plan = load_phase_plan(args.phase, store, args.plan)
+        lease = TableLease(store, plan.lease_name)
+        beat = LeaseHeartbeat(lease, plan.run_id, plan.epoch, plan.lease_ttl_seconds)
+    except (CdcError, SystemExit, ValueError, KeyError, OSError, AttributeError):
+        yield
+        return
+    with beat:
+        yield
+
+
+def _group_error(application_args: list[str]) -> str | None:
+    """The error line the phase driver recorded for this group, if any."""
+    from iceberg_cdc.pipeline.phase_driver import read_group_error
+    from iceberg_cdc.pipeline.spark_app import parse_args
+
+    try:
+        args = parse_args([str(a) for a in application_args])
+        store = CdcHook(load_config(args.config)).runtime().store()
+        return read_group_error(store, args.plan, args.phase, args.group)
+    except (CdcError, SystemExit, ValueError, KeyError):
+        return None
 
 
 def phase_operator(config: CdcConfig) -> tuple[type[BaseOperator], dict[str, Any]]:
-    """The mapped Spark tasks' operator and its fixed arguments, by ``spark.mode``.
-
-    The spark-submit operator's module is imported only in submit mode: the
-    provider's module pulls in OpenLineage and Airflow's ORM models (about
-    0.7 s, 2 s on a loaded host), and every task process parses the DAG file.
-    """
-    if not submits_applications(config):
+    """The mapped Spark tasks' operator and its fixed arguments, by ``spark.mode``."""
+    if config.spark.mode == "connect":
         options = {"conn_id": config.spark.connect_conn_id, "map_index_template": MAP_INDEX_TEMPLATE}
         return SparkConnectPhaseOperator, options
-    from iceberg_cdc.airflow.operators.spark_submit import CdcSparkSubmitOperator
-
     return CdcSparkSubmitOperator, spark_options(config)

@@ -30,6 +30,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (mirrors' conn_id -> DSN)
 from iceberg_cdc.airflow.views.airflow_side import AirflowSide, authenticated_user
 from iceberg_cdc.config import CONFIG_ENV, CdcConfig, load_config
 from iceberg_cdc.errors import CdcError
@@ -87,23 +88,18 @@ def create_app(
 ) -> FastAPI:
     """The app. Every argument is for tests or embedding; the defaults read Airflow and ``CDC_CONFIG``."""
     from iceberg_cdc.airflow.hooks.cdc import CdcHook
+    from iceberg_cdc.ui.status import DEFAULT_RECENT, DEFAULT_TIMEOUT_SECONDS
 
     load = config_loader or load_config
     connections = connections or CdcHook.s3_properties
     side = airflow or AirflowSide()
     catalogs = catalog_factory or _CatalogCache()
-
-    def limits() -> tuple[int, float]:
-        """``recent`` and the timeout, read at the first request: ui.status (pyiceberg, pandas) is imported
-        there, not when the plugin is loaded -- every Airflow task process loads the plugins."""
-        from iceberg_cdc.ui.status import DEFAULT_RECENT, DEFAULT_TIMEOUT_SECONDS
-
-        return (
-            recent if recent is not None else int(os.environ.get("CDC_UI_RECENT", DEFAULT_RECENT)),
-            timeout_seconds
-            if timeout_seconds is not None
-            else float(os.environ.get("CDC_UI_TIMEOUT_SECONDS", DEFAULT_TIMEOUT_SECONDS)),
-        )
+    recent = recent if recent is not None else int(os.environ.get("CDC_UI_RECENT", DEFAULT_RECENT))
+    timeout = (
+        timeout_seconds
+        if timeout_seconds is not None
+        else float(os.environ.get("CDC_UI_TIMEOUT_SECONDS", DEFAULT_TIMEOUT_SECONDS))
+    )
 
     app = FastAPI(
         title="Iceberg CDC",
@@ -119,9 +115,6 @@ def create_app(
         return root[: -len(mount_prefix)] if mount_prefix and root.endswith(mount_prefix) else root
 
     def gather(request: Request, user: Any, sources: list[str] | None = None) -> dict[str, Any]:
-        # Here, not at the module's top: every Airflow task process loads the plugins (for their
-        # listeners), and the mirrors' modules (pandas, the Postgres driver) cost it a second or more.
-        from iceberg_cdc.airflow.hooks import mirror_postgres  # noqa: F401  (mirrors' conn_id -> DSN)
         from iceberg_cdc.ui.status import collect_status
 
         now = datetime.now(UTC)
@@ -148,13 +141,12 @@ def create_app(
         if not shown:
             return view
         base = airflow_base(request)
-        recent_runs, timeout = limits()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-ui") as pool:
             statuses = pool.submit(
                 collect_status,
                 config,
                 tables=shown,
-                recent=recent_runs,
+                recent=recent,
                 catalog_factory=catalogs,
                 with_lease=with_lease,
                 timeout_seconds=timeout,
