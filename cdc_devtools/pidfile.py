@@ -21,13 +21,18 @@ class AlreadyRunning(RuntimeError):
     """The pid file names a live process of the same command: a second one would take its files."""
 
 
-def running_pid(path: Path, marker: str) -> int | None:
-    """The live process ``path`` names, if its command line contains ``marker``; else None."""
+def _read_pid(path: Path) -> int | None:
+    """The process id ``path`` holds (None: no file, or not a pid file)."""
     try:
-        pid = int(path.read_text().split()[0])
+        return int(path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return pid if pid != os.getpid() and marker in _command_line(pid) else None
+
+
+def running_pid(path: Path, marker: str) -> int | None:
+    """The live process ``path`` names, if its command line contains ``marker``; else None."""
+    pid = _read_pid(path)
+    return pid if pid is not None and pid != os.getpid() and marker in _command_line(pid) else None
 
 
 @contextlib.contextmanager
@@ -47,9 +52,8 @@ def pid_file(path: Path, marker: str | None = None) -> Iterator[Path]:
     try:
         yield path
     finally:
-        with contextlib.suppress(OSError, ValueError):
-            if int(path.read_text().split()[0]) == os.getpid():
-                path.unlink()
+        if _read_pid(path) == os.getpid():
+            path.unlink(missing_ok=True)
 
 
 def _command_line(pid: int) -> str:
@@ -61,9 +65,8 @@ def _command_line(pid: int) -> str:
 
 def stop_running(path: Path, marker: str, *, timeout: float = 90.0) -> tuple[bool, str]:
     """Stop the process ``path`` names if its command line contains ``marker``: (stopped, what happened)."""
-    try:
-        pid = int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+    pid = _read_pid(path)
+    if pid is None:
         return False, f"nothing to stop: no pid file {path} (is it running?)"
     if marker not in _command_line(pid):
         path.unlink(missing_ok=True)
