@@ -14,7 +14,11 @@ is reported apart, as a deployment pays it once). Run alone::
 
     .venv/bin/python bench/latency.py            # about 2-3 minutes
 
-ends with ``latency: one-row snapshot submit X s, connect Y s (...)``.
+ends with ``latency: one-row snapshot submit X s, connect Y s (...)``, the
+scheduler's ``latency: ... under the scheduler`` and ``backlog:`` lines, and
+where a one-row run's seconds go, per task (:mod:`runcost`: start-up, Spark /
+Connect overhead, work) for the warm ``dags test`` run and the last run under
+the scheduler; all of it also in ``bench/results/latency.{txt,json}``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 import yaml  # noqa: E402
+from runcost import dags_test_breakdown, scheduler_breakdown, table_lines  # noqa: E402
 
 from cdc_devtools.airflow_env import VENV_BIN, airflow_env, dags_test, ensure_airflow_db  # noqa: E402
 from iceberg_cdc.sink.table import read_watermark  # noqa: E402
@@ -107,6 +112,8 @@ def one_row_latency(
         "other_task_seconds": round(sum(t["seconds"] for t in timed if not _is_spark_task(t["task"])), 3),
         "airflow_cli_start_seconds": process_start_seconds(env),
         "log": str(log_path),
+        # Per task: start-up, Spark/Connect overhead, work (bench/runcost.py).
+        "runcost": dags_test_breakdown(home, dag_id, log_path),
     }
 
 
@@ -212,6 +219,21 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                 + ", ".join(f"{t['task']} {t['seconds']:.1f}" for t in run["tasks"])
             )
     lines.append(latency_line(results["submit"][0]["wall_seconds"], results))
+    return lines
+
+
+def runcost_lines(results: dict[str, Any]) -> list[str]:
+    """The per-task tables: the warm connect run of ``airflow dags test``, the last run under the scheduler."""
+    lines: list[str] = []
+    if results.get("connect"):
+        lines += table_lines(
+            results["connect"][-1]["runcost"], "one-row snapshot, airflow dags test (connect, warm)"
+        )
+    scheduler = results.get("scheduler")
+    if scheduler and scheduler.get("latency"):
+        lines += table_lines(
+            scheduler["latency"][-1]["runcost"], "one-row snapshot under the scheduler (connect)"
+        )
     return lines
 
 
@@ -327,6 +349,10 @@ def scheduler_figures(
                 commit = next(t for t in tasks if t["task_id"] == "commit")
                 results["latency"].append(
                     {
+                        "run_id": run["dag_run_id"],
+                        "runcost": scheduler_breakdown(
+                            Path(env["AIRFLOW_HOME"]), tiny_dag, run["dag_run_id"]
+                        ),
                         "seconds": round(_stamp(final["end_date"]) - triggered_at, 3),
                         # When the change is in the sink: the run's last tasks come after it.
                         "to_commit_seconds": round(_stamp(commit["end_date"]) - triggered_at, 3),
@@ -397,10 +423,16 @@ def main() -> int:
             work, s3, work / "logs", rows=args.rows, backlog=args.backlog
         )
     (work / "latency.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    if not args.scheduler_only:
-        print("\n".join(summary_lines(results)))
-    print("\n".join(scheduler_lines(results["scheduler"])))
-    print(f"details: {work / 'latency.json'}")
+    lines = [
+        *([] if args.scheduler_only else summary_lines(results)),
+        *scheduler_lines(results["scheduler"]),
+        *runcost_lines(results),
+    ]
+    out = ROOT / "bench" / "results"
+    (out / "latency.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    (out / "latency.txt").write_text("\n".join(["# python bench/latency.py", *lines]) + "\n")
+    print("\n".join(lines))
+    print(f"details: {work / 'latency.json'}; results: {out / 'latency.txt'}")
     return 0
 
 

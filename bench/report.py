@@ -561,6 +561,17 @@ def _latency(results: dict[str, Any], add) -> None:
             f"{warm['first_task_to_last_task_seconds']:.1f} s; after {warm['after_last_task_seconds']:.1f} s; "
             + ", ".join(f"{t['task']} {t['seconds']:.1f}" for t in warm["tasks"])
         )
+        if "runcost" in warm:
+            from runcost import table_lines
+
+            for line in table_lines(warm["runcost"], "one-row snapshot, airflow dags test (connect, warm)"):
+                add("   " + line)
+    scheduler = results.get("scheduler")
+    if scheduler and scheduler.get("latency") and "runcost" in scheduler["latency"][-1]:
+        from runcost import table_lines
+
+        for line in table_lines(scheduler["latency"][-1]["runcost"], "one-row snapshot under the scheduler"):
+            add("   " + line)
 
 
 def _engine(results: dict[str, Any], add) -> None:
