@@ -159,3 +159,37 @@ def test_a_closed_shared_session_gives_way_to_the_next(server, tmp_path):
         assert spark.range(2).count() == 2
     finally:
         connect_app.forget_session(server.url)
+
+
+EXIT_PROBE = """
+import atexit, sys
+from pyspark.sql.connect.client import core
+
+def probe(self):  # pyspark's exit hook sends this command; a closed client never does
+    print("ml-cache-cleanup sent", flush=True)
+
+core.SparkConnectClient._cleanup_ml_cache = probe
+from iceberg_cdc.pipeline import connect_sessions
+if sys.argv[2] == "forked":
+    atexit._clear()  # what Airflow's task process does after its fork (supervisor._fork_main)
+spark = connect_sessions.session(sys.argv[1], digest="exit-probe")
+print("rows", spark.range(3).count(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("start", ["plain", "forked"])
+def test_a_task_process_exits_without_pyspark_exit_command(server, start):
+    """The client is closed before pyspark's exit hook, which would send a command the server answers slowly.
+
+    A Spark 4.2 server took about 5 s to answer that ML-cache clean-up, and
+    an Airflow task process holds its executor slot until it exits.
+    """
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_PROBE, server.url, start], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rows 3" in done.stdout
+    assert "ml-cache-cleanup sent" not in done.stdout

@@ -6,6 +6,15 @@ pool per session in Spark -- stay warm across tasks and processes, and a new
 package version gets a fresh session (and fresh workers). Sessions are cached
 per URL in this process too, and never released by a client (others use
 them); the server closes them when idle.
+
+**Exit.** This process closes its clients before pyspark's own exit hook
+runs: that hook (``SparkConnectClient._on_exit``) sends an ML-cache clean-up
+command first, which a Spark 4.2 server took about 5 s to answer, and an
+Airflow task process (LocalExecutor) holds its executor slot until it exits.
+A closed client skips the hook. Python runs exit hooks last-registered first,
+and a task process forked from an Airflow worker starts with the parent's
+hooks cleared, so :func:`close_sessions` is registered again after every new
+client (:func:`_new_session`).
 """
 
 from __future__ import annotations
@@ -99,7 +108,11 @@ def _new_session(url: str) -> Any:
     )
     from pyspark.sql import SparkSession
 
-    return SparkSession.builder.remote(url).create()
+    spark = SparkSession.builder.remote(url).create()
+    # After the client's own exit hook, so that ours runs first (see the module's docstring).
+    atexit.unregister(close_sessions)
+    atexit.register(close_sessions)
+    return spark
 
 
 def _open(url: str, artifact: str | None, digest: str | None) -> _Session:
@@ -165,7 +178,6 @@ def forget_session(url: str) -> None:
         cached.close()
 
 
-@atexit.register
 def close_sessions() -> None:
     """Close this process's connections (private sessions are released; shared ones stay for the next client)."""
     with _lock:
