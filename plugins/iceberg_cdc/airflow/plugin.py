@@ -16,14 +16,15 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from iceberg_cdc.airflow.listeners import run_notes
+from iceberg_cdc.airflow.listeners import run_notes, task_preload
 from iceberg_cdc.airflow.views.app import MOUNT_PREFIX, create_app
 
 
 class CdcUiPlugin(AirflowPlugin):
     name = "iceberg_cdc_ui"
     # When a CDC DAG run ends, its note in the Runs list and grid says what it did, or why it failed.
-    listeners = [run_notes]  # noqa: RUF012
+    # In the scheduler, before its LocalExecutor forks: the tasks' modules, imported once for every task.
+    listeners = [run_notes, task_preload]  # noqa: RUF012
     fastapi_apps = [  # noqa: RUF012 (AirflowPlugin declares these as class attributes)
         {"app": create_app(), "url_prefix": MOUNT_PREFIX, "name": "Change data capture"}
     ]
