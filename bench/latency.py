@@ -278,6 +278,7 @@ def scheduler_figures(
     backlog: int = 30,
     latency_runs: int = 2,
     parallelism: int = 2,
+    low_latency: bool = True,
 ) -> dict[str, Any]:
     """One-row latency and a backlog's catch-up under Airflow's scheduler, in connect mode.
 
@@ -295,6 +296,9 @@ def scheduler_figures(
     * **backlog**: ``backlog`` one-row updates pending; one run is triggered,
       and each run triggers the next while more are pending (chained runs);
       seconds from the trigger to the end of the last run.
+
+    ``low_latency``: Airflow with the small-snapshot settings of
+    docs/operating.md (:data:`cdc_devtools.scheduler.LOW_LATENCY`); off: Airflow's defaults.
     """
     import workload as wl
 
@@ -325,12 +329,20 @@ def scheduler_figures(
     path = work / "latency-scheduler.yaml"
     path.write_text(yaml.safe_dump(raw))
     tiny_dag, chain_dag = ("cdc__" + w.table.replace(".", "__") for w in (tiny, chain))
-    results: dict[str, Any] = {"rows": rows, "backlog": backlog, "parallelism": parallelism, "latency": []}
+    results: dict[str, Any] = {
+        "rows": rows,
+        "backlog": backlog,
+        "parallelism": parallelism,
+        "low_latency": low_latency,
+        "latency": [],
+    }
     logs.mkdir(parents=True, exist_ok=True)
     with LocalSparkConnectServer(work / "spark-connect-scheduler", master="local[2]") as server:
         env = airflow_env(work / "airflow-scheduler", path, spark_master="local[2]", connect_url=server.url)
         started = time.perf_counter()
-        with LocalAirflow(env, logs / "airflow-scheduler", parallelism=parallelism) as airflow:
+        with LocalAirflow(
+            env, logs / "airflow-scheduler", parallelism=parallelism, low_latency=low_latency
+        ) as airflow:
             for dag_id in (tiny_dag, chain_dag):
                 airflow.wait_for_dag(dag_id)
                 airflow.unpause(dag_id)  # no schedule: nothing runs until triggered
@@ -387,10 +399,15 @@ def scheduler_lines(results: dict[str, Any]) -> list[str]:
     runs = results["latency"]
     backlog = results["backlog_run"]
     first = f"; first run after the start {runs[0]['seconds']:.1f} s" if len(runs) > 1 else ""
+    settings = (
+        "scheduler_idle_sleep_time 0.1 s, min_heartbeat_interval 1 s"
+        if results.get("low_latency", True)
+        else "Airflow's default settings"
+    )
     return [
         f"latency: one-row snapshot under the scheduler {runs[-1]['seconds']:.1f} s (connect, trigger to "
         f"success; in the sink after {runs[-1]['to_commit_seconds']:.1f} s; LocalExecutor "
-        f"{results['parallelism']} slots{first})",
+        f"{results['parallelism']} slots, {settings}{first})",
         f"backlog: {results['backlog']} one-row snapshots caught up in {backlog['seconds']:.1f} s (connect, "
         f"chained runs: {backlog['runs']} runs, {backlog['seconds'] / max(1, backlog['runs']):.1f} s per snapshot)",
     ]
@@ -408,6 +425,11 @@ def main() -> int:
         help="only the figures under Airflow's scheduler (one-row latency, a backlog of chained runs)",
     )
     parser.add_argument("--backlog", type=int, default=30, help="one-row snapshots in the backlog")
+    parser.add_argument(
+        "--airflow-defaults",
+        action="store_true",
+        help="run Airflow with its default settings, not docs/operating.md's small-snapshot settings",
+    )
     args = parser.parse_args()
     from cdc_devtools.local_s3 import LocalS3Server
 
@@ -420,7 +442,12 @@ def main() -> int:
         else:
             results = compare_modes(work, s3, work / "logs", rows=args.rows, connect_runs=args.connect_runs)
         results["scheduler"] = scheduler_figures(
-            work, s3, work / "logs", rows=args.rows, backlog=args.backlog
+            work,
+            s3,
+            work / "logs",
+            rows=args.rows,
+            backlog=args.backlog,
+            low_latency=not args.airflow_defaults,
         )
     (work / "latency.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     lines = [
@@ -430,7 +457,8 @@ def main() -> int:
     ]
     out = ROOT / "bench" / "results"
     (out / "latency.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    (out / "latency.txt").write_text("\n".join(["# python bench/latency.py", *lines]) + "\n")
+    command = " ".join(["python bench/latency.py", *sys.argv[1:]])
+    (out / "latency.txt").write_text("\n".join([f"# {command}", *lines]) + "\n")
     print("\n".join(lines))
     print(f"details: {work / 'latency.json'}; results: {out / 'latency.txt'}")
     return 0

@@ -84,7 +84,7 @@ def ui_env(
 ) -> dict[str, str]:
     """``make airflow``'s Airflow settings: one small machine on 127.0.0.1, login on."""
     env = airflow_env(home, config_path)
-    machine_env(env, port)
+    machine_env(env, port, low_latency=True)  # small snapshots' settings, as docs/operating.md suggests
     passwords_file.parent.mkdir(parents=True, exist_ok=True)
     return login_env(env, passwords_file)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cdc_devtools.pidfile import AlreadyRunning, pid_file, stop_running
-from cdc_devtools.scheduler import HOST, log_server_ports, machine_env
+from cdc_devtools.scheduler import HOST, LOW_LATENCY, log_server_ports, machine_env
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -135,3 +135,21 @@ def test_a_second_make_airflow_is_refused_while_the_first_runs(tmp_path):
     with pid_file(path, "airflow_ui.py"):
         assert path.read_text() == f"{os.getpid()}\n"
     assert not path.exists()
+
+
+def test_small_snapshot_settings_where_asked_and_never_over_a_given_value():
+    assert not set(LOW_LATENCY) & set(machine_env({}, 8080))
+    chosen = machine_env({}, 8080, low_latency=True)
+    assert {name: chosen[name] for name in LOW_LATENCY} == LOW_LATENCY
+    kept = machine_env({"AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "2"}, 8080, low_latency=True)
+    assert kept["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] == "2"
+
+
+def test_make_airflow_runs_with_the_small_snapshot_settings(tmp_path):
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import airflow_ui
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    env = airflow_ui.ui_env(tmp_path, tmp_path / "cdc.yaml", 8080, tmp_path / "passwords.json")
+    assert {name: env[name] for name in LOW_LATENCY} == LOW_LATENCY
