@@ -44,7 +44,6 @@ def test_task_graph():
         "changelog_insert",
         "commit",
         "watermark",
-        "more_pending",
         "trigger_next_run",
         "cleanup",
     }
@@ -54,7 +53,7 @@ def test_task_graph():
     assert upstream(dag, "shuffle_read") == {"coalesce"}
     assert upstream(dag, "changelog_insert") == {"insert_jobs"}
     assert upstream(dag, "commit") == {"shuffle_read", "changelog_insert"}
-    assert upstream(dag, "trigger_next_run") == {"more_pending"}
+    assert upstream(dag, "trigger_next_run") == {"watermark"}
     # mapped Spark tasks show the plan's labels
     for task_id in ("shuffle_write", "shuffle_read", "changelog_insert"):
         task = dag.get_task(task_id)
@@ -214,6 +213,47 @@ def test_every_task_records_its_error_and_the_chained_runs_note_is_rendered():
             }
 
     assert trigger.render_template(trigger.note, {"ti": Ti()}) == "chained: 3 snapshot(s) pending"
+
+
+def test_trigger_next_run_decides_whether_to_chain_and_skips_otherwise():
+    """The chain decision lives in trigger_next_run itself: it skips unless should_chain says go on."""
+    import copy
+    from types import SimpleNamespace
+
+    from airflow.providers.common.compat.sdk import DagRunTriggerException
+
+    from iceberg_cdc.airflow.compat import AirflowSkipException
+
+    trigger = build_dags(parse_config(CONFIG))["cdc__shop__orders"].get_task("trigger_next_run")
+    mark = {"remaining": 2, "next_conf": {}, "chained_run_id": "chained__s9__x", "chained_note": "n"}
+
+    class Ti:
+        def __init__(self, value):
+            self.value, self.pulled = value, []
+
+        def xcom_pull(self, task_ids):
+            self.pulled.append(task_ids)
+            return self.value
+
+        def xcom_push(self, key, value):
+            pass
+
+    def run(value, params, run_type="manual"):
+        operator = copy.copy(trigger)
+        operator.trigger_run_id, operator.conf = value.get("chained_run_id"), {}
+        ti = Ti(value)
+        context = {"ti": ti, "params": params, "dag_run": SimpleNamespace(run_type=run_type)}
+        operator.execute(context)
+
+    with pytest.raises(DagRunTriggerException) as started:
+        run(mark, {"trigger_next": "auto"})
+    assert started.value.dag_run_id == "chained__s9__x"
+    with pytest.raises(AirflowSkipException, match="no next run"):
+        run({**mark, "remaining": 0}, {"trigger_next": "auto"})
+    with pytest.raises(AirflowSkipException, match="no next run"):
+        run(mark, {"trigger_next": "no"})
+    with pytest.raises(AirflowSkipException, match="backfill"):
+        run(mark, {"trigger_next": "yes"}, run_type="backfill")
 
 
 MIRRORED = {
