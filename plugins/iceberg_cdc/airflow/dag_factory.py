@@ -34,6 +34,7 @@ from airflow.sdk import DAG, Asset, AssetAlias, Param, TriggerRule, task
 from airflow.sdk.definitions.param import ParamsDict
 
 from iceberg_cdc import snapshot_ids
+from iceberg_cdc.airflow.chain import no_chain_reason, skip_trigger
 from iceberg_cdc.airflow.events import schedule_for
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.metrics import emit_safely
@@ -43,7 +44,6 @@ from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_op
 from iceberg_cdc.airflow.policy import final_errors, record_error, task_retries
 from iceberg_cdc.airflow.sensors.barrier import MapOutputBarrierSensor
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
-from iceberg_cdc.run.kinds import is_backfill, should_chain
 from iceberg_cdc.run.metrics import emit_commit, emit_lag
 
 if TYPE_CHECKING:
@@ -303,7 +303,9 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
         # watermark reads the sink: naming it as an inlet keeps the sink's asset known to Airflow (on its
         # Assets page, active) although commit emits its events only through the alias.
         @task(task_id="watermark", inlets=[asset])
-        def watermark(detected: dict[str, Any], committed: dict[str, Any]) -> dict[str, Any]:
+        def watermark(
+            detected: dict[str, Any], committed: dict[str, Any], params=None, dag_run=None, ti=None
+        ) -> dict[str, Any]:
             from iceberg_cdc.run import steps
             from iceberg_cdc.run.story import chained_note, chained_run_id
 
@@ -316,10 +318,12 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
             else:
                 mark["chained_run_id"] = chained_run_id(mark.get("next_snapshot_id"), stamp)
             mark["chained_note"] = chained_note(mark)
+            # Whether to chain: decided here, where it is known (airflow/chain.py says why).
+            reason = no_chain_reason(mark, params, getattr(dag_run, "run_type", None))
+            if reason is not None and ti is not None:
+                skip_trigger(ti, mark, reason)
             return mark
 
-        # Whether to chain is decided inside the trigger task (ChainRunOperator): a separate short-circuit
-        # task cost a task process and a scheduler hop on every run, for a test of a few dict keys.
         trigger_next = ChainRunOperator(
             task_id="trigger_next_run",
             trigger_dag_id=table.dag_id,
@@ -355,15 +359,14 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
 
 
 class ChainRunOperator(TriggerDagRunOperator):
-    """Starts the table's next run when :func:`~iceberg_cdc.run.kinds.should_chain` says so, else skips.
+    """Starts the table's next run; skips when :func:`~iceberg_cdc.airflow.chain.no_chain_reason` says no.
 
-    The decision (more snapshots pending, ``trigger_next``, never from a
-    backfill) reads watermark's XCom and the run's params, so it is made here
-    rather than in a short-circuit task of its own: one task process and one
-    scheduler hop fewer per run. ``note`` is a template too (the provider
-    renders only the run id and conf): the chained run's note says how many
-    snapshots were pending when it was started; the plugin's listener replaces
-    it with what the run did when it ends.
+    watermark skips this task itself when no next run is due
+    (:mod:`iceberg_cdc.airflow.chain`); the check here covers a cleared task
+    re-run by hand. ``note`` is a template too (the provider renders only the
+    run id and conf): the chained run's note says how many snapshots were
+    pending when it was started; the plugin's listener replaces it with what
+    the run did when it ends.
     """
 
     template_fields = (*TriggerDagRunOperator.template_fields, "note")
@@ -372,12 +375,10 @@ class ChainRunOperator(TriggerDagRunOperator):
         from iceberg_cdc.airflow.compat import AirflowSkipException
 
         mark = context["ti"].xcom_pull(task_ids="watermark") or {}
-        # A backfill never chains: its runs are the backfill's, and a chained run would escape it.
-        # A manual reprocess (snapshot_id) does not chain unless asked to: it is about one snapshot;
-        # a range reprocess chains to the next snapshot of its range (run_kinds).
-        backfill = is_backfill(getattr(context.get("dag_run"), "run_type", None))
-        if not should_chain(mark, context.get("params"), backfill=backfill):
-            reason = "a backfill run does not chain" if backfill else "no next run to start"
+        reason = no_chain_reason(
+            mark, context.get("params"), getattr(context.get("dag_run"), "run_type", None)
+        )
+        if reason is not None:
             raise AirflowSkipException(f"{reason} (remaining: {mark.get('remaining', 0)})")
         return super().execute(context)
 
