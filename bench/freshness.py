@@ -182,12 +182,14 @@ def freshness_figures(
 
 def freshness_lines(results: dict[str, Any]) -> list[str]:
     """``freshness: p50 X s, p95 Y s`` and the poll's cost."""
+    from cdc_devtools.scheduler import low_latency_label
+
     runs = results["runs"]
     kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(runs["by_type"].items()))
     lines = [
         f"freshness: p50 {results['p50']:.1f} s, p95 {results['p95']:.1f} s (source commit to sink commit, "
         f"{results['commits']} one-row commits {results['gaps'][0]:.0f}-{results['gaps'][1]:.0f} s apart, event "
-        f"trigger polling every {results['poll_interval']:.0f} s, no manual trigger, scheduler_idle_sleep_time 0.1 s; "
+        f"trigger polling every {results['poll_interval']:.0f} s, no manual trigger, {low_latency_label()}; "
         f"{runs['total']} runs: {kinds})"
     ]
     per_table = results["calls_per_minute_per_table"]

@@ -399,11 +399,9 @@ def scheduler_lines(results: dict[str, Any]) -> list[str]:
     runs = results["latency"]
     backlog = results["backlog_run"]
     first = f"; first run after the start {runs[0]['seconds']:.1f} s" if len(runs) > 1 else ""
-    settings = (
-        "scheduler_idle_sleep_time 0.1 s, min_heartbeat_interval 1 s"
-        if results.get("low_latency", True)
-        else "Airflow's default settings"
-    )
+    from cdc_devtools.scheduler import low_latency_label
+
+    settings = low_latency_label() if results.get("low_latency", True) else "Airflow's default settings"
     return [
         f"latency: one-row snapshot under the scheduler {runs[-1]['seconds']:.1f} s (connect, trigger to "
         f"success; in the sink after {runs[-1]['to_commit_seconds']:.1f} s; LocalExecutor "

@@ -148,6 +148,11 @@ LOW_LATENCY = {
 }
 
 
+def low_latency_label() -> str:
+    """The settings of :data:`LOW_LATENCY` as a bench line names them (``scheduler_idle_sleep_time 0.1 s, ...``)."""
+    return ", ".join(f"{name.rsplit('__', 1)[1].lower()} {value} s" for name, value in LOW_LATENCY.items())
+
+
 def machine_env(
     env: dict[str, str], port: int, *, parallelism: int | None = None, low_latency: bool = False
 ) -> dict[str, str]:

@@ -17,6 +17,16 @@ from cdc_devtools.scheduler import HOST, LOW_LATENCY, log_server_ports, machine_
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
+def _airflow_ui():
+    """``scripts/airflow_ui.py`` (``make airflow``) as a module."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import airflow_ui
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return airflow_ui
+
+
 def _free_base() -> int:
     """A port whose log-server ports (+713, +714, +715) are free now."""
     for _ in range(50):
@@ -93,11 +103,7 @@ def test_the_pid_file_lives_as_long_as_the_block(tmp_path):
 
 
 def test_ctrl_c_while_make_airflow_starts_is_one_line_and_leaves_no_pid_file(tmp_path, monkeypatch, capsys):
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import airflow_ui
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    airflow_ui = _airflow_ui()
 
     def interrupted(port: int) -> int:
         assert airflow_ui.PID_FILE.exists()
@@ -146,10 +152,6 @@ def test_small_snapshot_settings_where_asked_and_never_over_a_given_value():
 
 
 def test_make_airflow_runs_with_the_small_snapshot_settings(tmp_path):
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import airflow_ui
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    airflow_ui = _airflow_ui()
     env = airflow_ui.ui_env(tmp_path, tmp_path / "cdc.yaml", 8080, tmp_path / "passwords.json")
     assert {name: env[name] for name in LOW_LATENCY} == LOW_LATENCY

@@ -34,7 +34,7 @@ from airflow.sdk import DAG, Asset, AssetAlias, Param, TriggerRule, task
 from airflow.sdk.definitions.param import ParamsDict
 
 from iceberg_cdc import snapshot_ids
-from iceberg_cdc.airflow.chain import no_chain_reason, skip_trigger
+from iceberg_cdc.airflow.chain import TRIGGER_TASK, no_chain_reason, skip_trigger
 from iceberg_cdc.airflow.events import schedule_for
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.metrics import emit_safely
@@ -325,7 +325,7 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
             return mark
 
         trigger_next = ChainRunOperator(
-            task_id="trigger_next_run",
+            task_id=TRIGGER_TASK,
             trigger_dag_id=table.dag_id,
             wait_for_completion=False,
             # The chained run's id names the snapshot it will process.
