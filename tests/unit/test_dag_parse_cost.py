@@ -72,11 +72,11 @@ print(json.dumps(out))
 """
 
 
-def _config(path: Path, tables: int, freshness_slo: float | None = None) -> str:
+def _config(path: Path, tables: int, freshness_slo: float | None = None, **table: object) -> str:
     raw = {
         "catalog": {"name": "t", "type": "sql", "uri": f"sqlite:///{path / 'never-opened.db'}"},
         "shuffle": {"uri": "s3://shuffle/cdc"},
-        "tables": [{"source": f"ns.t{i}", "sink": f"ns.t{i}_changes"} for i in range(tables)],
+        "tables": [{"source": f"ns.t{i}", "sink": f"ns.t{i}_changes", **table} for i in range(tables)],
     }
     if freshness_slo is not None:
         raw["tables"][0]["freshness_slo"] = freshness_slo
@@ -147,3 +147,44 @@ def test_parts_split_the_tables_over_dag_files(tmp_path):
     assert "cdc_freshness" in ids[0]
     with pytest.raises(ConfigError, match="part must be 0 to parts - 1"):
         dags_from_config(path, part=3, parts=3)
+
+
+def test_a_dags_assets_are_hashed_once_however_many_dependencies_it_sets(tmp_path, monkeypatch):
+    """Airflow hashes the DAG (its schedule's asset with it) at every dependency set: the asset's hash is kept."""
+    from airflow.sdk import Asset
+
+    hashed: list[str] = []
+    plain_hash = Asset.__hash__
+    monkeypatch.setattr(Asset, "__hash__", lambda self: hashed.append(self.name) or plain_hash(self))
+    # Commits only, no clock: the schedule is the source asset itself (with a clock, Airflow hashes its repr).
+    dag = dags_from_config(_config(tmp_path, 1, schedule=None))["cdc__ns__t0"]
+    assert dag.schedule and [a.name for a in dag.schedule] == ["cdc-source:ns.t0"]  # events on: the source asset
+    assert len(dag.task_dict) > 10
+    assert "cdc-source:ns.t0" in hashed
+    assert all(hashed.count(name) == 1 for name in hashed), hashed
+
+
+def test_a_hash_once_asset_is_an_asset_to_airflow(tmp_path):
+    """Equal to, hashed as and serialized as the plain Asset it stands for, copies included."""
+    import copy
+
+    from airflow.sdk import Asset, AssetWatcher
+    from airflow.serialization.serialized_objects import BaseSerialization
+
+    from iceberg_cdc.airflow.assets import HashOnceAsset
+    from iceberg_cdc.airflow.events import watcher_trigger
+    from iceberg_cdc.config import load_config
+
+    path = _config(tmp_path, 1)
+    config = load_config(path)
+    fields = {"name": "cdc-source:ns.t0", "uri": "iceberg://t/ns/t0", "group": "cdc"}
+
+    def watchers() -> list[AssetWatcher]:
+        return [AssetWatcher(name="w", trigger=watcher_trigger(config, config.tables[0], path))]
+
+    once, plain = HashOnceAsset(**fields, watchers=watchers()), Asset(**fields, watchers=watchers())
+    assert once == plain and plain == once and hash(once) == hash(plain) == hash(once)
+    assert BaseSerialization.serialize(once) == BaseSerialization.serialize(plain)
+    for twin in (copy.copy(once), copy.deepcopy(once)):
+        assert twin == plain and hash(twin) == hash(plain)
+    assert HashOnceAsset(**{**fields, "name": "other"}, watchers=watchers()) != plain

@@ -30,10 +30,11 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Asset, AssetAlias, Param, TriggerRule, task
+from airflow.sdk import DAG, AssetAlias, Param, TriggerRule, task
 from airflow.sdk.definitions.param import ParamsDict
 
 from iceberg_cdc import snapshot_ids
+from iceberg_cdc.airflow.assets import HashOnceAsset
 from iceberg_cdc.airflow.chain import TRIGGER_TASK, no_chain_reason, skip_trigger
 from iceberg_cdc.airflow.events import schedule_for
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
@@ -62,9 +63,9 @@ log = logging.getLogger("iceberg_cdc")
 MAX_ACTIVE_RUNS = 16
 
 
-def sink_asset(config: CdcConfig, table: TableConfig) -> Asset:
+def sink_asset(config: CdcConfig, table: TableConfig) -> HashOnceAsset:
     """The sink table as an Airflow Asset: commit emits an event per source snapshot it commits."""
-    return Asset(
+    return HashOnceAsset(
         name=f"cdc:{table.sink}",
         uri=f"iceberg://{config.catalog.name}/{table.sink.replace('.', '/')}",
         group="cdc",

@@ -24,8 +24,9 @@ import logging
 import os
 from typing import Any
 
-from airflow.sdk import Asset, AssetWatcher
+from airflow.sdk import AssetWatcher
 
+from iceberg_cdc.airflow.assets import HashOnceAsset
 from iceberg_cdc.airflow.compat import AssetOrTimeSchedule, CronTriggerTimetable
 from iceberg_cdc.airflow.triggers.catalog_snapshots import CatalogSnapshotTrigger, digest_of, watched_tables
 from iceberg_cdc.config import CONFIG_ENV, CdcConfig, TableConfig, catalog_key
@@ -78,7 +79,7 @@ def _watched_digest(config: CdcConfig) -> str:
     return digest
 
 
-def source_asset(config: CdcConfig, table: TableConfig, config_path: str | None) -> Asset:
+def source_asset(config: CdcConfig, table: TableConfig, config_path: str | None) -> HashOnceAsset:
     """The source table as an Asset, watched for new snapshots when events are on and a config path is known."""
     watchers = []
     if config.events.enabled and config_path:
@@ -88,7 +89,7 @@ def source_asset(config: CdcConfig, table: TableConfig, config_path: str | None)
                 trigger=watcher_trigger(config, table, config_path),
             )
         )
-    return Asset(
+    return HashOnceAsset(
         name=source_asset_name(table),
         uri=f"iceberg://{config.catalog.name}/{table.source.replace('.', '/')}",
         group="cdc",
