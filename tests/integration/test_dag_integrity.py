@@ -157,7 +157,7 @@ def test_commit_emits_the_sink_asset_only_through_its_alias():
     """A declared Asset outlet gets an event on every success (an idle run's too): commit declares an alias."""
     from airflow.sdk import Asset, AssetAlias
 
-    from iceberg_cdc.airflow.dag_factory import asset_extra, sink_changed
+    from iceberg_cdc.airflow.operators.steps import asset_extra, sink_changed
 
     dag = build_dags(parse_config(CONFIG))["cdc__shop__orders"]
     outlets = dag.get_task("commit").outlets

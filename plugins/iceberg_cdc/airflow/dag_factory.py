@@ -24,37 +24,31 @@ detect's dict), not per key.
 from __future__ import annotations
 
 import functools
-import logging
-import time
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timedelta
+from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, AssetAlias, Param, TriggerRule, task
+from airflow.sdk import DAG, AssetAlias, Param, TriggerRule
 from airflow.sdk.definitions.param import ParamsDict
 
-from iceberg_cdc import snapshot_ids
 from iceberg_cdc.airflow.assets import HashOnceAsset
-from iceberg_cdc.airflow.chain import TRIGGER_TASK, no_chain_reason, skip_trigger
+from iceberg_cdc.airflow.chain import TRIGGER_TASK, no_chain_reason
 from iceberg_cdc.airflow.events import schedule_for
-from iceberg_cdc.airflow.hooks.cdc import CdcHook
-from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.detect import DetectOperator, sensor_mode
-from iceberg_cdc.airflow.operators.lineage import lineage_task
 from iceberg_cdc.airflow.operators.spark import CdcSparkSubmitOperator, phase_operator
-from iceberg_cdc.airflow.policy import final_errors, record_error, task_retries
+from iceberg_cdc.airflow.operators.steps import (
+    CleanupOperator,
+    CoalesceOperator,
+    CommitOperator,
+    JobListOperator,
+    WatermarkOperator,
+)
+from iceberg_cdc.airflow.policy import record_error, task_retries
 from iceberg_cdc.airflow.sensors.barrier import MapOutputBarrierSensor
 from iceberg_cdc.config import CdcConfig, TableConfig, load_config
-from iceberg_cdc.run.metrics import emit_commit, emit_lag
 
-if TYPE_CHECKING:
-    from iceberg_cdc.run.context import Context
-
-# The tasks' own modules (steps, the lease, the story: pyiceberg, pyarrow, the object stores) are
-# imported in the task functions: the DAG processor imports this module at every parse of the DAG
-# files, in a new process each time, and builds no task's work there.
-
-log = logging.getLogger("iceberg_cdc")
+# The tasks are operator classes, not @task functions built here (operators/steps.py says why); their
+# work's modules (pyiceberg, pyarrow, the object stores) are imported where they run, never at parse.
 
 # Runs of one table never overlap: the table's lease serializes them, and a run waiting for it gives its
 # worker slot back. So Airflow may start a run while another is active -- with max_active_runs=1 a run
@@ -80,27 +74,6 @@ def sink_alias(table: TableConfig) -> AssetAlias:
     when it committed rows (Airflow's way to emit conditionally).
     """
     return AssetAlias(name=f"cdc:{table.sink}:commits", group="cdc")
-
-
-def asset_extra(source: str, detected: dict[str, Any], committed: dict[str, Any]) -> dict[str, Any]:
-    """The sink asset event's extra: the snapshot (id as a string: browsers round 19 digits), ordinal, counts."""
-    extra: dict[str, Any] = {
-        "source": source,
-        "snapshot_id": snapshot_ids.as_text(detected.get("snapshot_id")),
-        "ordinal": detected.get("ordinal"),
-        "operation": detected.get("operation"),
-        "reprocess": bool(detected.get("manual")),
-    }
-    for key in ("inserts", "deletes", "updates", "carryover_rows", "shuffle_bytes", "files"):
-        if isinstance(committed.get(key), int):
-            extra[key] = committed[key]
-    extra["story"] = committed.get("story")
-    return extra
-
-
-def sink_changed(committed: dict[str, Any]) -> bool:
-    """Whether commit added rows to the sink (an idle, skipped or all-carryover run did not)."""
-    return bool(committed.get("committed"))
 
 
 DOC = """
@@ -215,9 +188,6 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
 
     barrier_mode = sensor_mode()
 
-    def context() -> Context:
-        return CdcHook(load_config()).context(source)
-
     with DAG(
         dag_id=table.dag_id,
         # The source's new snapshots (an AssetWatcher's event) or the table's clock (airflow/events.py).
@@ -237,15 +207,10 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
             "on_failure_callback": record_error,
         },
     ) as dag:
-        detected = DetectOperator(task_id="detect", source=source).output
-
-        @task
-        def jobs(detected: dict[str, Any], key: str) -> list[list[str]]:
-            """The Spark jobs of one path (empty when the run takes the other path)."""
-            return detected[key]
-
-        write_jobs = jobs.override(task_id="write_jobs")(detected, "write_args")
-        insert_jobs = jobs.override(task_id="insert_jobs")(detected, "insert_args")
+        detect = DetectOperator(task_id="detect", source=source)
+        detected = detect.output
+        write_jobs = JobListOperator(task_id="write_jobs", detected=detected, key="write_args").output
+        insert_jobs = JobListOperator(task_id="insert_jobs", detected=detected, key="insert_args").output
 
         shuffle_write = spark_task("shuffle_write", "write").expand(application_args=write_jobs)
 
@@ -260,16 +225,7 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
             # markers of jobs that run detached from Airflow (cluster deploy mode).
         )
 
-        @task(task_id="coalesce")
-        def coalesce(detected: dict[str, Any]) -> list[list[str]]:
-            from iceberg_cdc.run import steps
-            from iceberg_cdc.run.lease import kept_alive
-
-            ctx = context()
-            with final_errors(), kept_alive(ctx, detected):
-                return steps.coalesce(ctx, detected)
-
-        ranges = coalesce(detected)
+        ranges = CoalesceOperator(task_id="coalesce", source=source, detected=detected).output
 
         shuffle_read = spark_task("shuffle_read", "read").expand(application_args=ranges)
 
@@ -278,52 +234,14 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
         asset = sink_asset(config, table)
         alias = sink_alias(table)
 
-        @lineage_task(
-            task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, outlets=[alias], lineage="changelog"
-        )
-        def commit(ti=None, outlet_events=None) -> dict[str, Any]:
-            # Pulled, not passed: an argument would make commit a direct downstream of the
-            # setup task, which Airflow allows only with trigger rule ALL_SUCCESS.
-            from iceberg_cdc.run import steps
-            from iceberg_cdc.run.lease import kept_alive
-            from iceberg_cdc.run.story import story
-
-            detected = ti.xcom_pull(task_ids="detect")
-            ctx = context()
-            with final_errors(), kept_alive(ctx, detected):
-                committed = steps.commit(ctx, detected)
-            committed["story"] = story(detected, committed)
-            log.info("this run: %s", committed["story"])
-            emit_safely(emit_commit, source, committed)
-            if outlet_events is not None and sink_changed(committed):
-                # The sink's event only when rows were committed: an idle run must not wake its consumers.
-                outlet_events[alias].add(asset, extra=asset_extra(source, detected, committed))
-            committed["snapshot_id"] = snapshot_ids.as_text(committed.get("snapshot_id"))
-            return committed
-
+        committed = CommitOperator(
+            task_id="commit", source=source, alias=alias, asset=asset, trigger_rule=TriggerRule.NONE_FAILED
+        ).output
         # watermark reads the sink: naming it as an inlet keeps the sink's asset known to Airflow (on its
         # Assets page, active) although commit emits its events only through the alias.
-        @task(task_id="watermark", inlets=[asset])
-        def watermark(
-            detected: dict[str, Any], committed: dict[str, Any], params=None, dag_run=None, ti=None
-        ) -> dict[str, Any]:
-            from iceberg_cdc.run import steps
-            from iceberg_cdc.run.story import chained_note, chained_run_id
-
-            mark = steps.watermark(context(), detected)
-            emit_safely(emit_lag, source, int(mark.get("remaining") or 0))
-            # When the chained run is started, not this run's logical date (a backfill's or a past tick's).
-            stamp = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}_{time.time_ns() % 10**6:06d}"
-            if mark.get("next_conf"):
-                mark["chained_run_id"] = chained_run_id(mark["next_conf"]["snapshot_id"], stamp, "reprocess")
-            else:
-                mark["chained_run_id"] = chained_run_id(mark.get("next_snapshot_id"), stamp)
-            mark["chained_note"] = chained_note(mark)
-            # Whether to chain: decided here, where it is known (airflow/chain.py says why).
-            reason = no_chain_reason(mark, params, getattr(dag_run, "run_type", None))
-            if reason is not None and ti is not None:
-                skip_trigger(ti, mark, reason)
-            return mark
+        mark = WatermarkOperator(
+            task_id="watermark", source=source, detected=detected, committed=committed, inlets=[asset]
+        ).output
 
         trigger_next = ChainRunOperator(
             task_id=TRIGGER_TASK,
@@ -336,18 +254,12 @@ def build_dag(config: CdcConfig, table: TableConfig, config_path: str | None = N
             note="{{ ti.xcom_pull(task_ids='watermark')['chained_note'] }}",
         )
 
-        @task(task_id="cleanup")
-        def cleanup(detected: dict[str, Any], run_id: str | None = None) -> dict[str, Any]:
-            from iceberg_cdc.run import steps
-
-            return steps.cleanup(context(), detected, run_id or "manual")
-
-        committed = commit()
-        mark = watermark(detected, committed)
         shuffle_write >> barrier >> ranges >> shuffle_read >> committed
         changelog_insert >> committed
         mark >> trigger_next
-        teardown = cleanup(detected).as_teardown(setups=detected)
+        teardown = CleanupOperator(task_id="cleanup", source=source, detected=detected).as_teardown(
+            setups=detect
+        )
         # The chained run exists before cleanup gives the lease back: a run waiting for the table
         # then sees it and leaves the next snapshot to it (one chain per table, docs/operating.md).
         mark >> teardown
