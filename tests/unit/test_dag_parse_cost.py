@@ -158,7 +158,7 @@ def test_a_dags_assets_are_hashed_once_however_many_dependencies_it_sets(tmp_pat
     monkeypatch.setattr(Asset, "__hash__", lambda self: hashed.append(self.name) or plain_hash(self))
     # Commits only, no clock: the schedule is the source asset itself (with a clock, Airflow hashes its repr).
     dag = dags_from_config(_config(tmp_path, 1, schedule=None))["cdc__ns__t0"]
-    assert dag.schedule and [a.name for a in dag.schedule] == ["cdc-source:ns.t0"]  # events on: the source asset
+    assert [a.name for a in dag.schedule] == ["cdc-source:ns.t0"]  # events on: the source asset
     assert len(dag.task_dict) > 10
     assert "cdc-source:ns.t0" in hashed
     assert all(hashed.count(name) == 1 for name in hashed), hashed
