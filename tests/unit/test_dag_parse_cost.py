@@ -188,3 +188,45 @@ def test_a_hash_once_asset_is_an_asset_to_airflow(tmp_path):
     for twin in (copy.copy(once), copy.deepcopy(once)):
         assert twin == plain and hash(twin) == hash(plain)
     assert HashOnceAsset(**{**fields, "name": "other"}, watchers=watchers()) != plain
+
+
+@pytest.mark.parametrize(
+    ("tables", "capacity", "enough", "triggerers"),
+    [
+        (899, 1000, None, None),
+        (900, 1000, 1001, 2),
+        (1000, 1000, 1112, 2),
+        (1800, 1000, 2001, 3),
+        (9, 10, 11, 2),
+    ],
+)
+def test_a_config_that_fills_a_triggerer_says_what_to_set(tmp_path, tables, capacity, enough, triggerers):
+    from iceberg_cdc.airflow.events import capacity_warning
+    from iceberg_cdc.config import load_config
+
+    said = capacity_warning(load_config(_config(tmp_path, tables)), capacity)
+    if enough is None:
+        assert said is None
+    else:
+        assert said is not None and f"{tables} triggers" in said and f"at most {capacity}" in said
+        assert (
+            f"AIRFLOW__TRIGGERER__CAPACITY to at least {enough}" in said
+            and f"run {triggerers} triggerers" in said
+        )
+
+
+def test_the_dag_file_warns_when_the_watchers_fill_the_triggerer(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("AIRFLOW__TRIGGERER__CAPACITY", "4")
+    path = _config(tmp_path, 4)
+    with caplog.at_level("WARNING", logger="iceberg_cdc"):
+        dags_from_config(path, part=1, parts=2)
+    assert not [r for r in caplog.records if "triggerer" in r.getMessage()]  # said once, by part 0
+    with caplog.at_level("WARNING", logger="iceberg_cdc"):
+        dags_from_config(path)
+    assert [r for r in caplog.records if "AIRFLOW__TRIGGERER__CAPACITY to at least 5" in r.getMessage()]
+    off = tmp_path / "off.yaml"
+    off.write_text(Path(path).read_text() + "events: {enabled: false}\n")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="iceberg_cdc"):
+        dags_from_config(str(off))
+    assert not [r for r in caplog.records if "triggerer" in r.getMessage()]  # no watchers, nothing to say

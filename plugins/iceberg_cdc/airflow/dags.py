@@ -30,13 +30,17 @@ then parse the parts side by side. DAG ids stay the same.
 from __future__ import annotations
 
 import hashlib
+import logging
 
 from airflow.sdk import DAG
 
 from iceberg_cdc.airflow.dag_factory import build_dags
+from iceberg_cdc.airflow.events import capacity_warning, triggerer_capacity
 from iceberg_cdc.airflow.freshness_dag import build_freshness_dag
 from iceberg_cdc.airflow.mirror_dag import build_mirror_dags
 from iceberg_cdc.config import CdcConfig, ConfigError, TableConfig, load_config
+
+log = logging.getLogger("iceberg_cdc")
 
 
 def part_of(dag_id: str, parts: int) -> int:
@@ -59,6 +63,8 @@ def dags_from_config(config_path: str | None = None, *, part: int = 0, parts: in
     tables: list[TableConfig] = [t for t in config.tables if part_of(t.dag_id, parts) == part]
     extra: dict[str, DAG] = {}
     if part == 0:
+        if (crowded := capacity_warning(config, triggerer_capacity())) is not None:
+            log.warning("%s", crowded)
         freshness = build_freshness_dag(config)
         extra = {freshness.dag_id: freshness} if freshness is not None else {}
     if not tables:

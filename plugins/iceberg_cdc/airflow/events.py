@@ -21,6 +21,7 @@ starts a run that finds nothing pending and ends at once. Backfills and manual r
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any
 
@@ -32,6 +33,8 @@ from iceberg_cdc.airflow.triggers.catalog_snapshots import CatalogSnapshotTrigge
 from iceberg_cdc.config import CONFIG_ENV, CdcConfig, TableConfig, catalog_key
 
 log = logging.getLogger("iceberg_cdc")
+
+CAPACITY_HEADROOM = 0.9  # of a triggerer's capacity the watchers may take before the DAG file warns
 
 _PRESETS = {
     "@hourly": "0 * * * *",
@@ -114,3 +117,33 @@ def schedule_for(config: CdcConfig, table: TableConfig, config_path: str | None 
         return [asset]
     cron = _PRESETS.get(table.schedule, table.schedule)
     return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=[asset])
+
+
+def triggerer_capacity() -> int:
+    """``[triggerer] capacity``: the most triggers one triggerer runs (Airflow's default: 1,000)."""
+    from airflow.configuration import conf
+
+    return conf.getint("triggerer", "capacity", fallback=1000)
+
+
+def capacity_warning(config: CdcConfig, capacity: int) -> str | None:
+    """What to say when the config's source watchers (one trigger per table) fill 90% of a triggerer.
+
+    A triggerer assigns itself at most ``capacity`` triggers; past that, the
+    watchers left over fire no events and their tables run on their clock
+    only (or not at all with ``schedule: null``) -- nothing else says so.
+    The 10% headroom is for other triggers (deferred tasks) on the same triggerer.
+    """
+    if not config.events.enabled:
+        return None
+    watchers = len(config.tables)
+    if watchers < CAPACITY_HEADROOM * capacity:
+        return None
+    enough = math.floor(watchers / CAPACITY_HEADROOM) + 1
+    triggerers = math.floor(watchers / (CAPACITY_HEADROOM * capacity)) + 1
+    return (
+        f"{watchers} tables' event watchers are {watchers} triggers, and one triggerer runs at most "
+        f"{capacity} ([triggerer] capacity): tables past it get no events. Set AIRFLOW__TRIGGERER__CAPACITY "
+        f"to at least {enough} (the watchers share one catalog poll, so they cost little) or run "
+        f"{triggerers} triggerers"
+    )
