@@ -26,7 +26,6 @@ from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.lineage import LineageReporting, changelog_datasets
 from iceberg_cdc.airflow.policy import final_errors
-from iceberg_cdc.config import load_config
 from iceberg_cdc.run.metrics import emit_commit, emit_lag
 
 # The run's modules (steps, the lease: pyiceberg, pyarrow, the object stores) are imported in execute:
@@ -67,7 +66,7 @@ class _StepOperator(BaseOperator):
         self.detected = detected
 
     def run_context(self) -> Any:
-        return CdcHook(load_config()).context(self.source)
+        return CdcHook().context(self.source)  # the hook loads CDC_CONFIG's config, as detect's does
 
 
 class CoalesceOperator(_StepOperator):
