@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iceberg_cdc.shuffle.coalesce import coalesce, total_partition_sizes
+from iceberg_cdc.shuffle.coalesce import coalesce, packing_target, total_partition_sizes
 
 MiB = 1024 * 1024
 
@@ -53,6 +53,25 @@ def test_small_middle_merges_into_the_smaller_side():
     assert spans(plan) == [(0, 2), (2, 3)]
 
 
+def test_a_shuffle_under_min_ranges_targets_is_spread_over_min_ranges():
+    # 80 MiB in 64 partitions at a 64 MiB target: one full range and a 16 MiB one, so one read
+    # task would do four fifths of the work; with two cores to read it, two ranges of 40 MiB.
+    sizes = [int(1.25 * MiB)] * 64
+    assert spans(coalesce(sizes, 64 * MiB)) == [(0, 51), (51, 64)]
+    assert spans(coalesce(sizes, 64 * MiB, min_ranges=2)) == [(0, 32), (32, 64)]
+    assert spans(coalesce(sizes, 64 * MiB, min_ranges=4)) == [(0, 16), (16, 32), (32, 48), (48, 64)]
+
+
+def test_spreading_never_packs_below_min_size():
+    # 20 MiB over 8 cores: the target stops at min_size (12.8 MiB), so two ranges, not eight.
+    sizes = [int(1.25 * MiB)] * 16
+    plan = coalesce(sizes, 64 * MiB, min_ranges=8)
+    assert len(plan.ranges) == 2
+    assert packing_target(20 * MiB, 64 * MiB, int(12.8 * MiB), 8) == (int(12.8 * MiB), int(6.4 * MiB))
+    # a shuffle of at least min_ranges targets is packed to the target as before
+    assert packing_target(300 * MiB, 64 * MiB, 12 * MiB, 2) == (64 * MiB, 12 * MiB)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="positive"):
         coalesce([1], 0)
@@ -60,6 +79,8 @@ def test_bad_arguments():
         coalesce([1], 100, min_size=60)
     with pytest.raises(ValueError, match="negative"):
         coalesce([-1], 100)
+    with pytest.raises(ValueError, match="min_ranges"):
+        coalesce([1], 100, min_ranges=0)
 
 
 sizes_strategy = st.lists(
@@ -68,10 +89,16 @@ sizes_strategy = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(sizes=sizes_strategy, target=st.integers(1, 3000), min_fraction=st.floats(0, 0.5))
-def test_coalesce_properties(sizes, target, min_fraction):
+@given(
+    sizes=sizes_strategy,
+    target=st.integers(1, 3000),
+    min_fraction=st.floats(0, 0.5),
+    min_ranges=st.one_of(st.just(1), st.integers(1, 8)),
+)
+def test_coalesce_properties(sizes, target, min_fraction, min_ranges):
     min_size = int(target * min_fraction)
-    plan = coalesce(sizes, target, min_size)
+    plan = coalesce(sizes, target, min_size, min_ranges=min_ranges)
+    spread = min(target, -(-sum(sizes) // min_ranges))  # the share of one of min_ranges readers
     sizes = np.asarray(sizes)
     covered = np.zeros(len(sizes), dtype=int)
     previous_end = 0
@@ -82,9 +109,9 @@ def test_coalesce_properties(sizes, target, min_fraction):
         assert r.size == sizes[r.start : r.end].sum() > 0
         assert sizes[r.start] > 0 and sizes[r.end - 1] > 0  # trimmed to non-empty ends
         largest = sizes[r.start : r.end].max()
-        assert r.size <= max(target, largest) + 2 * min_size
+        assert r.size <= max(spread, min_size, largest) + 2 * min_size
         if len(plan.ranges) > 1:
-            assert r.size >= min_size
+            assert r.size >= (min_size if min_ranges == 1 else min_size // 2)
     # every non-empty partition is in exactly one range
     assert (covered[sizes > 0] == 1).all()
     assert plan.total_size == sizes.sum()

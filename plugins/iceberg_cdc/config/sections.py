@@ -43,6 +43,9 @@ class ShuffleConfig(_Redacting):
     partitions: int = Field(64, ge=1, le=65536)
     target_partition_size: int = 64 * MiB
     min_partition_size: int | None = None
+    # Spark's coalescePartitions.minPartitionNum: a shuffle under this many targets is packed to
+    # total / min_read_ranges (never below min_partition_size), so every core reading it gets a share.
+    min_read_ranges: int = Field(2, ge=1, le=65536)
     write_task_size: int = 256 * MiB  # bytes of input files bin-packed into one write task
     retain_files: bool = False
     airflow_conn_id: str | None = None

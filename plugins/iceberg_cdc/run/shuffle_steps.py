@@ -111,8 +111,9 @@ def coalesce(ctx: Context, detected: Detected | Mapping[str, Any]) -> list[list[
     totals = (
         np.sum([ix.partition_sizes() for ix in indexes], axis=0) if indexes else np.zeros(plan.partitions)
     )
+    shuffle = ctx.config.shuffle
     result = plan_ranges(
-        totals, ctx.config.shuffle.target_partition_size, ctx.config.shuffle.min_partition_size
+        totals, shuffle.target_partition_size, shuffle.min_partition_size, min_ranges=shuffle.min_read_ranges
     )
     records = [written[t.task_id] for t in plan.write_tasks]
     ranges = []

@@ -9,6 +9,12 @@ range of their own, and a range is trimmed to its first and last non-empty
 partition. Then any range smaller than ``min_size`` is merged into its smaller
 neighbour, so no read task is launched for a few bytes.
 
+A shuffle smaller than ``min_ranges`` targets is packed to a smaller target,
+as Spark's ``coalescePartitions.minPartitionNum`` does: the target becomes
+``total / min_ranges`` (never below ``min_size``), so the cores reading it all
+get a share. Without that, 80 MiB at a 64 MiB target made one 64 MiB range and
+one of 16 MiB, and the read phase took as long as the big one.
+
 Each range is one SHUFFLE_READ task, and one ranged GET per map output.
 """
 
@@ -117,6 +123,19 @@ def _merge_small(groups: list[list[int]], min_size: int) -> list[list[int]]:
     return [[start[i], end[i], size[i]] for i in range(count) if alive[i]]
 
 
+def packing_target(total: int, target_size: int, min_size: int, min_ranges: int) -> tuple[int, int]:
+    """The target the packing uses and the size below which a range is merged away.
+
+    Spark's rule: ``max(min(target_size, ceil(total / min_ranges)), min_size)``.
+    The merge threshold stays at most half the target, so merged ranges keep
+    the bound :func:`coalesce` documents.
+    """
+    if min_ranges < 1:
+        raise ValueError(f"min_ranges must be at least 1, got {min_ranges}")
+    target = max(min(target_size, -(-total // min_ranges)), min_size, 1)
+    return target, min(min_size, target // 2)
+
+
 def find_skew(sizes: np.ndarray, factor: float, min_bytes: int) -> list[SkewedPartition]:
     """Partitions larger than ``factor`` x the median non-empty partition and ``min_bytes``."""
     non_empty = sizes[sizes > 0]
@@ -132,6 +151,7 @@ def coalesce(
     target_size: int,
     min_size: int | None = None,
     *,
+    min_ranges: int = 1,
     skew_factor: float = 5.0,
     skew_min_bytes: int | None = None,
 ) -> CoalescePlan:
@@ -139,7 +159,8 @@ def coalesce(
 
     ``min_size`` defaults to a fifth of the target (Spark's small-partition
     factor); ``skew_min_bytes`` defaults to the target, so only a partition
-    that alone overfills a read task is reported as skew.
+    that alone overfills a read task is reported as skew. ``min_ranges``: see
+    :func:`packing_target` (1 packs to ``target_size`` as before).
     """
     sizes = np.asarray(partition_sizes, dtype=np.int64)
     if target_size <= 0:
@@ -153,7 +174,8 @@ def coalesce(
         raise ValueError(
             f"minimum partition size {min_size} must be between 0 and half the target ({target_size})"
         )
-    groups = _merge_small(_greedy(sizes, target_size), min_size)
+    target, merge_below = packing_target(int(sizes.sum()), target_size, min_size, min_ranges)
+    groups = _merge_small(_greedy(sizes, target), merge_below)
     ranges = [ReadRange(start, end, size) for start, end, size in groups]
     skewed = find_skew(sizes, skew_factor, target_size if skew_min_bytes is None else skew_min_bytes)
     return CoalescePlan(ranges, skewed, int(sizes.sum()), len(sizes))
