@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
@@ -66,6 +67,43 @@ def test_write_staged_file_writes_zstd_parquet_with_field_ids(tmp_path):
     parquet_schema = pq.read_schema(local)
     assert parquet_schema.field("id").metadata[b"PARQUET:field_id"] == b"1"
     assert pq.read_table(local).to_pylist() == table.to_pylist()
+
+
+def _dictionary_encoded(local: str) -> dict[str, bool]:
+    metadata = pq.read_metadata(local)
+    row_group = metadata.row_group(0)
+    return {
+        row_group.column(i).path_in_schema: row_group.column(i).has_dictionary_page
+        for i in range(row_group.num_columns)
+    }
+
+
+def test_only_columns_with_few_distinct_values_get_a_dictionary(tmp_path):
+    # Arrow would hash every id and every note into a dictionary it drops at 1 MiB; the first
+    # batch's sample shows which columns repeat (here status, the constants, the nested column
+    # aside: written plain).
+    n = 40_000
+    table = pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "status": pa.array(["new", "paid", "shipped", "gone"] * (n // 4)),
+            "note": pa.array([f"note {i}" for i in range(n)]),
+            "half": pa.array([i // 2 for i in range(n)], pa.int64()),  # n/2 distinct: exactly half
+            "third": pa.array([i % (n // 2 + 1) for i in range(n)], pa.int64()),  # just over half
+            "point": pa.array([{"x": i % 3} for i in range(n)]),
+        }
+    )
+    path = f"{tmp_path}/d.parquet"
+    write_staged_file(PyArrowFileIO(), f"file://{path}", table)
+    assert _dictionary_encoded(path) == {
+        "id": False,
+        "status": True,
+        "note": False,
+        "half": True,
+        "third": False,
+        "point.x": False,
+    }
+    assert pq.read_table(path).equals(table)
 
 
 def test_write_staged_file_streams_batches_and_never_overwrites(tmp_path):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import IO, Any, cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import ManifestContent
@@ -38,6 +39,7 @@ from iceberg_cdc.storage import ObjectStore, open_store
 STAGED_DIR = "data/_staged"
 PARQUET_COMPRESSION = "zstd"
 ROW_GROUP_ROWS = 1024 * 1024  # pyiceberg's write.parquet.row-group-limit default
+DICTIONARY_SAMPLE_ROWS = 16384  # rows of the first batch that decide which columns get a dictionary
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,34 @@ def staged_file_path(
     return f"{staged_prefix(sink_location, source_snapshot_id)}{directory}{name}.parquet"
 
 
+def dictionary_columns(batch: pa.RecordBatch) -> list[str]:
+    """The top-level primitive columns worth a dictionary: at most half as many distinct values as rows.
+
+    Decided on a sample of the first batch, as parquet-mr keeps a dictionary
+    only where the first page shows it pays. Arrow otherwise hashes every
+    value of every column (ids, timestamps, free text) into a dictionary it
+    drops at 1 MiB: a third of the write's time for no smaller file. Nested
+    columns are written plain.
+    """
+    sample = batch.slice(0, DICTIONARY_SAMPLE_ROWS)
+    return [
+        field.name
+        for field, column in zip(sample.schema, sample.columns, strict=True)
+        if not pa.types.is_nested(field.type) and _repeats(column)
+    ]
+
+
+def _repeats(column: pa.Array) -> bool:
+    """At most half as many distinct values as rows (extension types, e.g. UUIDs, by their storage)."""
+    if isinstance(column, pa.ExtensionArray):
+        column = column.storage
+    try:
+        distinct = pc.count_distinct(column, mode="all").as_py()
+    except pa.ArrowNotImplementedError:
+        return False
+    return 2 * distinct <= len(column)
+
+
 def write_staged_file(
     io: FileIO,
     path: str,
@@ -90,9 +120,8 @@ def write_staged_file(
     else:
         batches = data
     iterator = iter(batches)
-    first: pa.RecordBatch | None = None
+    first = next(iterator, None)
     if schema is None:
-        first = next(iterator, None)
         if first is None:
             raise ValueError(f"nothing to write to {path}: no batches and no schema")
         schema = first.schema
@@ -103,6 +132,7 @@ def write_staged_file(
             cast(IO[Any], stream),
             schema=schema,
             compression=PARQUET_COMPRESSION,
+            use_dictionary=dictionary_columns(first) if first is not None else False,
             store_decimal_as_integer=True,  # as pyiceberg and Iceberg Java write decimals
         )
         try:
