@@ -238,7 +238,7 @@ def test_skew_found_by_coalesce_reaches_the_commit_summary_and_the_page(tmp_path
     monkeypatch.setattr(
         shuffle_steps,
         "plan_ranges",
-        lambda sizes, t, m: coalesce(sizes, t, m, skew_factor=1.0, skew_min_bytes=0),
+        lambda sizes, t, m, **kw: coalesce(sizes, t, m, skew_factor=1.0, skew_min_bytes=0, **kw),
     )
     # Every row through the shuffle (no carryover cancelled before it), so partitions differ in size.
     pipeline = InlinePipeline(tmp_path, shuffle={"cancel_before_shuffle": False})
