@@ -18,8 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdc_devtools.oracle import Ambiguous, actual_changes, expected_changes, row_key
-from iceberg_cdc.changelog.carryover import Lineage, cancel_by_multiplicity, cancel_carryover
-from iceberg_cdc.changelog.merge import merge_changes
+from iceberg_cdc.changelog.carryover import (
+    Lineage,
+    _grouped_pairs,
+    cancel_by_multiplicity,
+    cancel_carryover,
+    candidate_pairs,
+)
+from iceberg_cdc.changelog.merge import group_ids, merge_changes
 from iceberg_cdc.errors import AmbiguousUpdateError
 from iceberg_cdc.shuffle.rows import OP_COLUMN
 from tests.unit.test_merge import NAN_BITS, float_bits, floats, nested_forms
@@ -76,6 +82,25 @@ def check(data: pa.Table, inserts: np.ndarray, ids, lineage: Lineage | None = No
     assert actual_changes(out.to_pylist(), NAMES) == expected
     assert stats.carryover_rows + result.cancelled + out.num_rows == data.num_rows
     return result
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    keys=st.lists(st.integers(-3, 6) | st.integers(-(2**63), 2**63 - 1), max_size=40),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_integer_keys_pair_as_grouped_keys_do(keys, seed):
+    # The sorted path for one integer key must find exactly the pairs and counted rows that
+    # dense group ids and per-group counts find (the path every other key type takes).
+    inserts = np.random.default_rng(seed).random(len(keys)) < 0.5
+    column = pa.array(keys, pa.int64())
+    fast = candidate_pairs([column], inserts)
+    slow = _grouped_pairs(*group_ids([column]), inserts)
+    assert sorted(zip(fast.delete_rows.tolist(), fast.insert_rows.tolist(), strict=True)) == sorted(
+        zip(slow.delete_rows.tolist(), slow.insert_rows.tolist(), strict=True)
+    )
+    assert fast.several.tolist() == slow.several.tolist()  # ascending: multiplicity cancels first copies
+    assert not inserts[fast.delete_rows].any() and inserts[fast.insert_rows].all()
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

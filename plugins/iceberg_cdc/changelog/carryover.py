@@ -101,30 +101,55 @@ def _integer_key(keys: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray | Non
     return np.concatenate([np.asarray(c.to_numpy(), dtype=np.int64) for c in chunks])
 
 
-def dense_ids(keys: Sequence[pa.Array | pa.ChunkedArray]) -> tuple[np.ndarray, int]:
-    """Dense group ids, equal exactly when the key tuples are equal (null equals null).
+@dataclass(frozen=True)
+class Pairs:
+    """Rows grouped by key: keys with one DELETE and one INSERT, and rows of keys that need counting.
 
-    One integer column without nulls (an ``id``, or a row hash) is grouped by a
-    stable sort, linear on the sorted runs copy-on-write files usually are;
-    anything else by :func:`~iceberg_cdc.changelog.merge.group_ids`.
+    ``delete_rows[k]`` and ``insert_rows[k]`` are the two rows of the k-th
+    key with exactly one of each; ``several`` (ascending) are the rows of
+    keys with both kinds and more than one of some kind. Positions index the
+    keys given to :func:`candidate_pairs`.
+    """
+
+    delete_rows: np.ndarray
+    insert_rows: np.ndarray
+    several: np.ndarray
+
+
+def candidate_pairs(keys: Sequence[pa.Array | pa.ChunkedArray], inserts: np.ndarray) -> Pairs:
+    """Group rows by their key tuples (null equals null) into :class:`Pairs`.
+
+    One integer column without nulls (an ``id``, a row id, a row hash) is
+    grouped by one stable sort, the pairs read off adjacent sorted rows: linear
+    on the sorted runs copy-on-write files usually are, and a fifth of the
+    cancellation's time less than dense group ids and counts. Anything else goes
+    through :func:`~iceberg_cdc.changelog.merge.group_ids`.
     """
     values = _integer_key(keys)
     if values is None:
-        return group_ids(keys)
-    if not len(values):
-        return np.zeros(0, dtype=np.int64), 0
+        return _grouped_pairs(*group_ids(keys), inserts)
+    n = len(values)
+    if not n:
+        empty = np.zeros(0, dtype=np.int64)
+        return Pairs(empty, empty, empty)
     order = np.argsort(values, kind="stable")
     ordered = values[order]
-    starts = np.empty(len(values), dtype=bool)
+    starts = np.empty(n, dtype=bool)
     starts[0] = True
     np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
-    ids = np.empty(len(values), dtype=np.int64)
-    ids[order] = np.cumsum(starts) - 1
-    return ids, int(starts.sum())
+    first = np.flatnonzero(starts)
+    sizes = np.diff(np.append(first, n))
+    adds = np.add.reduceat(inserts[order].astype(np.int64), first)
+    pair = (sizes == 2) & (adds == 1)
+    a, b = order[first[pair]], order[first[pair] + 1]
+    a_inserts = inserts[a]
+    several = (adds >= 1) & (adds < sizes) & ~pair
+    members = np.sort(order[np.repeat(several, sizes)])
+    return Pairs(np.where(a_inserts, b, a), np.where(a_inserts, a, b), members)
 
 
-def _pairs(gids: np.ndarray, inserts: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per group: its DELETE count, INSERT count, and, for groups of one of each, the two rows."""
+def _grouped_pairs(gids: np.ndarray, groups: int, inserts: np.ndarray) -> Pairs:
+    """:class:`Pairs` from dense group ids, by counting each group's DELETEs and INSERTs."""
     deletes = np.bincount(gids[~inserts], minlength=groups)
     adds = np.bincount(gids[inserts], minlength=groups)
     positions = np.arange(len(gids), dtype=np.int64)
@@ -132,8 +157,9 @@ def _pairs(gids: np.ndarray, inserts: np.ndarray, groups: int) -> tuple[np.ndarr
     insert_row = np.full(groups, -1, dtype=np.int64)
     delete_row[gids[~inserts]] = positions[~inserts]
     insert_row[gids[inserts]] = positions[inserts]
-    single = np.flatnonzero((deletes == 1) & (adds == 1))
-    return deletes, adds, np.column_stack([single, delete_row[single], insert_row[single]])
+    single = (deletes == 1) & (adds == 1)
+    several = (deletes >= 1) & (adds >= 1) & ~single
+    return Pairs(delete_row[single], insert_row[single], np.flatnonzero(several[gids]))
 
 
 def cancel_by_multiplicity(data: pa.Table, rows: np.ndarray, inserts: np.ndarray) -> np.ndarray:
@@ -212,10 +238,9 @@ def cancel_carryover(
             # Pair by _row_id (one DELETE and one INSERT of an id: the row moved), then the pair is
             # carryover when the sequence numbers are equal too (the writer did not modify it).
             row_ids, sequence = _ints(lineage.row_id, known), _ints(lineage.sequence_number, known)
-            gids, groups = dense_ids([pa.array(row_ids)])
-            _, _, single = _pairs(gids, inserts[known], groups)
-            single = single[sequence[single[:, 1]] == sequence[single[:, 2]]]
-            matched = known[single[:, 1:].ravel()]
+            pairs = candidate_pairs([pa.array(row_ids)], inserts[known])
+            same = sequence[pairs.delete_rows] == sequence[pairs.insert_rows]
+            matched = known[np.concatenate([pairs.delete_rows[same], pairs.insert_rows[same]])]
             alive[matched] = False
             by_lineage = len(matched)
 
@@ -224,18 +249,15 @@ def cancel_carryover(
     if not len(rows) or row_inserts.all() or not row_inserts.any():
         return Cancellation(rows, by_lineage, 0)
     keys, equal_columns = _candidate_keys(data, rows, identifier_columns, lineage)
-    gids, groups = dense_ids(keys)
-    deletes, adds, single = _pairs(gids, row_inserts, groups)
+    pairs = candidate_pairs(keys, row_inserts)
     compare = [name for name in data.schema.names if name not in equal_columns]
-    same = rows_equal(data, compare, rows[single[:, 1]], rows[single[:, 2]])
-    equal_pairs = single[same]
-    alive[rows[equal_pairs[:, 1]]] = False
-    alive[rows[equal_pairs[:, 2]]] = False
-    by_value = 2 * len(equal_pairs)
+    same = rows_equal(data, compare, rows[pairs.delete_rows], rows[pairs.insert_rows])
+    alive[rows[pairs.delete_rows[same]]] = False
+    alive[rows[pairs.insert_rows[same]]] = False
+    by_value = 2 * int(same.sum())
 
-    several = (deletes >= 1) & (adds >= 1) & ~((deletes == 1) & (adds == 1))
-    if several.any():
-        members = np.flatnonzero(several[gids])
+    if len(pairs.several):
+        members = pairs.several
         cancelled = cancel_by_multiplicity(data, rows[members], row_inserts[members])
         alive[rows[members[cancelled]]] = False
         by_value += int(cancelled.sum())
