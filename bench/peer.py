@@ -184,6 +184,9 @@ def run_peer(
                     "wall_seconds": run["wall_seconds"],
                     "phase_seconds": run["phase_seconds"],
                     "rows": run["breakdown"]["rows"],
+                    # per task: where the write and read phases' seconds go (read ranges' balance too)
+                    "tasks": run["breakdown"]["tasks"],
+                    "connect": run["breakdown"].get("connect"),
                 }
             )
             out = bench.work / f"peer-view-{index}"
