@@ -91,6 +91,8 @@ def test_only_columns_with_few_distinct_values_get_a_dictionary(tmp_path):
             "half": pa.array([i // 2 for i in range(n)], pa.int64()),  # n/2 distinct: exactly half
             "third": pa.array([i % (n // 2 + 1) for i in range(n)], pa.int64()),  # just over half
             "point": pa.array([{"x": i % 3} for i in range(n)]),
+            # an extension column counts by its storage: eight UUIDs repeated
+            "uuid": pa.array([bytes([i % 8]) * 16 for i in range(n)], pa.uuid()),
         }
     )
     path = f"{tmp_path}/d.parquet"
@@ -102,6 +104,7 @@ def test_only_columns_with_few_distinct_values_get_a_dictionary(tmp_path):
         "half": True,
         "third": False,
         "point.x": False,
+        "uuid": True,
     }
     assert pq.read_table(path).equals(table)
 
