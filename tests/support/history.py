@@ -423,10 +423,10 @@ class HistoryTable:
 
     def compact(self) -> list[int]:
         """A ``replace`` snapshot: every live file rewritten into one, same rows."""
+        before = self._current()  # refreshes the table first: the files listed must be the current ones
         files = live_files(self.table)
         if len(files) < 2:
             return []
-        before = self._current()
         replace_files(self.table, files, self.state())
         return self._snapshots_since(before)
 
