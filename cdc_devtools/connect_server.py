@@ -41,6 +41,7 @@ from cdc_devtools.airflow_env import connect_connection, connection_env_var
 from cdc_devtools.children import die_with_parent
 from cdc_devtools.local_s3 import free_port
 from cdc_devtools.spark_cluster import SPARK_HOME, daemon_env
+from iceberg_cdc.pipeline.worker_heap import WORKER_ENV
 
 if TYPE_CHECKING:
     from iceberg_cdc.config import CdcConfig
@@ -158,6 +159,7 @@ class LocalSparkConnectServer:
         env = daemon_env(self.work_dir)
         # The server starts Python workers with $PYSPARK_PYTHON (not spark.pyspark.python).
         env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        env.update(WORKER_ENV)  # the Python workers keep their memory between tasks
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child
         self.process = subprocess.Popen(
             self.command(),

@@ -161,6 +161,30 @@ def test_a_closed_shared_session_gives_way_to_the_next(server, tmp_path):
         connect_app.forget_session(server.url)
 
 
+WORKER_ENV_PROBE = """
+def worker_env(batches):
+    import os
+    import pyarrow as pa
+
+    for _ in batches:
+        yield pa.RecordBatch.from_pydict({"value": [os.environ.get("MIMALLOC_PURGE_DELAY", "unset")]})
+"""
+
+
+def test_the_servers_python_workers_keep_their_memory(server):
+    """The local server starts its Python workers with WORKER_ENV (Arrow's allocator keeps freed memory)."""
+    from pyspark.sql import SparkSession
+
+    namespace = {"__name__": "__main__"}  # pickled by value: the worker cannot import this module
+    exec(WORKER_ENV_PROBE, namespace)
+    spark = SparkSession.builder.remote(server.url).create()
+    try:
+        rows = spark.range(0, 2, 1, 2).mapInArrow(namespace["worker_env"], "value string").collect()
+    finally:
+        spark.stop()
+    assert [row.value for row in rows] == ["-1", "-1"]
+
+
 EXIT_PROBE = """
 import atexit, sys
 from pyspark.sql.connect.client import core

@@ -133,3 +133,34 @@ def test_worker_heap_is_frozen_once_per_new_imports_and_only_in_a_spark_task(mon
         assert calls == ["collect", "freeze"] * 2
     finally:
         TaskContext._setTaskContext(None)
+
+
+def test_worker_memory_is_kept_once_and_only_in_a_spark_task(monkeypatch):
+    from pyspark import TaskContext
+
+    calls = []
+    monkeypatch.setattr(worker_heap, "_load_mallopt", lambda: lambda *args: calls.append(args))
+    monkeypatch.setattr(worker_heap, "_kept", False)
+    worker_heap.keep_worker_memory()
+    assert calls == []  # not in a Spark task: the test process's allocator is left alone
+    TaskContext._setTaskContext(TaskContext._getOrCreate())
+    try:
+        worker_heap.keep_worker_memory()
+        worker_heap.keep_worker_memory()  # once per worker
+    finally:
+        TaskContext._setTaskContext(None)
+    # Blocks up to 32 MB from the heap (M_MMAP_THRESHOLD), and the heap never trimmed (M_TRIM_THRESHOLD).
+    assert calls == [(-3, 32 << 20), (-1, 2**31 - 1)]
+
+
+def test_spark_submit_workers_get_the_memory_keeping_environment():
+    from iceberg_cdc.pipeline.submit_conf import submit_conf
+
+    assert submit_conf()["spark.executorEnv.MIMALLOC_PURGE_DELAY"] == "-1"
+    # spark.conf in the config file still has the last word.
+    assert (
+        submit_conf({"spark.executorEnv.MIMALLOC_PURGE_DELAY": "10"})[
+            "spark.executorEnv.MIMALLOC_PURGE_DELAY"
+        ]
+        == "10"
+    )

@@ -75,6 +75,7 @@ def _unit_mapper(phase: str, plan: SnapshotPlan, runtime: Runtime, units: list[A
     def run_units(batches):
         import pyarrow as pa
 
+        worker_heap.keep_worker_memory()
         for batch in batches:
             numbers = batch.column(0).to_pylist()
             results = []

@@ -53,6 +53,7 @@ class RddUnitRunner:
         function = PHASE_FUNCTIONS[phase]
 
         def run_unit(unit: Any) -> Any:
+            worker_heap.keep_worker_memory()
             try:
                 return function(plan, runtime, unit)
             finally:

@@ -40,3 +40,60 @@ def settle_worker_heap() -> None:
     gc.collect()
     gc.freeze()
     _frozen_with_modules = len(sys.modules)
+
+
+# --- memory kept between tasks ----------------------------------------------------------------
+
+# The Python workers' environment, set where the workers start (spark-submit's
+# spark.executorEnv.*, the Spark Connect server's environment): Arrow's allocator
+# (mimalloc) reads it once, when it loads. -1: never hand freed memory back.
+WORKER_ENV = {"MIMALLOC_PURGE_DELAY": "-1"}
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit
+_TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int
+_kept = False
+
+
+def keep_worker_memory() -> None:
+    """On a Spark Python worker: keep the memory a task frees for the worker's next task.
+
+    A task's working set (hundreds of MB: decoded columns, the cancel buffer)
+    is freed at its end, and by default the allocators hand it back to the
+    OS; the worker's next task then faults every page in again, zeroed by the
+    kernel. On this project's VMs, where the host takes back memory left free
+    for a few seconds, that was 0.7 s of system time for each worker's first
+    task of a run and 1-2 s per run in all (``docs/benchmarks.md``). A JVM
+    executor keeps its heap; with this a Python worker keeps its peak, until
+    Spark stops it after a minute idle.
+
+    Here, for glibc's heap (NumPy arrays, Python objects): blocks up to 32 MB
+    come from the heap and the heap is not trimmed (``mallopt``; an explicit
+    ``malloc_trim`` after a spill still trims). Arrow's own allocator is kept
+    by :data:`WORKER_ENV` in the workers' environment, which this process
+    cannot change after the fact. Once per worker; outside a Spark task it
+    does nothing.
+    """
+    global _kept
+    if _kept:
+        return
+    from pyspark import TaskContext
+
+    if TaskContext.get() is None:
+        return
+    _kept = True
+    mallopt = _load_mallopt()
+    if mallopt is not None:
+        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
+        mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+
+
+def _load_mallopt():
+    """glibc's ``mallopt``, or None (another libc)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return None
