@@ -12,9 +12,10 @@ Iceberg Java writes it (``java_source.py``: Iceberg 1.10.2 on Spark 3.5.9), the 
   a live Spark JVM locks its SQLite file, and the pipeline commits to the original meanwhile;
 * the pipeline: ``spark.mode: connect`` on a warm local Spark Connect server (``connect_run.py``'s),
   shuffle on ``file://``, as the bench's warm Connect comparison runs it, committing to a sink;
-* each side twice, alternating (pipeline, peer, pipeline, peer); the last of each is the comparison,
-  the first warms the JVMs. Every run's rows are compared with the other side's of the same turn:
-  the same rows and change types (the view's ``_change_ordinal`` and ``_commit_snapshot_id`` left out).
+* each side four times, alternating (pipeline, peer, pipeline, peer, ...); the first run of each warms
+  its JVM, the median of the other three is the comparison (one warm run of either side varies by
+  +-15% from the next on this machine). Every run's rows are compared with the other side's of the same
+  turn: the same rows and change types (the view's ``_change_ordinal`` and ``_commit_snapshot_id`` left out).
 
 ``make bench`` runs it (``--skip-peer`` leaves it out); alone, with the table at another size::
 
@@ -30,6 +31,7 @@ import argparse
 import json
 import os
 import sqlite3
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -40,7 +42,8 @@ from typing import Any
 import pyarrow as pa
 
 ROOT = Path(__file__).resolve().parents[1]
-WARM_RUNS = 2  # each side: the first warms its JVM, the last is the comparison
+WARMUP_RUNS = 1  # each side: runs that only warm its JVM
+TIMED_RUNS = 3  # each side: runs after those; their median is the comparison
 TABLE = "orders_java"
 # The view's own columns that the pipeline's sink keeps elsewhere (its snapshot marker) or not at all.
 VIEW_METADATA = ("_change_ordinal", "_commit_snapshot_id")
@@ -73,14 +76,19 @@ def peer_seconds(answer: list[dict[str, Any]]) -> float:
 
 
 def peer_figures(peer: dict[str, Any]) -> dict[str, float]:
-    """The last (warm) run of each side and ratio = pipeline / peer."""
-    x = peer["peer"][-1]["seconds"]
-    y = peer["pipeline"][-1]["wall_seconds"]
+    """Each side's median over its timed runs (after ``warmup_runs``) and ratio = pipeline / peer.
+
+    Results written before the median (no ``warmup_runs``) compare the last run of each side.
+    """
+    warmup = peer.get("warmup_runs")
+    timed = slice(-1, None) if warmup is None else slice(warmup, None)
+    x = statistics.median(run["seconds"] for run in peer["peer"][timed])
+    y = statistics.median(run["wall_seconds"] for run in peer["pipeline"][timed])
     return {"peer_s": x, "peer_pipeline_s": y, "peer_ratio": round(y / max(x, 1e-9), 3)}
 
 
 def peer_line(peer: dict[str, Any]) -> str:
-    """``peer: Iceberg create_changelog_view X s, pipeline (warm) Y s, ratio=R``."""
+    """``peer: Iceberg create_changelog_view X s, pipeline (warm) Y s, ratio=R`` (medians, see :func:`peer_figures`)."""
     f = peer_figures(peer)
     return (
         f"peer: Iceberg create_changelog_view {f['peer_s']:.1f} s, pipeline (warm) "
@@ -93,7 +101,7 @@ def summary_lines(peer: dict[str, Any]) -> list[str]:
     w = peer["workload"]
     lines = [
         f"\n== The real peer: Iceberg create_changelog_view (Iceberg {peer['iceberg']}, {peer['master']}, "
-        f"driver memory {peer['driver_memory']}), each side {peer['warm_runs']} runs alternating, the last timed",
+        f"driver memory {peer['driver_memory']}), each side {_runs_told(peer)} alternating",
         f"   {w['rows']:,} rows written by Iceberg Java in {peer['java_write_seconds']:.0f} s; snapshot "
         f"{w['snapshot_id']}: removed {w['removed_files']} files ({w['removed_bytes'] / (1 << 20):.0f} MB), "
         f"added {w['added_files']} ({w['added_bytes'] / (1 << 20):.0f} MB); load average (1, 5, 15 min) "
@@ -109,6 +117,13 @@ def summary_lines(peer: dict[str, Any]) -> list[str]:
         lines.append(f"   {name}: {'OK' if check.get('equal') else 'FAILED'} {check}")
     lines.append(peer_line(peer))
     return lines
+
+
+def _runs_told(peer: dict[str, Any]) -> str:
+    warmup = peer.get("warmup_runs")
+    if warmup is None:
+        return f"{peer['warm_runs']} runs, the last timed"
+    return f"{warmup} warm-up + {peer['warm_runs'] - warmup} timed runs, the median compared"
 
 
 def _phases(seconds: dict[str, float]) -> str:
@@ -158,7 +173,8 @@ def run_peer(
         "iceberg": "1.10.2 on Spark 3.5.9",
         "master": MASTER,
         "driver_memory": driver_memory,
-        "warm_runs": WARM_RUNS,
+        "warm_runs": WARMUP_RUNS + TIMED_RUNS,
+        "warmup_runs": WARMUP_RUNS,
         "load_average_at_start": [round(v, 2) for v in os.getloadavg()],
         "java_write_seconds": round(time.perf_counter() - started, 3),
         "workload": report.describe_workload(made),
@@ -176,8 +192,10 @@ def run_peer(
         warm_server(bench.work, "spark-connect-peer", driver_memory, events) as server,
         replace(java, sqlite=peer_catalog).serve(bench.logs / "iceberg-java-peer.log") as session,
     ):
-        for index in range(1, WARM_RUNS + 1):
-            log(f"peer, run {index} of {WARM_RUNS}: pipeline (connect, file://), then create_changelog_view")
+        for index in range(1, WARMUP_RUNS + TIMED_RUNS + 1):
+            log(
+                f"peer, run {index} of {WARMUP_RUNS + TIMED_RUNS}: pipeline (connect, file://), then create_changelog_view"
+            )
             run = bench.pipeline(f"peer-pipeline-{index}", made, "file", connect_url=server.url)
             peer["pipeline"].append(
                 {

@@ -65,7 +65,27 @@ def test_a_view_with_other_columns_than_expected_is_refused():
         peer.view_rows(_view(["DELETE"] * 3).append_column("extra", pa.array([1, 2, 3])), COLUMNS)
 
 
-def test_the_ratio_is_the_pipeline_over_the_peer_on_the_last_warm_runs():
+def test_the_ratio_is_the_median_pipeline_over_the_median_peer_after_the_warm_up():
+    figures = {
+        "warm_runs": 4,
+        "warmup_runs": 1,
+        # The warm-up runs (first) are left out; the timed runs' order does not matter.
+        "pipeline": [
+            {"wall_seconds": 1.0},
+            {"wall_seconds": 4.0},
+            {"wall_seconds": 3.0},
+            {"wall_seconds": 9.0},
+        ],
+        "peer": [{"seconds": 1.0}, {"seconds": 20.0}, {"seconds": 16.0}, {"seconds": 30.0}],
+    }
+    assert peer.peer_figures(figures) == {"peer_s": 20.0, "peer_pipeline_s": 4.0, "peer_ratio": 0.2}
+    assert peer.peer_line(figures) == (
+        "peer: Iceberg create_changelog_view 20.0 s, pipeline (warm) 4.0 s, ratio=0.20"
+    )
+    assert "1 warm-up + 3 timed runs, the median compared" in peer._runs_told(figures)
+
+
+def test_results_without_a_warm_up_count_compare_the_last_runs():
     figures = {
         "pipeline": [{"wall_seconds": 30.0}, {"wall_seconds": 2.0}],
         "peer": [{"seconds": 50.0}, {"seconds": 16.0}],
