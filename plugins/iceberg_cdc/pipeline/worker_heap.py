@@ -1,4 +1,5 @@
-"""Spark Python workers: keep the per-task garbage collection off what the imports left alive.
+"""Spark Python workers between tasks: the per-task garbage collection kept off what the imports
+left alive, and the memory a task frees kept for the next task.
 
 Shared by both ways a phase runs its units (``spark_app``'s RDD tasks under
 spark-submit, ``connect_app``'s ``mapInArrow`` on a Spark Connect server):
