@@ -139,7 +139,7 @@ def test_worker_memory_is_kept_once_and_only_in_a_spark_task(monkeypatch):
     from pyspark import TaskContext
 
     calls = []
-    monkeypatch.setattr(worker_heap, "_load_mallopt", lambda: lambda *args: calls.append(args))
+    monkeypatch.setattr(worker_heap, "libc_function", lambda name: lambda *args: calls.append((name, *args)))
     monkeypatch.setattr(worker_heap, "_kept", False)
     worker_heap.keep_worker_memory()
     assert calls == []  # not in a Spark task: the test process's allocator is left alone
@@ -150,7 +150,7 @@ def test_worker_memory_is_kept_once_and_only_in_a_spark_task(monkeypatch):
     finally:
         TaskContext._setTaskContext(None)
     # Blocks up to 32 MB from the heap (M_MMAP_THRESHOLD), and the heap never trimmed (M_TRIM_THRESHOLD).
-    assert calls == [(-3, 32 << 20), (-1, 2**31 - 1)]
+    assert calls == [("mallopt", -3, 32 << 20), ("mallopt", -1, 2**31 - 1)]
 
 
 def test_spark_submit_workers_get_the_memory_keeping_environment():

@@ -11,6 +11,8 @@ from __future__ import annotations
 import gc
 import sys
 
+from iceberg_cdc.libc import libc_function
+
 _frozen_with_modules = 0  # on a Spark Python worker: len(sys.modules) at its last gc.freeze()
 
 
@@ -83,18 +85,7 @@ def keep_worker_memory() -> None:
     if TaskContext.get() is None:
         return
     _kept = True
-    mallopt = _load_mallopt()
+    mallopt = libc_function("mallopt")
     if mallopt is not None:
         mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
         mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
-
-
-def _load_mallopt():
-    """glibc's ``mallopt``, or None (another libc)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return None

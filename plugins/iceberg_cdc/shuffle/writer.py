@@ -25,8 +25,6 @@ output and a reader never mixes two attempts.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -35,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from iceberg_cdc.libc import libc_function
 from iceberg_cdc.shuffle.codec import encode_block
 from iceberg_cdc.shuffle.layout import BLOCK_HEADER, MapOutputIndex, data_key, index_key
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
@@ -47,16 +46,7 @@ DEFAULT_BLOCK_BYTES = 4 * 1024 * 1024
 _COPY_CHUNK = 8 * 1024 * 1024
 
 
-def _load_malloc_trim():
-    """glibc's ``malloc_trim``, when available: returns freed heap pages to the OS."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLOC_TRIM = _load_malloc_trim()
+_MALLOC_TRIM = libc_function("malloc_trim")  # returns freed heap pages to the OS
 
 
 def release_memory() -> None:
