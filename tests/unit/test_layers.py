@@ -24,6 +24,7 @@ RANKS: list[set[str]] = [
         "redaction",
         "error_lines",
         "snapshot_ids",
+        "libc",
         "pyiceberg_internals",
     },
     {"config", "storage", "lineage"},
