@@ -48,6 +48,13 @@ if TYPE_CHECKING:
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_PORT = 15002
+# The server's JVM only coordinates: the pipeline's rows are decoded, compared and written in
+# Python workers (mapInArrow). Its JIT's second tier (C2) kept compiling through the first
+# dozen runs and took cores from those workers; the first tier alone halved the JVM's CPU and
+# cut a warm 5 M-row run by about a tenth (docs/benchmarks.md). A server that also runs SQL
+# that computes in the JVM wants Spark's default (``java_options=""``): C1 alone made Iceberg's
+# create_changelog_view twice as slow.
+COORDINATOR_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
 def host_port(url: str) -> tuple[str, int]:
@@ -115,6 +122,7 @@ class LocalSparkConnectServer:
     driver_memory: str = "2g"
     ui_port: int | None = None  # the server's Spark UI (with its Connect tab) on this port; off by default
     conf: dict[str, str] = field(default_factory=dict)
+    java_options: str = COORDINATOR_JAVA_OPTIONS  # the driver JVM's; "" for the JVM's defaults
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -141,6 +149,8 @@ class LocalSparkConnectServer:
             # Clients share one session per package version and day (pipeline/connect_app.py):
             # keep it (and its warm Python workers) through quiet hours.
             "spark.connect.session.manager.defaultSessionTimeout": "25h",
+            # Applied to the JVM because it is on spark-submit's command line (client mode).
+            **({"spark.driver.extraJavaOptions": self.java_options} if self.java_options else {}),
             **self.conf,
         }
         command = [

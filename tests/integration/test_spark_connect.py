@@ -16,18 +16,21 @@ connection pointing at it, as the provider's hook reads it. In order:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import urllib.request
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 import yaml
 
 from cdc_devtools.airflow_env import connect_connection, connection_env_var
-from cdc_devtools.connect_server import LocalSparkConnectServer
+from cdc_devtools.connect_server import COORDINATOR_JAVA_OPTIONS, LocalSparkConnectServer
 from cdc_devtools.cow import cow_merge
 from cdc_devtools.local_s3 import free_port
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
@@ -183,6 +186,21 @@ def test_the_servers_python_workers_keep_their_memory(server):
     finally:
         spark.stop()
     assert [row.value for row in rows] == ["-1", "-1"]
+
+
+def test_the_servers_jvm_runs_the_jits_first_tier_only(server):
+    """spark-submit gives the client-mode driver JVM the coordinator's options (COORDINATOR_JAVA_OPTIONS)."""
+    assert server.process is not None
+    group = os.getpgid(server.process.pid)
+    jvms = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                words = (entry / "cmdline").read_bytes().decode().split("\0")
+                if os.getpgid(int(entry.name)) == group and "SparkConnectServer" in " ".join(words):
+                    jvms.append(words)
+    assert len(jvms) == 1 and Path(jvms[0][0]).name == "java", jvms
+    assert COORDINATOR_JAVA_OPTIONS in jvms[0]
 
 
 EXIT_PROBE = """

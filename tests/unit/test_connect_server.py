@@ -107,6 +107,24 @@ def test_the_server_binds_loopback_and_runs_this_interpreter():
     assert server.url == "sc://127.0.0.1:15123"
 
 
+def _confs(server: LocalSparkConnectServer) -> dict[str, str]:
+    command = server.command()
+    return dict(command[i + 1].split("=", 1) for i, word in enumerate(command) if word == "--conf")
+
+
+def test_the_servers_jvm_runs_the_jits_first_tier_only_unless_told_otherwise():
+    """It only coordinates (the rows are in Python workers); a server that computes in the JVM opts out."""
+    coordinator = _confs(LocalSparkConnectServer(Path("/tmp/never"), port=15123))
+    assert coordinator["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
+    assert "spark.driver.extraJavaOptions" not in _confs(
+        LocalSparkConnectServer(Path("/tmp/never"), port=15123, java_options="")
+    )
+    told = LocalSparkConnectServer(
+        Path("/tmp/never"), port=15123, conf={"spark.driver.extraJavaOptions": "-Xss4m"}
+    )
+    assert _confs(told)["spark.driver.extraJavaOptions"] == "-Xss4m"
+
+
 class SleepingServer(LocalSparkConnectServer):
     """Stands for the JVM: a process that never answers, with a child in its group (a Python worker)."""
 

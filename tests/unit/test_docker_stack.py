@@ -33,8 +33,10 @@ import pyarrow.compute as pc
 import pytest
 import yaml
 
+from cdc_devtools.connect_server import COORDINATOR_JAVA_OPTIONS
 from iceberg_cdc.config import CdcConfig, parse_config
 from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.pipeline.worker_heap import WORKER_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 STACK_FILES = [
@@ -524,7 +526,7 @@ def spark_connect_problems(stack: Stack) -> list[str]:
     problems = []
     if service.get("image") != services["airflow-scheduler"].get("image"):
         problems.append("spark-connect does not run the project image (its Python workers need the pins)")
-    command, _ = _connect_command(stack)
+    command, confs = _connect_command(stack)
     if command[:1] != ["spark-submit"] or CONNECT_SERVER_CLASS not in command:
         problems.append(f"spark-connect does not run spark-submit --class {CONNECT_SERVER_CLASS}")
     master = urlsplit(command[command.index("--master") + 1] if "--master" in command[:-1] else "")
@@ -538,6 +540,13 @@ def spark_connect_problems(stack: Stack) -> list[str]:
         problems.append(
             "spark-connect: PYSPARK_PYTHON is not set (the server starts Python workers with it, not with "
             "spark.pyspark.python)"
+        )
+    for variable, value in WORKER_ENV.items():
+        if confs.get(f"spark.executorEnv.{variable}") != value:
+            problems.append(f"spark-connect: the Python workers lack {variable}={value} (spark.executorEnv)")
+    if COORDINATOR_JAVA_OPTIONS not in confs.get("spark.driver.extraJavaOptions", "").split():
+        problems.append(
+            f"spark-connect: the driver JVM lacks {COORDINATOR_JAVA_OPTIONS} (spark.driver.extraJavaOptions)"
         )
     for name in config_services(stack):
         problems += _connect_connection_problems(
@@ -858,6 +867,14 @@ BREAKAGES = {
             "spark://spark-master:7077\n      - --driver-memory",
             "spark://spark-mastr:7077\n      - --driver-memory",
         ),
+    ),
+    "Spark Connect server whose workers give memory back": (
+        "spark_connect",
+        _replace("docker/compose.yaml", "spark.executorEnv.MIMALLOC_PURGE_DELAY=-1", "spark.executorEnv.X=1"),
+    ),
+    "Spark Connect server with the JVM's second JIT tier": (
+        "spark_connect",
+        _replace("docker/compose.yaml", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1", "spark.x=1"),
     ),
     "connect mode without its connection": (
         "cdc_config",
