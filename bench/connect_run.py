@@ -57,14 +57,18 @@ def _native(
 
 
 @contextmanager
-def warm_server(work: Path, name: str, driver_memory: str, events: Path) -> Iterator[Any]:
+def warm_server(
+    work: Path, name: str, driver_memory: str, events: Path, *, java_options: str | None = None
+) -> Iterator[Any]:
     """A local Spark Connect server (``MASTER``, an event log) for the block; stopped, and this
-    process's Connect settings dropped, after it."""
+    process's Connect settings dropped, after it. ``java_options``: the driver JVM's (``None``:
+    the local server's coordinator default, ``""``: the JVM's own)."""
     from cdc_devtools.connect_server import LocalSparkConnectServer
     from iceberg_cdc.pipeline import connect_app
 
+    jvm = {} if java_options is None else {"java_options": java_options}
     server = LocalSparkConnectServer(
-        work / name, master=MASTER, driver_memory=driver_memory, conf=event_log_conf(events)
+        work / name, master=MASTER, driver_memory=driver_memory, conf=event_log_conf(events), **jvm
     )
     server.start()
     try:
@@ -99,7 +103,9 @@ def run_connect(
     log(f"warm Spark Connect: starting a local server ({MASTER}, driver memory {driver_memory})")
     started = time.perf_counter()
     checks = results["checks"]
-    with warm_server(bench.work, "spark-connect", driver_memory, events) as server:
+    # This server also runs the Spark-native job, which computes in the JVM: both sides get the
+    # JVM's default JIT here (the coordinator setting would slow the native side, not ours).
+    with warm_server(bench.work, "spark-connect", driver_memory, events, java_options="") as server:
         connect: dict[str, Any] = {
             "master": MASTER,
             "driver_memory": driver_memory,

@@ -11,7 +11,10 @@ Iceberg Java writes it (``java_source.py``: Iceberg 1.10.2 on Spark 3.5.9), the 
   a copy of the catalog file taken after the source was written (the same metadata and data files):
   a live Spark JVM locks its SQLite file, and the pipeline commits to the original meanwhile;
 * the pipeline: ``spark.mode: connect`` on a warm local Spark Connect server (``connect_run.py``'s),
-  shuffle on ``file://``, as the bench's warm Connect comparison runs it, committing to a sink;
+  shuffle on ``file://``, as the bench's warm Connect comparison runs it, committing to a sink. The
+  server's JVM runs as a CDC server is meant to (``COORDINATOR_JAVA_OPTIONS``: the JIT's first tier
+  only, as ``make airflow``'s and the compose file's); the peer's JVM computes, so it keeps Spark's
+  defaults (the first tier alone made it twice as slow);
 * each side four times, alternating (pipeline, peer, pipeline, peer, ...); the first run of each warms
   its JVM, the median of the other three is the comparison (one warm run of either side varies by
   +-15% from the next on this machine). Every run's rows are compared with the other side's of the same
@@ -107,6 +110,11 @@ def summary_lines(peer: dict[str, Any]) -> list[str]:
         f"added {w['added_files']} ({w['added_bytes'] / (1 << 20):.0f} MB); load average (1, 5, 15 min) "
         f"{peer['load_average_at_start']} at the start, {peer.get('load_average_at_end')} at the end",
     ]
+    if peer.get("server_java_options"):
+        lines.append(
+            f"   the pipeline's Connect server JVM: {peer['server_java_options']} (it only coordinates); "
+            "the peer's JVM: Spark's defaults"
+        )
     for index, (mine, theirs) in enumerate(zip(peer["pipeline"], peer["peer"], strict=True), 1):
         lines.append(
             f"   run {index}: pipeline {mine['wall_seconds']:.1f} s ({_phases(mine['phase_seconds'])}), "
@@ -156,6 +164,7 @@ def run_peer(
     from pipeline_run import sink_changes
     from sparkrun import MASTER
 
+    from cdc_devtools.connect_server import COORDINATOR_JAVA_OPTIONS
     from cdc_devtools.iceberg_java import IcebergJava
 
     java = IcebergJava(
@@ -177,6 +186,7 @@ def run_peer(
         "warmup_runs": WARMUP_RUNS,
         "load_average_at_start": [round(v, 2) for v in os.getloadavg()],
         "java_write_seconds": round(time.perf_counter() - started, 3),
+        "server_java_options": COORDINATOR_JAVA_OPTIONS,
         "workload": report.describe_workload(made),
         "pipeline": [],
         "peer": [],
