@@ -9,8 +9,10 @@ import pytest
 from pyiceberg.types import DoubleType, LongType, StringType
 
 from iceberg_cdc.errors import ConfigError
+from iceberg_cdc.source import reading
 from iceberg_cdc.source.changes import initial_load_changes, snapshot_changes
 from iceberg_cdc.source.reading import (
+    batch_rows,
     file_io,
     output_schema,
     read_data_file,
@@ -159,6 +161,26 @@ def test_reads_stream_in_bounded_batches(catalog):
     assert sum(sizes) == rows and max(sizes) <= 4096 and len(sizes) >= rows // 4096
     assert count == 3 * rows * (rows - 1) // 2
     assert peak < decoded_bytes / 4, f"peak {peak} B of Arrow memory for a {decoded_bytes} B file"
+
+
+def test_batches_hold_about_batch_bytes_of_the_files_column_data(catalog, monkeypatch):
+    """Without a batch size, a batch is BATCH_BYTES of the file's uncompressed columns, in rows."""
+    rows = 100_000
+    table = create_table(
+        catalog, "sized", schema=pa.schema([pa.field("id", pa.int64()), pa.field("a", pa.int64())])
+    )
+    ids = pa.array(range(rows), pa.int64())
+    table.append(pa.table({"id": ids, "a": pc.multiply(ids, 7)}))
+    (data_file,) = live_files(table)
+    metadata = pq.ParquetFile(data_file.file_path.removeprefix("file://")).metadata
+    per_row = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups)) / rows
+    monkeypatch.setattr(reading, "BATCH_BYTES", int(per_row * 10_000))
+    assert 9_990 <= batch_rows(metadata) <= 10_010
+    sizes = [b.num_rows for b in read_data_file(table.io, data_file.file_path, table.schema())]
+    assert sum(sizes) == rows and max(sizes) == batch_rows(metadata) and len(sizes) == -(-rows // sizes[0])
+    # Bounded both ways: a tiny target still reads thousands of rows, a huge one at most 1 M.
+    assert batch_rows(metadata, target_bytes=1) == reading.MIN_BATCH_ROWS
+    assert batch_rows(metadata, target_bytes=1 << 40) == reading.MAX_BATCH_ROWS
 
 
 def test_invalid_batch_size(evolved):

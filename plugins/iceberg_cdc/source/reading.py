@@ -94,6 +94,14 @@ NAME_MAPPING_PROPERTY = "schema.name-mapping.default"
 # being pre-buffered whole, which keeps memory near one row group's columns.
 _READ_BUFFER_BYTES = 8 * 1024 * 1024
 
+# A batch holds about this many bytes of the file's uncompressed column data (Arrow's decoded
+# form is larger: strings from dictionaries, offsets). Each batch costs a pass of pyiceberg's
+# projection in Python and a chunk for every later gather to walk; 64 k rows of a narrow table
+# spent a tenth of the read on that (docs/benchmarks.md).
+BATCH_BYTES = 16 * 1024 * 1024
+MIN_BATCH_ROWS = 4096
+MAX_BATCH_ROWS = 1 << 20
+
 
 def schema_to_json(schema: Schema) -> str:
     """The schema in Iceberg's JSON form (field ids included), to ship to executors."""
@@ -212,17 +220,28 @@ def _projected_field_ids(schema: Schema) -> set[int]:
     return {i for i in schema.field_ids if not isinstance(schema.find_type(i), (MapType, ListType))}
 
 
+def batch_rows(metadata: pq.FileMetaData, target_bytes: int | None = None) -> int:
+    """Rows per batch for a file: ``target_bytes`` (:data:`BATCH_BYTES`) of its uncompressed column data, within bounds."""
+    target_bytes = BATCH_BYTES if target_bytes is None else target_bytes
+    rows = metadata.num_rows
+    size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+    per_row = size / rows if rows and size > 0 else 1
+    return int(min(MAX_BATCH_ROWS, max(MIN_BATCH_ROWS, target_bytes // max(per_row, 1))))
+
+
 def read_data_file(
     io: FileIO,
     path: str,
     schema: Schema,
-    batch_size: int = 65536,
+    batch_size: int | None = None,
     *,
     name_mapping: NameMapping | None = None,
     partition_values: Mapping[int, Any] | None = None,
     positions: np.ndarray | None = None,
 ) -> Generator[pa.RecordBatch, None, int]:
     """Yield the rows of the Parquet data file at ``path`` projected onto ``schema``, at most ``batch_size`` rows each.
+
+    ``batch_size`` ``None``: :func:`batch_rows` of the file (about :data:`BATCH_BYTES` a batch).
 
     ``positions`` (sorted, distinct): yield only the rows at those positions,
     reading only the row groups that hold one (a merge-on-read update of a
@@ -238,7 +257,7 @@ def read_data_file(
     come out null. Delete files are not applied here
     (:mod:`iceberg_cdc.source.delete_filter` applies them).
     """
-    if batch_size <= 0:
+    if batch_size is not None and batch_size <= 0:
         raise ValueError(f"batch_size must be positive, not {batch_size}")
     target = output_schema(schema)
     # Iceberg v1/v2 timestamps are microseconds; files from other writers may hold nanoseconds.
@@ -266,7 +285,8 @@ def read_data_file(
         file_projection = select_columns(file_schema, _projected_field_ids(schema))
         columns = [field.name for field in file_projection.columns]
         constants = _constant_columns(schema, file_schema, partition_values)
-        for batch in _raw_batches(parquet, columns, batch_size, positions):
+        rows = batch_size or batch_rows(parquet.metadata)
+        for batch in _raw_batches(parquet, columns, rows, positions):
             if batch.num_rows == 0:
                 continue
             projected = project_batch(
