@@ -6,6 +6,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, StringType
 
 from iceberg_cdc.errors import ConfigError
@@ -181,6 +182,30 @@ def test_batches_hold_about_batch_bytes_of_the_files_column_data(catalog, monkey
     # Bounded both ways: a tiny target still reads thousands of rows, a huge one at most 1 M.
     assert batch_rows(metadata, target_bytes=1) == reading.MIN_BATCH_ROWS
     assert batch_rows(metadata, target_bytes=1 << 40) == reading.MAX_BATCH_ROWS
+
+
+def test_batches_count_only_the_columns_read(catalog, monkeypatch):
+    """A read of fewer columns (a key-only read) gets more rows a batch, by those columns' bytes."""
+    rows = 50_000
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("a", pa.int64()), pa.field("note", pa.string())])
+    table = create_table(catalog, "keyed", schema=schema)
+    ids = pa.array(range(rows), pa.int64())
+    table.append(
+        pa.table({"id": ids, "a": pc.multiply(ids, 7), "note": pc.cast(ids, pa.string())}, schema=schema)
+    )
+    (data_file,) = live_files(table)
+    metadata = pq.ParquetFile(data_file.file_path.removeprefix("file://")).metadata
+    group = metadata.row_group(0)
+    size = {group.column(j).path_in_schema: group.column(j).total_uncompressed_size for j in range(3)}
+    target = int(sum(size.values()) / rows * 10_000)
+    assert batch_rows(metadata, None, target) == target // (sum(size.values()) / rows)
+    assert batch_rows(metadata, {"id"}, target) == target // (size["id"] / rows)
+    assert batch_rows(metadata, {"id"}, target) > 2 * batch_rows(metadata, None, target)
+    # read_data_file sizes a key-only read by the key's bytes.
+    monkeypatch.setattr(reading, "BATCH_BYTES", target)
+    keys = Schema(table.schema().find_field("id"))
+    sizes = [b.num_rows for b in read_data_file(table.io, data_file.file_path, keys)]
+    assert max(sizes) == batch_rows(metadata, {"id"}, target) and sum(sizes) == rows
 
 
 def test_invalid_batch_size(evolved):

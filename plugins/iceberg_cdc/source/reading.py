@@ -56,7 +56,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import uuid
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Collection, Generator, Iterator, Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -220,13 +220,24 @@ def _projected_field_ids(schema: Schema) -> set[int]:
     return {i for i in schema.field_ids if not isinstance(schema.find_type(i), (MapType, ListType))}
 
 
-def batch_rows(metadata: pq.FileMetaData, target_bytes: int | None = None) -> int:
-    """Rows per batch for a file: ``target_bytes`` (:data:`BATCH_BYTES`) of its uncompressed column data, within bounds."""
+def batch_rows(
+    metadata: pq.FileMetaData, columns: Collection[str] | None = None, target_bytes: int | None = None
+) -> int:
+    """Rows per batch for a file: ``target_bytes`` (:data:`BATCH_BYTES`) of the uncompressed data
+    of the top-level ``columns`` read (all by default), within bounds.
+
+    Counting only what is read keeps a key-only read of a wide table from tiny batches.
+    """
     target_bytes = BATCH_BYTES if target_bytes is None else target_bytes
-    rows = metadata.num_rows
-    size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
-    per_row = size / rows if rows and size > 0 else 1
-    return int(min(MAX_BATCH_ROWS, max(MIN_BATCH_ROWS, target_bytes // max(per_row, 1))))
+    size = 0
+    for i in range(metadata.num_row_groups):
+        group = metadata.row_group(i)
+        for j in range(group.num_columns):
+            chunk = group.column(j)
+            if columns is None or chunk.path_in_schema.split(".", 1)[0] in columns:
+                size += chunk.total_uncompressed_size
+    per_row = max(size / metadata.num_rows, 1.0) if metadata.num_rows else 1.0
+    return int(min(MAX_BATCH_ROWS, max(MIN_BATCH_ROWS, target_bytes // per_row)))
 
 
 def read_data_file(
@@ -285,7 +296,7 @@ def read_data_file(
         file_projection = select_columns(file_schema, _projected_field_ids(schema))
         columns = [field.name for field in file_projection.columns]
         constants = _constant_columns(schema, file_schema, partition_values)
-        rows = batch_size or batch_rows(parquet.metadata)
+        rows = batch_size or batch_rows(parquet.metadata, set(columns))
         for batch in _raw_batches(parquet, columns, rows, positions):
             if batch.num_rows == 0:
                 continue
