@@ -164,7 +164,6 @@ def run_peer(
     from pipeline_run import sink_changes
     from sparkrun import MASTER
 
-    from cdc_devtools.connect_server import COORDINATOR_JAVA_OPTIONS
     from cdc_devtools.iceberg_java import IcebergJava
 
     java = IcebergJava(
@@ -186,7 +185,6 @@ def run_peer(
         "warmup_runs": WARMUP_RUNS,
         "load_average_at_start": [round(v, 2) for v in os.getloadavg()],
         "java_write_seconds": round(time.perf_counter() - started, 3),
-        "server_java_options": COORDINATOR_JAVA_OPTIONS,
         "workload": report.describe_workload(made),
         "pipeline": [],
         "peer": [],
@@ -202,6 +200,7 @@ def run_peer(
         warm_server(bench.work, "spark-connect-peer", driver_memory, events) as server,
         replace(java, sqlite=peer_catalog).serve(bench.logs / "iceberg-java-peer.log") as session,
     ):
+        peer["server_java_options"] = server.java_options  # what the server ran with, not a default
         for index in range(1, WARMUP_RUNS + TIMED_RUNS + 1):
             log(
                 f"peer, run {index} of {WARMUP_RUNS + TIMED_RUNS}: pipeline (connect, file://), then create_changelog_view"

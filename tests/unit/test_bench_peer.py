@@ -107,3 +107,33 @@ def test_the_call_takes_the_one_snapshot_with_updates_by_identifier():
     # start-snapshot-id is exclusive in Iceberg: the parent's id yields the snapshot's changes alone.
     assert "map('start-snapshot-id', '11', 'end-snapshot-id', '22')" in call
     assert "compute_updates => true" in call and "identifier_columns => array('id')" in call
+
+
+def test_the_summary_names_the_servers_jvm_options_when_recorded():
+    figures = {
+        "iceberg": "1.10.2 on Spark 3.5.9",
+        "master": "local[2]",
+        "driver_memory": "4g",
+        "warm_runs": 2,
+        "warmup_runs": 1,
+        "java_write_seconds": 50.0,
+        "load_average_at_start": [1.0, 1.0, 1.0],
+        "workload": {
+            "rows": 10,
+            "snapshot_id": 7,
+            "removed_files": 1,
+            "removed_bytes": 1 << 20,
+            "added_files": 1,
+            "added_bytes": 1 << 20,
+        },
+        "pipeline": [{"wall_seconds": 2.0, "phase_seconds": {"write": 1.0}}] * 2,
+        "peer": [{"seconds": 10.0, "call_seconds": 0.1, "write_seconds": 9.9, "rows": 3}] * 2,
+        "checks": {},
+    }
+    assert not any("Connect server JVM" in line for line in peer.summary_lines(figures))
+    figures["server_java_options"] = "-XX:TieredStopAtLevel=1"
+    told = [line for line in peer.summary_lines(figures) if "Connect server JVM" in line]
+    assert told == [
+        "   the pipeline's Connect server JVM: -XX:TieredStopAtLevel=1 (it only coordinates); "
+        "the peer's JVM: Spark's defaults"
+    ]
