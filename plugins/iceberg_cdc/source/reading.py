@@ -94,7 +94,7 @@ NAME_MAPPING_PROPERTY = "schema.name-mapping.default"
 # being pre-buffered whole, which keeps memory near one row group's columns.
 _READ_BUFFER_BYTES = 8 * 1024 * 1024
 
-# A batch holds about this many bytes of the file's uncompressed column data (Arrow's decoded
+# A batch holds about this many bytes of the uncompressed data of the columns read (Arrow's decoded
 # form is larger: strings from dictionaries, offsets). Each batch costs a pass of pyiceberg's
 # projection in Python and a chunk for every later gather to walk; 64 k rows of a narrow table
 # spent a tenth of the read on that (docs/benchmarks.md).
