@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cdc_devtools.pidfile import AlreadyRunning, pid_file, stop_running
-from cdc_devtools.scheduler import HOST, LOW_LATENCY, log_server_ports, machine_env
+from cdc_devtools.scheduler import HOST, LOW_LATENCY, log_server_ports, machine_env, port_free
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -28,12 +29,17 @@ def _airflow_ui():
 
 
 def _free_base() -> int:
-    """A port whose log-server ports (+713, +714, +715) are free now."""
+    """A port whose log-server ports (+713, +714, +715) are free now, below the ephemeral range.
+
+    An ephemeral base put those ports where the kernel hands out the local ports of outgoing
+    connections: the other test worker's HTTP clients took one between the check and the test.
+    Below the range only a listener bound on purpose can take one (``make airflow``'s 8080 ->
+    8793, 8794 are there too).
+    """
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for _ in range(50):
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            base = s.getsockname()[1]
-        if base + 716 < 65535 and log_server_ports(base) == (base + 713, base + 714):
+        base = random.randrange(10_000, ephemeral_low - 716)
+        if port_free(base) and log_server_ports(base) == (base + 713, base + 714) and port_free(base + 715):
             return base
     pytest.skip("no free port range for the test")
 
