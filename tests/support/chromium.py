@@ -29,6 +29,7 @@ needs_chromium = pytest.mark.skipif(
     CHROMIUM is None,
     reason="headless Chromium not found: install the Debian package `chromium` (apt-get install -y chromium)",
 )
+CALL_SECONDS = 60  # one DevTools call, events before its answer included
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -113,11 +114,16 @@ class Chromium:
         self.call("Page.enable")
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
+        """``method``'s result; the page's events that come first are passed over, for a minute at most."""
         self._next += 1
         ident = self._next
         self.ws.send(json.dumps({"id": ident, "method": method, "params": params}))
+        deadline = time.monotonic() + CALL_SECONDS
         while True:
-            message = json.loads(self.ws.recv(timeout=60))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"Chromium did not answer {method} within {CALL_SECONDS} s")
+            message = json.loads(self.ws.recv(timeout=left))
             if message.get("id") == ident:
                 if "error" in message:
                     raise RuntimeError(f"{method}: {message['error']}")
