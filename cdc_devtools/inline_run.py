@@ -105,11 +105,20 @@ def run_snapshot(
 
 
 def run_until_caught_up(config: CdcConfig, source: str, *, limit: int = 10_000) -> list[InlineRun]:
-    """Run snapshots of ``source`` one after another until nothing is pending; returns the runs that did work."""
+    """Run snapshots of ``source`` one after another until nothing is pending; returns the runs that did work.
+
+    A snapshot run twice in a row means the watermark did not move: that fails at once, not
+    after ``limit`` runs (an hour of a test that looks hung).
+    """
     runs: list[InlineRun] = []
     for _ in range(limit):
         run = run_snapshot(config, source)
         if run.action == "caught_up":
             return runs
+        if runs and run.snapshot_id == runs[-1].snapshot_id:
+            raise CdcError(
+                f"{source}: snapshot {run.snapshot_id} ran again right after its own run "
+                f"({runs[-1].action}, then {run.action}): the watermark did not move"
+            )
         runs.append(run)
     raise CdcError(f"{source}: still not caught up after {limit} runs")

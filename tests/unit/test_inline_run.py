@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections import Counter
 
 import pyarrow as pa
+import pytest
 from pyiceberg.schema import Schema
 
 from cdc_devtools.cow import cow_merge
-from cdc_devtools.inline_pipeline import InlinePipeline
+from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.replay import assert_replay
 
@@ -43,3 +44,24 @@ def test_a_table_without_identifier_columns_runs_in_whole_row_mode(tmp_path):
     runs = pipeline.catch_up()
     assert [r.action for r in runs] == ["insert", "shuffle"]
     assert assert_replay(pipeline.source, pipeline.sink, merge, []) == Counter({"DELETE": 4, "INSERT": 3})
+
+
+def test_a_snapshot_run_twice_in_a_row_fails_at_once(tmp_path, monkeypatch):
+    """A watermark that does not move stops the loop at the second run, not 10,000 runs later."""
+    from cdc_devtools import inline_run
+    from iceberg_cdc.errors import CdcError
+
+    pipeline = InlinePipeline(tmp_path)
+    pipeline.create_source(SCHEMA, partition_spec=BY_REGION).append(rows(range(5), "us"))
+    first = inline_run.run_snapshot(pipeline.config, SOURCE)
+    assert first.action == "insert"
+    runs = Counter()
+
+    def stuck(config, source):
+        runs["again"] += 1
+        return first
+
+    monkeypatch.setattr(inline_run, "run_snapshot", stuck)
+    with pytest.raises(CdcError, match=rf"snapshot {first.snapshot_id} ran again .*watermark did not move"):
+        pipeline.catch_up()
+    assert runs["again"] == 2
