@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import signal
 import sys
 from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
+
+# A preexec_fn makes Popen fork() (not vfork), and fork() runs gRPC's fork handlers in a process that
+# has used a Spark Connect client (gRPC): a test worker hung in them for good, starting a Connect
+# server with a client's channel still open (CI ran out its 90 minutes). These children exec at once
+# and need nothing of gRPC, so its handlers are off here; set before gRPC is imported (read at its start).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 
 @functools.cache

@@ -235,3 +235,44 @@ def test_a_task_process_exits_without_pyspark_exit_command(server, start):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rows 3" in done.stdout
     assert "ml-cache-cleanup sent" not in done.stdout
+
+
+FORK_PROBE = """
+import subprocess, sys, threading
+import cdc_devtools.children as children  # before gRPC, as every module that starts children imports it
+from pyspark.sql import SparkSession
+
+spark = SparkSession.builder.remote(sys.argv[1]).create()
+done = threading.Event()
+
+def queries():
+    while not done.is_set():
+        spark.range(100).selectExpr("sum(id)").collect()
+
+worker = threading.Thread(target=queries)
+worker.start()
+for _ in range(100):
+    subprocess.run(["true"], preexec_fn=children.die_with_parent(), check=True)
+done.set()
+worker.join()
+print("forked 100", flush=True)
+"""
+
+
+def test_children_fork_without_grpcs_fork_handlers(server):
+    """A process that used a Connect client forks its children past gRPC's fork handlers.
+
+    Those handlers run in fork() (a preexec_fn forces fork) and once waited for good in a test
+    worker starting a Connect server: with them on, gRPC logs from ``fork_posix.cc`` while
+    another thread is in a call.
+    """
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}  # the import sets it
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_PROBE, server.url], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "forked 100" in done.stdout
+    assert "fork_posix" not in done.stderr, done.stderr[-3000:]
