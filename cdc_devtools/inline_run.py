@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from iceberg_cdc.config import CdcConfig
 from iceberg_cdc.errors import CdcError
-from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS, read_group_count, record_group, units_of
+from iceberg_cdc.pipeline.groups import read_group_count, record_group, units_of
+from iceberg_cdc.pipeline.in_process import IN_PROCESS, InProcessUnitRunner
+from iceberg_cdc.pipeline.phase_driver import UnitRunner
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.run import steps
 from iceberg_cdc.run.state import Detected
@@ -46,23 +49,43 @@ class InlineRun:
         return self.detected.snapshot_id
 
 
-def run_phase(ctx: steps.Context, plan: SnapshotPlan, phase: str, groups: int) -> list[dict[str, Any]]:
-    """Every group of ``phase`` in turn, recorded as the Spark driver records them; the units' results."""
+RunnerFactory = Callable[[int], UnitRunner]
+"""A group's :class:`~iceberg_cdc.pipeline.phase_driver.UnitRunner`, by group index (default: in process)."""
+
+
+def run_phase(
+    ctx: steps.Context, plan: SnapshotPlan, phase: str, groups: int, runner: RunnerFactory | None = None
+) -> list[dict[str, Any]]:
+    """Every group of ``phase`` in turn, recorded as the Spark driver records them; the units' results.
+
+    The units run through ``runner`` (the product's in-process runner unless a
+    test hands a Spark one), so both paths can be run on one history.
+    """
     store = ctx.runtime.store()
-    function = PHASE_FUNCTIONS[phase]
     results: list[dict[str, Any]] = []
     for group in range(groups):
         started = time.perf_counter()
-        done = [function(plan, ctx.runtime, unit) for unit in units_of(phase, plan, group, store)]
-        record_group(store, plan, phase, group, time.perf_counter() - started, done)
+        unit_runner = runner(group) if runner is not None else InProcessUnitRunner()
+        done = unit_runner.map_units(phase, plan, ctx.runtime, units_of(phase, plan, group, store))
+        where = IN_PROCESS if isinstance(unit_runner, InProcessUnitRunner) else "spark"
+        record_group(store, plan, phase, group, time.perf_counter() - started, done, runner=where)
         results.extend(done)
     return results
 
 
 def run_snapshot(
-    config: CdcConfig, source: str, *, snapshot_id: int | None = None, run_id: str | None = None
+    config: CdcConfig,
+    source: str,
+    *,
+    snapshot_id: int | None = None,
+    run_id: str | None = None,
+    runner: RunnerFactory | None = None,
 ) -> InlineRun:
-    """Process the next pending snapshot of ``source`` (or ``snapshot_id``) as one DAG run would."""
+    """Process the next pending snapshot of ``source`` (or ``snapshot_id``) as one DAG run would.
+
+    ``runner``: what runs each phase group's units (default: in this process, as
+    :mod:`iceberg_cdc.pipeline.in_process` does for small groups).
+    """
     ctx = steps.Context.of(config, source)
     run_id = run_id or f"inline__{uuid.uuid4().hex[:12]}"
     clock = time.perf_counter()
@@ -81,10 +104,10 @@ def run_snapshot(
             store = ctx.runtime.store()
             plan = SnapshotPlan.load(store, detected.plan)
             if run.action == "insert":
-                run.units["insert"] = run_phase(ctx, plan, "insert", len(plan.groups))
+                run.units["insert"] = run_phase(ctx, plan, "insert", len(plan.groups), runner)
                 lap("insert")
             else:
-                run.units["write"] = run_phase(ctx, plan, "write", len(plan.groups))
+                run.units["write"] = run_phase(ctx, plan, "write", len(plan.groups), runner)
                 lap("write")
                 missing, failed = steps.missing_map_outputs(ctx, detected)
                 if missing or failed:
@@ -92,7 +115,7 @@ def run_snapshot(
                 lap("barrier")
                 steps.coalesce(ctx, detected)
                 lap("coalesce")
-                run.units["read"] = run_phase(ctx, plan, "read", read_group_count(plan, store))
+                run.units["read"] = run_phase(ctx, plan, "read", read_group_count(plan, store), runner)
                 lap("read")
         run.committed = steps.commit(ctx, detected)
         lap("commit")
@@ -104,7 +127,9 @@ def run_snapshot(
     return run
 
 
-def run_until_caught_up(config: CdcConfig, source: str, *, limit: int = 10_000) -> list[InlineRun]:
+def run_until_caught_up(
+    config: CdcConfig, source: str, *, limit: int = 10_000, runner: RunnerFactory | None = None
+) -> list[InlineRun]:
     """Run snapshots of ``source`` one after another until nothing is pending; returns the runs that did work.
 
     A snapshot run twice in a row means the watermark did not move: that fails at once, not
@@ -112,7 +137,7 @@ def run_until_caught_up(config: CdcConfig, source: str, *, limit: int = 10_000) 
     """
     runs: list[InlineRun] = []
     for _ in range(limit):
-        run = run_snapshot(config, source)
+        run = run_snapshot(config, source, runner=runner)
         if run.action == "caught_up":
             return runs
         if runs and run.snapshot_id == runs[-1].snapshot_id:

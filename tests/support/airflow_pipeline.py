@@ -61,7 +61,9 @@ class AirflowPipeline:
                 "partitions": 8,
                 "target_partition_size": "64KB",
             },
-            "spark": {"parallel_jobs": 1, **(spark or {})},
+            # These tests are about the Spark phases: their tiny snapshots would otherwise run in the
+            # task's process (spark.in_process_below); tests of that path pass a size.
+            "spark": {"parallel_jobs": 1, "in_process_below": 0, **(spark or {})},
             "tables": [{"source": SOURCE, "sink": SINK}],
         }
         self.config_path = tmp / "cdc.yaml"

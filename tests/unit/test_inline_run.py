@@ -57,7 +57,7 @@ def test_a_snapshot_run_twice_in_a_row_fails_at_once(tmp_path, monkeypatch):
     assert first.action == "insert"
     runs = Counter()
 
-    def stuck(config, source):
+    def stuck(config, source, **_):
         runs["again"] += 1
         return first
 

@@ -120,6 +120,9 @@ class ShuffleConfig(_Redacting):
         return {k: str(v) for k, v in (self.model_extra or {}).items()}
 
 
+IN_PROCESS_BELOW = 32 * MiB
+
+
 class SparkConfig(_Strict):
     """How the phases run: ``submit`` (one ``spark-submit`` per phase group) or ``connect``.
 
@@ -137,6 +140,15 @@ class SparkConfig(_Strict):
     conf: dict[str, str] = Field(default_factory=dict)
     driver_memory: str | None = None
     executor_memory: str | None = None
+    # A phase group reading less than this runs in the Airflow task's own process, no Spark job
+    # (pipeline/in_process.py): the size where a Spark job and the in-process path cost the same,
+    # measured by make bench (docs/benchmarks.md). 0: always Spark.
+    in_process_below: int = IN_PROCESS_BELOW
+
+    @field_validator("in_process_below", mode="before")
+    @classmethod
+    def _in_process_size(cls, value: Any) -> int:
+        return 0 if value in (0, "0") else parse_size(value)
 
     @field_validator("connect_url")
     @classmethod

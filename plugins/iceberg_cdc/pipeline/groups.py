@@ -81,11 +81,24 @@ def read_group_count(plan: SnapshotPlan, store: ObjectStore) -> int:
 
 
 def record_group(
-    store: ObjectStore, plan: SnapshotPlan, phase: str, group: int, seconds: float, results: list[Any]
+    store: ObjectStore,
+    plan: SnapshotPlan,
+    phase: str,
+    group: int,
+    seconds: float,
+    results: list[Any],
+    *,
+    runner: str = "spark",
 ) -> None:
-    """The group's wall time and unit figures, summed into the commit's ``cdc.seconds.*``."""
+    """The group's wall time, unit figures and where they ran, summed into the commit's ``cdc.seconds.*``."""
     paths = plan.paths
-    document = {"phase": phase, "group": group, "seconds": round(seconds, 3), "units": results}
+    document = {
+        "phase": phase,
+        "group": group,
+        "seconds": round(seconds, 3),
+        "units": results,
+        "runner": runner,
+    }
     store.put(paths.stats(f"{phase}-{group:04d}"), json.dumps(document).encode())
 
 

@@ -123,11 +123,13 @@ def run_phase_group(
     start_runner: Callable[[SnapshotPlan], UnitRunner],
     *,
     label: str = "",
+    where: str = "spark",
 ) -> GroupRun:
     """Lease check, the group's units through ``start_runner(plan)``'s runner under a heartbeat, figures.
 
     ``start_runner`` is called only once the lease is proven (it may start a
-    JVM or open a session). Raises what the units raised (after the failure
+    JVM or open a session); ``where`` names where the units ran in the group's
+    record (``spark``, or ``in_process``: :mod:`.in_process`). Raises what the units raised (after the failure
     markers), or :class:`~iceberg_cdc.errors.LeaseLostError`.
     """
     store = runtime.store()
@@ -179,7 +181,7 @@ def run_phase_group(
             raise heartbeat.lost from exc
         raise
     seconds = round(time.perf_counter() - started, 3)
-    record_group(store, plan, phase, group, seconds, results)
+    record_group(store, plan, phase, group, seconds, results, runner=where)
     for result in results:
         log.info("%s done: %s", phase, json.dumps(result, sort_keys=True)[:500])
     log.info("%s group %d: %d units in %.1f s", phase, group, len(units), seconds)

@@ -30,6 +30,7 @@ from iceberg_cdc.coordination.commit_in_flight import commit_in_flight
 from iceberg_cdc.errors import CdcError, ConservationError, LeaseLostError
 from iceberg_cdc.pipeline.conservation import check_snapshot
 from iceberg_cdc.pipeline.groups import phase_records, phase_seconds, skew_summary
+from iceberg_cdc.pipeline.in_process import in_process_phases
 from iceberg_cdc.pipeline.paths import SnapshotPaths
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.run import lease as run_lease
@@ -175,6 +176,8 @@ def commit(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str, An
         "cancelled_rows": conservation.cancelled_rows,
         "conservation": vars(conservation),
         "seconds": seconds,
+        # Phases whose groups all ran in the Airflow task's process (no Spark job): the story says so.
+        "in_process": list(in_process_phases(phases)),
         **_skew_figures(skew),
     }
 

@@ -74,7 +74,10 @@ def snapshot_label(detected: Detected | Mapping[str, Any]) -> str:
 
 
 def outcome(committed: dict[str, Any]) -> str:
-    """``+300 -100 ±1,000 updates, carryover 37,800, 794.0 KiB shuffled, write 4.3 s / read 3.4 s``."""
+    """``+300 -100 ±1,000 updates, carryover 37,800, 794.0 KiB shuffled, write 4.3 s / read 3.4 s``.
+
+    A phase that ran in the Airflow task's process says so: ``write 0.1 s in process``.
+    """
     if not committed.get("committed") and "inserts" not in committed:
         return str(committed.get("reason", "nothing committed"))
     parts = [
@@ -94,7 +97,12 @@ def outcome(committed: dict[str, Any]) -> str:
         worst = f", largest {ratio:.0f}x the median" if ratio else ""
         parts.append(f"{count} skewed partition{'s' if count != 1 else ''}{worst}")
     seconds = committed.get("seconds") or {}
-    phases = [f"{phase} {seconds[phase]:.1f} s" for phase in ("write", "insert", "read") if phase in seconds]
+    here = set(committed.get("in_process") or ())  # ran in the task's process, no Spark job
+    phases = [
+        f"{phase} {seconds[phase]:.1f} s{' in process' if phase in here else ''}"
+        for phase in ("write", "insert", "read")
+        if phase in seconds
+    ]
     line = " ".join(parts[:3]) + (", " + ", ".join(parts[3:]) if parts[3:] else "")
     if phases:
         line += ", " + " / ".join(phases)

@@ -90,6 +90,8 @@ class SparkConnectPhaseOperator(BaseOperator):
         from iceberg_cdc.pipeline.spark_app import parse_args
 
         _phases_known()
+        if ran_in_process(self.application_args):
+            return
         args = parse_args([str(a) for a in self.application_args])
         with final_errors():
             hook = CdcHook()
@@ -134,6 +136,8 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
         from iceberg_cdc.pipeline.pyfiles import package_zip
 
         _phases_known()
+        if ran_in_process(self.application_args or []):
+            return
         self.py_files = self.py_files or package_zip()
         try:
             with _renewing(self.application_args or []):
@@ -147,6 +151,26 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
             raise error(
                 f"{line}\n(spark-submit failed; its command line and output follow in the log)"
             ) from exc
+
+
+def ran_in_process(application_args: list[Any]) -> bool:
+    """Run the group in this task's process when its input is below ``spark.in_process_below``.
+
+    True when it ran here (the task is done), False when it needs Spark. The
+    same lease check, heartbeat, figures and errors as a Spark driver's
+    (:mod:`iceberg_cdc.pipeline.in_process`).
+    """
+    from iceberg_cdc.pipeline.in_process import run_if_small
+    from iceberg_cdc.pipeline.spark_app import parse_args
+
+    args = parse_args([str(a) for a in application_args])
+    with final_errors():
+        hook = CdcHook(load_config(args.config))
+        below = hook.config.spark.in_process_below
+        return (
+            run_if_small(hook.runtime(), args.plan, args.phase, args.group, below, label=args.label)
+            is not None
+        )
 
 
 @contextlib.contextmanager
