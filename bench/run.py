@@ -77,6 +77,9 @@ from connect_run import connect_line, run_connect  # noqa: E402
 from freshness import freshness_figures, freshness_lines  # noqa: E402
 from iceberg_mirror_bench import iceberg_mirror_lines  # noqa: E402
 from iceberg_mirror_bench import run as run_iceberg_mirror_bench  # noqa: E402
+from in_process import figures as in_process_figures  # noqa: E402
+from in_process import point_line as in_process_point_line  # noqa: E402
+from in_process import summary_line as in_process_summary_line  # noqa: E402
 from latency import (  # noqa: E402
     compare_modes,
     latency_line,
@@ -501,6 +504,9 @@ def main() -> None:
             results["checks"].update(results["peer"]["checks"])
         if not args.quick and not args.skip_airflow:
             run_latency(bench, workloads, results)
+        if not args.quick:
+            log("phase groups in the task's process against warm Spark Connect jobs, by input size")
+            results["in_process"] = in_process_figures([0.05, 1, 4, 16], repeats=3)
         if args.scheduler:
             log("under the scheduler: one-row latency, then 30 one-row snapshots caught up by chained runs")
             results["scheduler"] = scheduler_figures(work, bench.s3, bench.logs)
@@ -563,6 +569,14 @@ def main() -> None:
         print(latency_line(results["latency"]["wall_seconds"], results["latency_connect"]))
     elif "latency" in results:
         print(f"latency: one-row snapshot {results['latency']['wall_seconds']:.1f} s (submit)")
+    if "in_process" in results:
+        in_process = results["in_process"]
+        (out_dir / "in_process.json").write_text(json.dumps(in_process, indent=2) + "\n")
+        print(
+            "\n".join(
+                [*map(in_process_point_line, in_process["points"]), in_process_summary_line(in_process)]
+            )
+        )
     if "scheduler" in results:
         print("\n".join(scheduler_lines(results["scheduler"])))
     if "freshness" in results:

@@ -56,8 +56,12 @@ def test_only_groups_known_to_be_small_run_in_process(phase, size, below, here):
 
 
 def test_the_threshold_is_a_size_and_zero_turns_it_off():
-    base = {"catalog": {"name": "c"}, "shuffle": {"uri": "s3://b/p"}, "tables": [{"source": "a.b", "sink": "a.c"}]}
-    assert parse_config(base).spark.in_process_below == 32 * MiB
+    base = {
+        "catalog": {"name": "c"},
+        "shuffle": {"uri": "s3://b/p"},
+        "tables": [{"source": "a.b", "sink": "a.c"}],
+    }
+    assert parse_config(base).spark.in_process_below == MiB
     assert parse_config({**base, "spark": {"in_process_below": "8MB"}}).spark.in_process_below == 8 * MiB
     assert parse_config({**base, "spark": {"in_process_below": 0}}).spark.in_process_below == 0
     connect = {"mode": "connect", "connect_url": "sc://h:1", "in_process_below": "1MiB"}
