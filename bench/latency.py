@@ -279,6 +279,7 @@ def scheduler_figures(
     latency_runs: int = 2,
     parallelism: int = 2,
     low_latency: bool = True,
+    in_process_below: str | None = None,
 ) -> dict[str, Any]:
     """One-row latency and a backlog's catch-up under Airflow's scheduler, in connect mode.
 
@@ -299,6 +300,8 @@ def scheduler_figures(
 
     ``low_latency``: Airflow with the small-snapshot settings of
     docs/operating.md (:data:`cdc_devtools.scheduler.LOW_LATENCY`); off: Airflow's defaults.
+    ``in_process_below``: the config's ``spark.in_process_below`` (default: the product's; ``0``: every
+    group on Spark, as before small groups ran in the task's process).
     """
     import workload as wl
 
@@ -321,7 +324,11 @@ def scheduler_figures(
     raw = {
         "catalog": wl.catalog_properties(work),
         "shuffle": {"uri": "s3://latency-shuffle/scheduler", "partitions": 64, **s3.properties},
-        "spark": {"parallel_jobs": 1, "mode": "connect"},
+        "spark": {
+            "parallel_jobs": 1,
+            "mode": "connect",
+            **({} if in_process_below is None else {"in_process_below": in_process_below}),
+        },
         "tables": tables,
         # Runs come from the REST trigger and chaining only (bench/freshness.py measures event runs).
         "events": {"enabled": False},
@@ -334,6 +341,7 @@ def scheduler_figures(
         "backlog": backlog,
         "parallelism": parallelism,
         "low_latency": low_latency,
+        "in_process_below": in_process_below,
         "latency": [],
     }
     logs.mkdir(parents=True, exist_ok=True)
@@ -424,6 +432,11 @@ def main() -> int:
     )
     parser.add_argument("--backlog", type=int, default=30, help="one-row snapshots in the backlog")
     parser.add_argument(
+        "--in-process-below",
+        default=None,
+        help="spark.in_process_below for the tables (default: the product's; 0: every phase group on Spark)",
+    )
+    parser.add_argument(
         "--airflow-defaults",
         action="store_true",
         help="run Airflow with its default settings, not docs/operating.md's small-snapshot settings",
@@ -446,6 +459,7 @@ def main() -> int:
             rows=args.rows,
             backlog=args.backlog,
             low_latency=not args.airflow_defaults,
+            in_process_below=args.in_process_below,
         )
     (work / "latency.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     lines = [
