@@ -11,10 +11,10 @@ down, a poll error). ``schedule: null`` leaves the event alone; ``events:
 {enabled: false}`` the clock alone (the behaviour before events).
 
 Runs started by an event are ordinary runs (``asset_triggered``): they take
-the oldest pending snapshot and chain while more are pending; Airflow folds
-events queued while a run is busy into one run, which waits for the table's
-lease and processes nothing when the busy run's chain already goes on (one
-chain per table: ``run/detect.py``); an event for a snapshot already processed
+the oldest pending snapshot and chain while more are pending; of the runs
+events start while the table is busy at most one queues for it, the others
+end at once, taking no lease (``run/queue.py``; one chain per table:
+``run/detect.py``); an event for a snapshot already processed
 starts a run that finds nothing pending and ends at once. Backfills and manual runs keep their own rules (``run/kinds.py``).
 """
 

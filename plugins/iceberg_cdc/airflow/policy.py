@@ -70,16 +70,10 @@ def airflow_holder_state(ti: Any) -> Callable[[LeaseInfo], HolderState] | None:
     return state
 
 
-# detect states of a run that has not yet taken the table (or is taking it now).
-_NOT_YET_DETECTED = {
-    "none",
-    "scheduled",
-    "queued",
-    "running",
-    "up_for_reschedule",
-    "up_for_retry",
-    "deferred",
-}
+def _detect_states(ti: Any, dag_id: str) -> dict[str, set[str]]:
+    """Every run of ``dag_id`` with the state names of its detect task (one Task SDK call)."""
+    found = ti.get_task_states(dag_id=dag_id, task_ids=["detect"])
+    return {run_id: _task_state_names(tasks) or {"none"} for run_id, tasks in (found or {}).items()}
 
 
 def airflow_live_chain(ti: Any, dag_id: str, own_run_id: str) -> Callable[[], str | None] | None:
@@ -89,23 +83,34 @@ def airflow_live_chain(ti: Any, dag_id: str, own_run_id: str) -> Callable[[], st
     back, so a run that then holds the lease and sees such a run knows it was
     started for the very snapshot it would take. A chained run whose detect
     finished has taken its snapshot already (or ended): it is not waiting.
+    The rule is :func:`iceberg_cdc.run.queue.live_chain`.
     """
     if ti is None or not hasattr(ti, "get_task_states"):
         return None
 
     def live() -> str | None:
-        from iceberg_cdc.run.story import CHAIN_PREFIX
+        from iceberg_cdc.run.queue import live_chain
 
-        found = ti.get_task_states(dag_id=dag_id, task_ids=["detect"])
-        for run_id, tasks in sorted((found or {}).items()):
-            if run_id == own_run_id or not run_id.startswith(CHAIN_PREFIX):
-                continue
-            states = tasks.values() if isinstance(tasks, dict) else [tasks]
-            if any(_state_name(state) in _NOT_YET_DETECTED for state in states):
-                return run_id
-        return None
+        return live_chain(own_run_id, _detect_states(ti, dag_id))
 
     return live
+
+
+def airflow_run_ahead(ti: Any, dag_id: str, own_run_id: str) -> Callable[[], str | None] | None:
+    """Ask Airflow whether a run of ``dag_id`` ahead of this one will process the next snapshot.
+
+    The rule is :func:`iceberg_cdc.run.queue.run_ahead`; None when there is no
+    Task SDK behind the task to ask (a test): the run then queues as before.
+    """
+    if ti is None or not hasattr(ti, "get_task_states"):
+        return None
+
+    def ahead() -> str | None:
+        from iceberg_cdc.run.queue import run_ahead
+
+        return run_ahead(own_run_id, _detect_states(ti, dag_id))
+
+    return ahead
 
 
 def _state_name(value: Any) -> str:

@@ -88,6 +88,24 @@ def detect(
         raise
 
 
+def left_to_run_ahead(ctx: Context, run_id: str, reason: str) -> Detected:
+    """What a run that leaves the table to a run ahead of it returns (:mod:`iceberg_cdc.run.queue`).
+
+    It took no lease (:data:`~iceberg_cdc.run.lease.NO_EPOCH`: cleanup
+    releases nothing and deletes nothing) and processes nothing; its note says which run it left
+    the table to, not "caught up".
+    """
+    return Detected(
+        action="caught_up",
+        source=ctx.table.source,
+        sink=ctx.table.sink,
+        run_id=run_id,
+        epoch=run_lease.NO_EPOCH,
+        lease_ttl=run_lease.lease_ttl_seconds(ctx.table),
+        reason=reason,
+    )
+
+
 def chain_deferral(
     pending: int, expected_snapshot_id: int | None, live_chain: Callable[[], str | None] | None
 ) -> str | None:

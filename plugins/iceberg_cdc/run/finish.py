@@ -86,7 +86,7 @@ def cleanup(ctx: Context, detected: Detected | Mapping[str, Any] | None, run_id:
     detected = None if detected is None else Detected.of(detected)
     removed = 0
     kept_staged = False
-    epoch = int(detected.epoch) if detected and detected.epoch is not None else None
+    epoch = int(detected.epoch) if detected and detected.epoch not in (None, run_lease.NO_EPOCH) else None
     released = False
     if epoch is not None:
         try:

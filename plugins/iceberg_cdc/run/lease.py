@@ -108,6 +108,9 @@ def renewing(ctx: Context, run_id: str, epoch: int, ttl: float) -> Iterator[None
         yield
 
 
+NO_EPOCH = 0  # a run that took no lease (epochs start at 1): there is nothing of it to release or delete
+
+
 def give_back(ctx: Context, run_id: str, epoch: int | None) -> bool:
     """Release the run's lease of ``epoch`` (never another run's or epoch's)."""
     return ctx.lease().release(run_id, epoch)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from iceberg_cdc.run.commit_step import commit
 from iceberg_cdc.run.context import Context
-from iceberg_cdc.run.detect import detect, sweep_leftovers
+from iceberg_cdc.run.detect import detect, left_to_run_ahead, sweep_leftovers
 from iceberg_cdc.run.finish import cleanup, watermark
 from iceberg_cdc.run.lease import confirm as confirm_lease
 from iceberg_cdc.run.shuffle_steps import attempt_paths, coalesce, missing_map_outputs
@@ -26,6 +26,7 @@ __all__ = [
     "commit",
     "confirm_lease",
     "detect",
+    "left_to_run_ahead",
     "missing_map_outputs",
     "sweep_leftovers",
     "watermark",

@@ -22,7 +22,12 @@ from iceberg_cdc.airflow.compat import AirflowFailException
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.lineage import LineageReporting, changelog_datasets
-from iceberg_cdc.airflow.policy import airflow_holder_state, airflow_live_chain, final_errors
+from iceberg_cdc.airflow.policy import (
+    airflow_holder_state,
+    airflow_live_chain,
+    airflow_run_ahead,
+    final_errors,
+)
 from iceberg_cdc.config import TableConfig
 from iceberg_cdc.run.kinds import backfill_refusal, is_backfill
 from iceberg_cdc.run.metrics import emit_retention
@@ -84,7 +89,20 @@ class DetectOperator(LineageReporting, BaseOperator):
         waiting_since = _first_reschedule(ti, context) or try_started
         run_id = context.get("run_id") or "manual"
 
+        # An ordinary run leaves the table to a run ahead of it instead of queueing too (run/queue.py).
+        ahead = (
+            airflow_run_ahead(ti, self.dag_id, run_id)
+            if requested is None and not backfill and chained_snapshot(run_id) is None
+            else None
+        )
+
         def take() -> dict[str, Any]:
+            reason = ahead() if ahead is not None else None
+            if reason is not None:
+                log.warning("%s: nothing processed, no lease taken: %s", self.source, reason)
+                left = steps.left_to_run_ahead(ctx, run_id, reason)
+                self._lineage_detected = left.to_xcom()
+                return self._lineage_detected
             with final_errors():
                 detected = steps.detect(
                     ctx,
