@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
+from iceberg_cdc.airflow.operators import spark as spark_operators
 from iceberg_cdc.airflow.operators.spark import SparkConnectPhaseOperator
 from iceberg_cdc.pipeline import connect_app, pyfiles
 
@@ -84,6 +85,8 @@ def fake_server(monkeypatch) -> FakeSession:
     monkeypatch.setattr(connect_app, "run_phase_group", phase_group)
     monkeypatch.setattr(CdcHook, "spark_connect_url", lambda self, conn_id=None: "sc://127.0.0.1:15002")
     monkeypatch.setattr(CdcHook, "runtime", lambda self: None)
+    # A group of a real plan: never small enough for the task's own process (no config, no plan here).
+    monkeypatch.setattr(spark_operators, "ran_in_process", lambda application_args: False)
     return spark
 
 

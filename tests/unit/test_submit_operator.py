@@ -65,7 +65,10 @@ def pipeline(tmp_path) -> tuple[InlinePipeline, str]:
     """A pipeline on a file:// shuffle store and SQLite catalog, and its config file (the task's --config)."""
     pipeline = InlinePipeline(tmp_path)
     config_file = Path(tmp_path) / "cdc.yaml"
-    config_file.write_text(yaml.safe_dump(pipeline.raw))
+    # The operator's Spark path is under test: its tiny groups must not run in the task's process.
+    config_file.write_text(
+        yaml.safe_dump({**pipeline.raw, "spark": {**pipeline.raw["spark"], "in_process_below": 0}})
+    )
     return pipeline, str(config_file)
 
 
