@@ -23,7 +23,7 @@ from cdc_devtools.replay import assert_replay
 from iceberg_cdc.config import parse_config
 from iceberg_cdc.errors import SourceHistoryError
 from iceberg_cdc.run.story import story
-from iceberg_cdc.source.protection import own_tags, recorded, tag_name
+from iceberg_cdc.source.protection import base_tag_name, own_tags, recorded, tag_name
 from iceberg_cdc.source.retention import MAX_SNAPSHOT_AGE_PROPERTY
 
 
@@ -62,7 +62,8 @@ def test_protection_keeps_every_needed_snapshot_through_pyicebergs_expiry(tmp_pa
     assert [r.snapshot_id for r in runs] == pending
     for snapshot_id in pending:
         assert_replay(pipeline.source, pipeline.sink, snapshot_id, ["id"])
-    assert runs[0].detected.protection["removed"] == [str(first)]  # passed by the watermark
+    # passed by the watermark: first's base tag, and mark's pending tag (mark keeps its base tag)
+    assert set(runs[0].detected.protection["removed"]) == {str(first), str(mark)}
     assert runs[0].detected.retention_warning is None
 
     # Caught up: only the watermark's snapshot (the head) stays tagged; the rest may now expire.
@@ -84,7 +85,7 @@ def test_an_idle_run_writes_nothing_to_the_source(tmp_path):
 
 
 def test_without_protection_detect_warns_first_and_expiry_then_breaks_the_table(tmp_path):
-    pipeline = InlinePipeline(tmp_path, table={"retention_warning": "1h"})
+    pipeline = InlinePipeline(tmp_path, table={"retention_warning": "1h", "protect_base": False})
     source = pipeline.create_source(SCHEMA, properties={MAX_SNAPSHOT_AGE_PROPERTY: str(30 * 60 * 1000)})
     source.append(rows(range(0, 10)))
     pipeline.catch_up()
@@ -126,15 +127,21 @@ def test_tags_go_when_protection_is_turned_off_or_the_table_leaves_the_config(tm
     raw = {**pipeline.raw, "tables": [{"source": "shop.other", "sink": "shop.other_changes"}]}
     run_snapshot(parse_config(raw), "shop.other")
     assert not own_tags(pipeline.source, SINK)
-    assert recorded(registry) == []
+    assert [(p.source, p.sink) for p in recorded(registry)] == [
+        ("shop.other", "shop.other_changes")
+    ]  # its base
 
-    # Protection turned off: that table's own next run removes its tags.
+    # protect_pending turned off: the table's own next run keeps only the base (protect_base, the default).
     pipeline.run()
     assert own_tags(pipeline.source, SINK)
-    off = {**pipeline.raw, "tables": [{"source": SOURCE, "sink": SINK, "protect_pending": False}]}
+    base_only = {**pipeline.raw, "tables": [{"source": SOURCE, "sink": SINK, "protect_pending": False}]}
+    run_snapshot(parse_config(base_only), SOURCE)
+    assert list(own_tags(pipeline.source, SINK)) == [base_tag_name(SINK, pipeline.watermark().snapshot_id)]
+    # Both off: its next run removes every tag, and the pipeline no longer writes the source.
+    off = {**base_only, "tables": [{**base_only["tables"][0], "protect_base": False}]}
     run_snapshot(parse_config(off), SOURCE)
     assert not own_tags(pipeline.source, SINK)
-    assert tag_name(SINK, 1) == f"cdc-pending-{SINK}-1"
+    assert tag_name(SINK, 1) == f"cdc-pending-{SINK}-1" and base_tag_name(SINK, 1) == f"cdc-base-{SINK}-1"
 
 
 def test_the_release_command_removes_one_tables_tags_and_its_record(tmp_path):

@@ -75,3 +75,12 @@ def test_retention_gauges_say_how_long_until_a_needed_snapshot_may_go():
         ("gauge", "cdc.shop__orders.retention.protected", 0.0, tags),
         ("gauge", "cdc.shop__orders.retention.protected", 1.0, tags),
     ]
+
+
+def test_a_bridge_commit_is_counted_as_one():
+    stats = Recorder()
+    bridge = {"reason": "expired", "from": "41", "to": "44"}
+    emit_commit(stats, "shop.orders", {"committed": True, "snapshot_id": 44, "bridge": bridge})
+    emit_commit(stats, "shop.orders", {"committed": True, "snapshot_id": 45, "bridge": {}})
+    bridged = [c for c in stats.calls if c[1] == "cdc.shop__orders.snapshots.bridged"]
+    assert bridged == [("incr", "cdc.shop__orders.snapshots.bridged", None, {"table": "shop.orders"})]

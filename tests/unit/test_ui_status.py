@@ -525,7 +525,8 @@ def test_the_retention_guard_on_the_status_and_the_page(tmp_path):
     from iceberg_cdc.source.retention import MAX_SNAPSHOT_AGE_PROPERTY
     from iceberg_cdc.ui.page import PageModel, render_page
 
-    pipeline = InlinePipeline(tmp_path, table={"retention_warning": "2h"})
+    # protect_base off: the watermark's snapshot is held only by main's retention, as before tags.
+    pipeline = InlinePipeline(tmp_path, table={"retention_warning": "2h", "protect_base": False})
     source = pipeline.create_source(SCHEMA, properties={MAX_SNAPSHOT_AGE_PROPERTY: str(3 * 3600 * 1000)})
     source.append(rows(range(3)))
     pipeline.catch_up()

@@ -125,6 +125,17 @@ class TableConfig(_Strict):
     # Keep Iceberg tags on the source that make the watermark's and every pending snapshot
     # survive snapshot expiry (source/protection.py): needs write access to the source.
     protect_pending: bool = False
+    # Keep a tag on the source at the watermark's snapshot (and the one a run processes), so a gap in
+    # the history after it (expiry, rollback) is bridged from a state that still exists: needs write
+    # access to the source's metadata (one small commit per run). false: the pipeline never writes
+    # the source.
+    protect_base: bool = True
+    # When snapshots after the watermark are gone (expired, or main no longer descends from it):
+    # bridge -- one commit of the net change to the oldest state still available, then per-snapshot
+    # commits resume on the same sink; fail -- stop, naming the snapshots (source/history.py).
+    on_history_gap: Literal["bridge", "fail"] = "bridge"
+    # A bridge reading more input rows than this stops with its size and the way on (None: no bound).
+    bridge_max_rows: int | None = Field(None, ge=1)
     # The run's note warns when a snapshot the sink needs may be expired within this time.
     retention_warning: float = 24 * 3600.0
     # Freshness promise (seconds, or "15m"): alert when the oldest source snapshot not yet in the

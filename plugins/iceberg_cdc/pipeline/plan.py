@@ -19,8 +19,8 @@ from iceberg_cdc.source.planning import WriteTask
 from iceberg_cdc.storage.base import ObjectStore
 from iceberg_cdc.units import format_bytes
 
-PLAN_VERSION = 5  # 3: _commit_timestamp (snapshot_timestamp_ms); 4: carryover cancelled in write tasks;
-# 5: sink_field_ids (rows reach sink columns by source field id)
+PLAN_VERSION = 6  # 3: _commit_timestamp (snapshot_timestamp_ms); 4: carryover cancelled in write tasks;
+# 5: sink_field_ids (rows reach sink columns by source field id); 6: bridge
 Kind = Literal["with_deletes", "insert_only"]
 
 
@@ -94,6 +94,9 @@ class SnapshotPlan:
     # The sink's field-id mapping (sink.field_ids.PROPERTY) after evolution: rows, named by the
     # snapshot's schema, reach sink columns by source field id. None: by name (a sink without one).
     sink_field_ids: str | None = None
+    # A bridge over a gap in the source's history (source.history.HistoryGap): reason, from (the
+    # watermark's snapshot, whose state the changes start from), common_ancestor; ids as strings.
+    bridge: dict[str, Any] | None = None
     version: int = PLAN_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -39,7 +39,7 @@ from iceberg_cdc.run.shuffle_steps import written_records
 from iceberg_cdc.run.state import Detected
 from iceberg_cdc.sink.commit import advance_watermark, commit_changes
 from iceberg_cdc.sink.datafiles import data_files_from_parquet
-from iceberg_cdc.sink.summary import CommitSummary, Skew
+from iceberg_cdc.sink.summary import Bridge, CommitSummary, Skew
 from iceberg_cdc.storage import ObjectStore, get_json_many
 
 log = logging.getLogger("iceberg_cdc")
@@ -130,6 +130,7 @@ def commit(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str, An
         seconds=seconds,
         rows=conservation.rows(),
         skew=skew,
+        bridge=_bridge(plan),
     )
     result = commit_in_flight(
         store,
@@ -178,8 +179,22 @@ def commit(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str, An
         "seconds": seconds,
         # Phases whose groups all ran in the Airflow task's process (no Spark job): the story says so.
         "in_process": list(in_process_phases(phases)),
+        # A bridge over a gap in the source's history: reason, from, to (the story, the metric).
+        "bridge": dict(plan.bridge or {}),
         **_skew_figures(skew),
     }
+
+
+def _bridge(plan: SnapshotPlan) -> Bridge | None:
+    """The plan's bridge over a gap in the source's history, as the sink summary records it."""
+    if not plan.bridge:
+        return None
+    ancestor = plan.bridge.get("common_ancestor")
+    return Bridge(
+        reason=str(plan.bridge["reason"]),
+        from_snapshot_id=int(plan.bridge["from"]),
+        common_ancestor=None if ancestor is None else int(ancestor),
+    )
 
 
 def _skew_figures(skew: Skew | None) -> dict[str, Any]:

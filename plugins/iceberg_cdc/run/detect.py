@@ -30,8 +30,13 @@ from iceberg_cdc.sink.foreign import foreign_commits_warning
 from iceberg_cdc.sink.schema import evolve_sink_schema
 from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import ensure_sink_table, loaded_in_full, read_watermark
-from iceberg_cdc.source.changes import initial_load_changes, require_supported, snapshot_changes
-from iceberg_cdc.source.history import next_snapshot
+from iceberg_cdc.source.changes import (
+    bridge_changes,
+    initial_load_changes,
+    require_supported,
+    snapshot_changes,
+)
+from iceberg_cdc.source.history import HistoryGap, history_gap, next_snapshot
 from iceberg_cdc.source.key_ranges import key_field_id
 from iceberg_cdc.source.planning import CancelPlanning, plan_write_tasks
 from iceberg_cdc.source.reading import table_name_mapping_json
@@ -103,6 +108,29 @@ def left_to_run_ahead(ctx: Context, run_id: str, reason: str) -> Detected:
         epoch=run_lease.NO_EPOCH,
         lease_ttl=run_lease.lease_ttl_seconds(ctx.table),
         reason=reason,
+    )
+
+
+def bridge_record(gap: HistoryGap) -> dict[str, Any]:
+    """A bridge as detect's XCom and the plan carry it (ids as strings: browsers round 19 digits)."""
+    return {
+        "reason": gap.reason,
+        "from": str(gap.base),
+        "to": str(gap.target),
+        "common_ancestor": None if gap.common_ancestor is None else str(gap.common_ancestor),
+    }
+
+
+def refuse_large_bridge(ctx: Context, gap: HistoryGap, input_rows: int) -> None:
+    """Stop a bridge that reads more rows than ``tables[].bridge_max_rows``, saying its size and the way on."""
+    bound = ctx.table.bridge_max_rows
+    if bound is None or input_rows <= bound:
+        return
+    raise SourceHistoryError(
+        f"{ctx.table.source}: {gap.describe()}; the bridge from snapshot {gap.base} to {gap.target} would "
+        f"read {input_rows:,} rows, above tables[].bridge_max_rows ({bound:,}). Nothing was committed. "
+        "To go on, raise or remove bridge_max_rows (the bridge is one commit of the net change), or set "
+        "on_history_gap: fail and restart the sink from the current state (start: latest)."
     )
 
 
@@ -204,7 +232,9 @@ def _detect(
             and loaded_in_full(sink, ctx.table.source, snapshot_id, start=ctx.table.start),
         )
     else:
-        pending = next_snapshot(source, watermark, ctx.table.start)
+        pending = next_snapshot(
+            source, watermark, ctx.table.start, bridge=ctx.table.on_history_gap == "bridge"
+        )
     attempt = attempt_name(held.epoch)
     swept = sweep_leftovers(ctx, sink, attempt)
     base: dict[str, Any] = {
@@ -230,6 +260,16 @@ def _detect(
     if warning:
         log.warning("%s", warning)
         base["warnings"] = (warning,)
+    if (
+        pending is None
+        and watermark is not None
+        and ctx.table.on_history_gap == "bridge"
+        and snapshot_id is None
+    ):
+        waiting = history_gap(source, watermark)
+        if waiting is not None:  # rolled back to an ancestor of the watermark, nothing after it yet
+            base["warnings"] = (*base.get("warnings", ()), waiting.describe())
+            log.warning("%s: %s", ctx.table.source, waiting.describe())
     if pending is None:
         log.info(
             "%s is caught up: nothing after snapshot %s",
@@ -243,11 +283,23 @@ def _detect(
             log.warning("%s: %s", ctx.table.source, deferred)
             return Detected(action="caught_up", reason=deferred, remaining=pending.remaining, **base)
 
-    changes = (
-        initial_load_changes(source, pending.snapshot_id)
-        if pending.is_initial_load
-        else snapshot_changes(source, pending.snapshot_id, key_field_id(ctx.table, source.schema()))
-    )
+    gap = pending.bridge
+    key_id = key_field_id(ctx.table, source.schema())
+    if pending.is_initial_load:
+        changes = initial_load_changes(source, pending.snapshot_id)
+    elif gap is not None:
+        changes = bridge_changes(source, gap.base, pending.snapshot_id, key_id)
+        base["bridge"] = bridge_record(gap)
+        log.warning(
+            "%s: %s; bridging: one commit of the net change from snapshot %s to %s, then per-snapshot "
+            "commits resume",
+            ctx.table.source,
+            gap.describe(),
+            gap.base,
+            gap.target,
+        )
+    else:
+        changes = snapshot_changes(source, pending.snapshot_id, key_id)
     require_supported(changes)
     paths = SnapshotPaths(ctx.table.source, pending.snapshot_id, attempt)
     base.update(
@@ -313,7 +365,10 @@ def _detect(
         row_lineage=cancel and shuffle.row_lineage and source.metadata.format_version >= 3,
         snapshot_timestamp_ms=source.metadata.snapshot_by_id(pending.snapshot_id).timestamp_ms,
         sink_field_ids=sink.properties.get(field_ids.PROPERTY),
+        bridge=base.get("bridge"),
     )
+    if gap is not None:
+        refuse_large_bridge(ctx, gap, plan.input_records)
     plan.save(store, paths.plan)
     phase = plan.phase
     args = [

@@ -44,7 +44,7 @@ def watermark(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str,
             f"{mark and mark.snapshot_id}, not at snapshot {detected.snapshot_id} after commit"
         )
     source = load_source_table(catalog, ctx.table)
-    after = next_snapshot(source, mark, ctx.table.start)
+    after = next_snapshot(source, mark, ctx.table.start, bridge=ctx.table.on_history_gap == "bridge")
     remaining = 0 if after is None else after.remaining + 1
     log.info(
         "watermark of %s: snapshot %s (ordinal %s); %d more snapshot(s) pending",

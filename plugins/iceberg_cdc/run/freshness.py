@@ -96,7 +96,8 @@ def freshness_after(
 
     The changelog's watermark here; a mirror's mark in :mod:`iceberg_cdc.mirror.freshness`.
     """
-    pending = oldest_pending(source, watermark, ctx.table.start)
+    bridge = ctx.table.on_history_gap == "bridge"
+    pending = oldest_pending(source, watermark, ctx.table.start, bridge=bridge)
     lag, committed_at = 0.0, None
     if pending is not None:
         committed = pending[1]
@@ -105,7 +106,7 @@ def freshness_after(
         source=ctx.table.source,
         slo_seconds=ctx.table.freshness_slo,
         lag_seconds=round(lag, 3),
-        pending=0 if pending is None else pending_count(source, watermark, ctx.table.start),
+        pending=0 if pending is None else pending_count(source, watermark, ctx.table.start, bridge=bridge),
         oldest_pending=None if pending is None else str(pending[0]),
         oldest_committed_at=committed_at,
         measured_at=now.isoformat(),

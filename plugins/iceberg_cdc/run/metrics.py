@@ -99,6 +99,8 @@ def emit_commit(stats: StatsBackend, source: str, committed: dict[str, Any]) -> 
     stats.incr(
         f"{prefix}.snapshots.{'committed' if committed.get('committed') else 'uncommitted'}", tags=tags
     )
+    if committed.get("bridge"):  # one commit over a gap in the source's history (source/history.py)
+        stats.incr(f"{prefix}.snapshots.bridged", tags=tags)
     if isinstance(committed.get("skewed_partitions"), int):  # shuffled snapshots only
         stats.gauge(f"{prefix}.shuffle.skewed_partitions", float(committed["skewed_partitions"]), tags=tags)
     for phase, seconds in (committed.get("seconds") or {}).items():

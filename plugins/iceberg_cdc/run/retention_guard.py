@@ -25,6 +25,7 @@ from typing import Any
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 
+from iceberg_cdc.config import TableConfig
 from iceberg_cdc.error_lines import line_of
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.source import protection
@@ -40,14 +41,15 @@ def guard(ctx: Context, source: Table, watermark: Watermark | None, *, catalog: 
     store = ctx.runtime.store()
     needed = needed_snapshots(source, watermark, table.start)
     result: dict[str, Any] = {}
-    if table.protect_pending:
+    if table.protect_pending or table.protect_base:
         try:
             protection.record(store, table.source, table.sink)
-            change = protection.sync_tags(source, table.sink, needed.ids)
+            pending, bases = protected_ids(table, source, watermark, needed)
+            change = protection.sync_tags(source, table.sink, pending, bases)
             result["protection"] = change.to_dict()
             if change.committed:
                 log.info(
-                    "protect_pending: %s tags now %d snapshot(s) for %s (+%d -%d, one metadata commit)",
+                    "protection: %s tags now %d snapshot(s) for %s (+%d -%d, one metadata commit)",
                     table.source,
                     change.kept + len(change.added),
                     table.sink,
@@ -57,21 +59,21 @@ def guard(ctx: Context, source: Table, watermark: Watermark | None, *, catalog: 
         except Exception as exc:  # the capture goes on; the note says protection failed
             line = line_of(exc)
             result["protection"] = {"error": line}
-            log.warning("protect_pending: could not move the tags on %s: %s", table.source, line)
+            log.warning("protection: could not move the tags on %s: %s", table.source, line)
     elif protection.own_tags(source, table.sink):
         change = protection.release_tags(source, table.sink)
         protection.forget(store, table.source, table.sink)
         log.warning(
-            "protect_pending is off for %s: removed its %d tag(s) from %s",
+            "protect_pending and protect_base are off for %s: removed its %d tag(s) from %s",
             table.sink,
             len(change.removed),
             table.source,
         )
-    protected_now = [(t.source, t.sink) for t in ctx.config.tables if t.protect_pending]
+    protected_now = [(t.source, t.sink) for t in ctx.config.tables if t.protect_pending or t.protect_base]
     protection.sweep_unconfigured(store, protected_now, lambda name: _load_or_none(catalog, name))
 
     now_ms = int(time.time() * 1000)
-    prefix = protection.tag_prefix(table.sink) if table.protect_pending else None
+    prefix = protection.own_tag_prefixes(table.sink) if table.protect_pending or table.protect_base else None
     view = outlook(source.metadata, needed, protection_prefix=prefix)
     result["retention"] = view.to_dict(now_ms)
     warning = view.warning(now_ms, table.retention_warning)
@@ -83,6 +85,29 @@ def guard(ctx: Context, source: Table, watermark: Watermark | None, *, catalog: 
         result["retention_warning"] = warning
         log.warning("%s: %s", table.source, warning)
     return result
+
+
+def protected_ids(
+    table: TableConfig, source: Table, watermark: Watermark | None, needed: Any
+) -> tuple[list[int], list[int]]:
+    """The snapshots the sink's tags hold: (pending tags, base tags).
+
+    ``protect_base``: the watermark's snapshot -- the state the changelog
+    describes, where a bridge over a gap starts (``source/history.py``) --
+    kept even when it left main's line, and the next pending snapshot (the one
+    a run processes now, the watermark's once it commits: the base is never
+    unheld between two runs). ``protect_pending``: every pending one (and the
+    watermark's, when protect_base is off).
+    """
+    mark = (
+        [watermark.snapshot_id]
+        if watermark is not None and source.metadata.snapshot_by_id(watermark.snapshot_id) is not None
+        else []
+    )
+    pending = list(needed.pending) if table.protect_pending else []
+    if not table.protect_base:
+        return mark + pending, []
+    return pending, mark + list(needed.pending[:1])
 
 
 def _load_or_none(catalog: Any, identifier: str) -> Table | None:

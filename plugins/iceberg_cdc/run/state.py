@@ -71,6 +71,8 @@ class Detected:
     retention: Mapping[str, Any] = field(default_factory=dict)
     retention_warning: str | None = None
     protection: Mapping[str, Any] = field(default_factory=dict)
+    # A bridge over a gap in the source's history: reason, from, to, common_ancestor (ids as strings).
+    bridge: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -85,6 +87,7 @@ class Detected:
         out["swept"] = dict(self.swept)
         out["retention"] = dict(self.retention)
         out["protection"] = dict(self.protection)
+        out["bridge"] = dict(self.bridge)
         for name in ("identifier_columns", "write_task_ids", "warnings"):
             out[name] = list(out[name])
         for name in ("write_args", "insert_args"):
@@ -107,4 +110,5 @@ class Detected:
         raw["swept"] = dict(raw.get("swept") or {})
         raw["retention"] = dict(raw.get("retention") or {})
         raw["protection"] = dict(raw.get("protection") or {})
+        raw["bridge"] = dict(raw.get("bridge") or {})
         return cls(**raw)

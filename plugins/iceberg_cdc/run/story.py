@@ -63,11 +63,25 @@ def range_label(detected: Detected | Mapping[str, Any]) -> str:
     return f"reprocess of {detected.snapshot_id} through {through}{more}"
 
 
+def bridge_label(bridge: Mapping[str, Any]) -> str:
+    """``bridge from 41 over expired snapshots`` / ``... after a rollback (common ancestor 40)``, or ``""``."""
+    if not bridge:
+        return ""
+    if bridge.get("reason") == "expired":
+        why = "over expired snapshots"
+    else:
+        ancestor = bridge.get("common_ancestor")
+        why = "after a rollback" + (f" (common ancestor {ancestor})" if ancestor else "")
+    return f"bridge from {bridge.get('from')} {why}"
+
+
 def snapshot_label(detected: Detected | Mapping[str, Any]) -> str:
     """``snapshot 123 (overwrite, #7)``, or what the run found instead of a snapshot."""
     detected = Detected.of(detected)
     if detected.snapshot_id is None:
         return "caught up"
+    if detected.bridge:
+        return f"snapshot {detected.snapshot_id} ({bridge_label(detected.bridge)}, #{detected.ordinal})"
     kind = "initial load" if detected.initial_load else (detected.operation or "?")
     manual = range_label(detected) or ("reprocess" if detected.manual else "")
     return f"snapshot {detected.snapshot_id} ({kind}, #{detected.ordinal}{', ' + manual if manual else ''})"

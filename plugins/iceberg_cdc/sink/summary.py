@@ -20,6 +20,7 @@ The keys (all values strings, as Iceberg summaries are)::
     cdc.seconds.<phase>            seconds per phase
     cdc.rows.<stage>               conservation rows (input, masked, cancelled, shuffled, read, carryover, changes)
     cdc.skewed, cdc.skew.*         skewed shuffle partitions (:class:`Skew`)
+    cdc.bridge.*                   a bridge over a gap in the source's history (:class:`Bridge`)
 
 Reading is lenient: a commit made before a figure existed lacks it (``None``,
 never zero), and a value that does not parse is left out rather than failing
@@ -55,6 +56,10 @@ SKEW_MAX_RATIO_KEY = "cdc.skew.max-ratio"
 SKEW_MAX_BYTES_KEY = "cdc.skew.max-bytes"
 SKEW_MEDIAN_BYTES_KEY = "cdc.skew.median-bytes"
 SKEW_PARTITIONS_KEY = "cdc.skew.partitions"
+
+BRIDGE_REASON_KEY = "cdc.bridge.reason"  # expired | rolled back
+BRIDGE_FROM_KEY = "cdc.bridge.from-snapshot-id"  # the watermark's snapshot the bridge starts from
+BRIDGE_ANCESTOR_KEY = "cdc.bridge.common-ancestor"  # a rollback's common ancestor, when there is one
 
 SKEW_LISTED = 20  # partitions named in ``cdc.skew.partitions``; the count says how many there are
 
@@ -157,6 +162,36 @@ class Skew:
 
 
 @dataclass(frozen=True)
+class Bridge:
+    """A commit that bridges a gap in the source's history: from the watermark's snapshot, and why.
+
+    The commit's marker names the snapshot the bridge reached; its rows are
+    the net change from ``from_snapshot_id``'s state to that one's.
+    """
+
+    reason: str
+    from_snapshot_id: int
+    common_ancestor: int | None = None
+
+    def to_summary(self) -> dict[str, str]:
+        out = {BRIDGE_REASON_KEY: self.reason, BRIDGE_FROM_KEY: str(self.from_snapshot_id)}
+        if self.common_ancestor is not None:
+            out[BRIDGE_ANCESTOR_KEY] = str(self.common_ancestor)
+        return out
+
+    @classmethod
+    def from_summary(cls, summary: Mapping[str, str]) -> Bridge | None:
+        start = int_value(summary.get(BRIDGE_FROM_KEY))
+        if start is None:
+            return None
+        return cls(
+            reason=summary.get(BRIDGE_REASON_KEY, "?"),
+            from_snapshot_id=start,
+            common_ancestor=int_value(summary.get(BRIDGE_ANCESTOR_KEY)),
+        )
+
+
+@dataclass(frozen=True)
 class CommitSummary:
     """Everything a CDC commit writes into its sink snapshot's summary; see the module's key table.
 
@@ -177,6 +212,7 @@ class CommitSummary:
     seconds: Mapping[str, float] = field(default_factory=dict)
     rows: Mapping[str, int] = field(default_factory=dict)
     skew: Skew | None = None
+    bridge: Bridge | None = None
 
     # -- the figures the CDC view shows (updates: UPDATE_BEFORE/UPDATE_AFTER pairs)
 
@@ -203,6 +239,8 @@ class CommitSummary:
             out[REPLACE_KEY] = "true"
         if self.replaced_snapshot_id is not None:
             out[REPLACED_SNAPSHOT_ID_KEY] = str(self.replaced_snapshot_id)
+        if self.bridge is not None:
+            out.update(self.bridge.to_summary())
         marker = {
             SOURCE_TABLE_KEY: self.source_table,
             SOURCE_SNAPSHOT_ID_KEY: self.source_snapshot_id,
@@ -245,4 +283,5 @@ class CommitSummary:
             seconds=seconds,
             rows=rows,
             skew=Skew.from_summary(summary),
+            bridge=Bridge.from_summary(summary),
         )

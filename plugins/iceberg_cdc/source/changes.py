@@ -247,6 +247,70 @@ def snapshot_changes(table: Table, snapshot_id: int, key_field_id: int | None = 
     )
 
 
+BRIDGE_OPERATION = "bridge"  # the operation a bridge's changes carry (the sink summary, the story)
+
+
+def bridge_changes(
+    table: Table, base_id: int, target_id: int, key_field_id: int | None = None
+) -> SnapshotChanges:
+    """The live rows of ``base_id``'s state that ``target_id``'s lacks, and those it has in their place.
+
+    A bridge over a gap in the history (:class:`~iceberg_cdc.source.history.HistoryGap`):
+    the same kind of changes a snapshot has, between two whole states. Data
+    files live in both with the same delete files cancel out unread (their
+    rows are in both states); a file only in the base is removed (its live
+    rows there), one only in the target added (its live rows there), and a
+    file in both whose delete files differ removes the rows the target's new
+    deletes delete and adds back those the base deleted and the target does
+    not (a rollback undoes deletes). The rest of the pipeline -- carryover,
+    update pairing, conservation -- treats it as one snapshot's changes, so
+    ``state(base) - removed + added == state(target)``.
+    """
+    base, target = _snapshot(table, base_id), _snapshot(table, target_id)
+    specs = table.specs()
+    key_field = _key_field(table, key_field_id)
+    header = _header(table, target)
+    header.update(parent_id=base_id, operation=BRIDGE_OPERATION)
+    before = _delete_index(table, base, header["schema_id"])
+    after = _delete_index(table, target, header["schema_id"])
+    base_lineage, target_lineage = _Lineage(table, base), _Lineage(table, target)
+    in_base = {
+        e.data_file.file_path: e for e in _live_entries(table, base, ManifestContent.DATA, None, base_lineage)
+    }
+    in_target = {
+        e.data_file.file_path: e
+        for e in _live_entries(table, target, ManifestContent.DATA, None, target_lineage)
+    }
+    deleted = [
+        _ref(e, specs, before.for_data_file(e), lineage=base_lineage, key_field=key_field)
+        for path, e in in_base.items()
+        if path not in in_target
+    ]
+    added = [
+        _ref(e, specs, after.for_data_file(e), lineage=target_lineage, key_field=key_field)
+        for path, e in in_target.items()
+        if path not in in_base
+    ]
+    for path in in_base.keys() & in_target.keys():
+        old, new = in_base[path], in_target[path]
+        deletes_before, deletes_after = before.for_data_file(old), after.for_data_file(new)
+        if deletes_after - deletes_before:
+            deleted.append(
+                _ref(old, specs, deletes_before, deletes_after - deletes_before, base_lineage, key_field)
+            )
+        if deletes_before - deletes_after:
+            added.append(
+                _ref(new, specs, deletes_after, deletes_before - deletes_after, target_lineage, key_field)
+            )
+    return SnapshotChanges(
+        **header,
+        added=_by_path(added),
+        deleted=_by_path(deleted),
+        delete_refs=_used_refs([*deleted, *added], after, before),
+        unsupported=tuple(dict.fromkeys([*after.unsupported, *before.unsupported])),
+    )
+
+
 def initial_load_changes(table: Table, snapshot_id: int) -> SnapshotChanges:
     """The whole state of ``snapshot_id`` as added files: the start of a sink that begins at ``latest``.
 

@@ -51,6 +51,33 @@ class PendingSnapshot:
     ordinal: int
     is_initial_load: bool
     remaining: int
+    # A bridge over a gap in the history: its changes are from this snapshot (the watermark's, still in
+    # the metadata) to ``snapshot_id``, not from ``snapshot_id``'s parent (:class:`HistoryGap`).
+    bridge: HistoryGap | None = None
+
+
+@dataclass(frozen=True)
+class HistoryGap:
+    """Why the watermark's snapshot is not on ``main``'s line, and where a bridge over it goes.
+
+    ``reason``: ``expired`` (the snapshots after the watermark are gone from
+    the metadata) or ``rolled back`` (``main`` no longer descends from it: a
+    rollback, ``set_current_snapshot``, a branch published over main).
+    ``base``: the watermark's snapshot (the state the changelog describes);
+    ``target``: the oldest state of the current line the bridge can reach.
+    """
+
+    reason: Literal["expired", "rolled back"]
+    base: int
+    target: int | None  # None: main ends at the common ancestor; the bridge waits for main's next snapshot
+    common_ancestor: int | None = None
+
+    def describe(self) -> str:
+        if self.reason == "expired":
+            return f"the snapshots between {self.base} and {self.target} expired"
+        fork = f" (common ancestor {self.common_ancestor})" if self.common_ancestor is not None else ""
+        waiting = "; the bridge waits for main's next snapshot" if self.target is None else ""
+        return f"main no longer descends from {self.base}{fork}: rolled back or reset{waiting}"
 
 
 def table_uuid(table: Table) -> str:
@@ -168,26 +195,35 @@ def _check_watermark(table: Table, watermark: Watermark, ancestry: list[Snapshot
         after = f"snapshot {children[0]} that follows it" if children else "the snapshots that follow it"
         raise SourceHistoryError(
             f"The sink's last processed snapshot {watermark.snapshot_id} of table {name} has expired "
-            f"(it is no longer in the table metadata), so {after} cannot be diffed against it: the "
-            f"files it removed may be gone. The oldest snapshot left in the current history is "
-            f"{oldest}. Nothing was committed. To recover, {_RESTART}. To avoid it, keep snapshots "
-            "longer than the sink's lag (expire_snapshots retention)."
+            f"(it is no longer in the table metadata), so {after} cannot be diffed against it, and no "
+            f"bridge can start from it: the state the changelog describes is gone. The oldest snapshot "
+            f"left in the current history is {oldest}. Nothing was committed. To recover, {_RESTART}. "
+            "To avoid it, keep tables[].protect_base on (the default: a tag holds the watermark's "
+            "snapshot) or keep snapshots longer than the sink's lag (expire_snapshots retention)."
         )
     if _expired_between(table, mark, ancestry):
+        parent = ancestry[0].parent_snapshot_id
+        gone = f"snapshot {parent} and any before it" if parent is not None else "the snapshots"
         raise SourceHistoryError(
-            f"The snapshots of table {name} after the sink's last processed snapshot "
-            f"{watermark.snapshot_id} have expired: the oldest snapshot left in the current history is "
-            f"{oldest}, and its parent is gone, so the changes between them cannot be read. Nothing "
-            f"was committed. To recover, {_RESTART}. To avoid it, keep snapshots longer than the "
-            "sink's lag (expire_snapshots retention)."
+            f"Snapshots of table {name} between the sink's last processed snapshot "
+            f"{watermark.snapshot_id} and snapshot {oldest} have expired ({gone} after "
+            f"{watermark.snapshot_id}): {oldest} is the oldest snapshot left in the current history, "
+            "so the changes of each snapshot in between cannot be read. Nothing was committed "
+            "(tables[].on_history_gap is fail). To go on with this sink, set on_history_gap: bridge: "
+            f"one commit then holds the net change from {watermark.snapshot_id} to {oldest}. Or, to "
+            f"restart, {_RESTART}. To avoid it, set protect_pending: true, or keep snapshots longer "
+            "than the sink's lag (expire_snapshots retention)."
         )
+    common = _common_ancestor(table, watermark.snapshot_id, ancestry)
     raise SourceHistoryError(
         f"The sink's last processed snapshot {watermark.snapshot_id} of table {name} is no longer in "
-        f"the table's current history (current snapshot {current}): the table was rolled back or its "
-        "main branch reset to a snapshot that does not descend from it. The sink already holds changes "
-        f"that the table no longer has. Nothing was committed. To start over, {_RESTART}; or, if the "
-        "rolled-back changes are acceptable in the sink, set the watermark to the common ancestor "
-        f"{_common_ancestor(table, watermark.snapshot_id, ancestry)} and reprocess from there."
+        f"the table's current history (current snapshot {current}; common ancestor {common}): the table "
+        "was rolled back or its main branch reset to a snapshot that does not descend from it. The sink "
+        "already holds changes that the table no longer has. Nothing was committed (tables[]."
+        "on_history_gap is fail). To go on with this sink, set on_history_gap: bridge: one commit then "
+        "holds the net change back to the current line. Or, to start over, "
+        f"{_RESTART}; or, if the rolled-back changes are acceptable in the sink, set the watermark to "
+        f"the common ancestor {common} and reprocess from there."
     )
 
 
@@ -200,14 +236,66 @@ def _common_ancestor(table: Table, snapshot_id: int, ancestry: list[Snapshot]) -
     return None
 
 
-def next_snapshot(table: Table, watermark: Watermark | None, start: StartPosition) -> PendingSnapshot | None:
+def history_gap(
+    table: Table, watermark: Watermark, ancestry: list[Snapshot] | None = None
+) -> HistoryGap | None:
+    """The gap between the watermark and ``main``'s line that a bridge can cross, or None.
+
+    Only when the watermark's own snapshot is still in the metadata (held by
+    the pipeline's base tag, ``protect_base``) and the table is the same table
+    (uuid): the bridge's changes are the difference between that state and
+    the target's. Expired: the target is the oldest snapshot on the line.
+    Rolled back: the first snapshot after the common ancestor on the line (the
+    line's oldest when there is none). When main ends at the common ancestor
+    there is no target yet: its own commit already holds the ancestor's
+    changes, so the bridge waits for main's next snapshot and goes there.
+    """
+    ancestry = current_ancestry(table) if ancestry is None else ancestry
+    if not ancestry or watermark.source_uuid != table_uuid(table):
+        return None
+    if _position(ancestry, watermark.snapshot_id) is not None:
+        return None
+    mark = table.metadata.snapshot_by_id(watermark.snapshot_id)
+    if mark is None:
+        return None
+    if _expired_between(table, mark, ancestry):
+        return HistoryGap("expired", mark.snapshot_id, ancestry[0].snapshot_id)
+    common = _common_ancestor(table, watermark.snapshot_id, ancestry)
+    if common is None:
+        return HistoryGap("rolled back", mark.snapshot_id, ancestry[0].snapshot_id)
+    position = _position(ancestry, common)
+    assert position is not None
+    target = ancestry[position + 1].snapshot_id if position + 1 < len(ancestry) else None
+    return HistoryGap("rolled back", mark.snapshot_id, target, common)
+
+
+def next_snapshot(
+    table: Table, watermark: Watermark | None, start: StartPosition, *, bridge: bool = False
+) -> PendingSnapshot | None:
     """The oldest unprocessed snapshot of the current ancestry, or None when the sink is caught up.
 
     Without a watermark, ``earliest`` starts at the oldest snapshot of the
     ancestry (a table's first snapshot has no parent: its changes are all
-    INSERTs) and ``latest`` loads the current snapshot's state.
+    INSERTs) and ``latest`` loads the current snapshot's state. ``bridge``
+    (``tables[].on_history_gap: bridge``): a gap after the watermark
+    (:func:`history_gap`) gives a pending bridge instead of the error that
+    names it.
     """
     ancestry = current_ancestry(table)
+    if watermark is not None and bridge:
+        gap = history_gap(table, watermark, ancestry)
+        if gap is not None and gap.target is None:
+            return None  # rolled back to an ancestor with nothing after it yet: see history_gap
+        if gap is not None and gap.target is not None:
+            position = _position(ancestry, gap.target)
+            assert position is not None
+            return PendingSnapshot(
+                snapshot_id=gap.target,
+                ordinal=watermark.ordinal + 1,
+                is_initial_load=False,
+                remaining=len(ancestry) - position - 1,
+                bridge=gap,
+            )
     if watermark is None:
         if not ancestry:
             return None
@@ -229,21 +317,23 @@ def next_snapshot(table: Table, watermark: Watermark | None, start: StartPositio
     )
 
 
-def pending_count(table: Table, watermark: Watermark | None, start: StartPosition = "earliest") -> int:
-    """How many snapshots the sink still has to process after its watermark (0 when caught up)."""
-    pending = next_snapshot(table, watermark, start)
+def pending_count(
+    table: Table, watermark: Watermark | None, start: StartPosition = "earliest", *, bridge: bool = False
+) -> int:
+    """How many snapshots the sink still has to process after its watermark (0 when caught up); a bridge is one."""
+    pending = next_snapshot(table, watermark, start, bridge=bridge)
     return 0 if pending is None else pending.remaining + 1
 
 
 def oldest_pending(
-    table: Table, watermark: Watermark | None, start: StartPosition = "earliest"
+    table: Table, watermark: Watermark | None, start: StartPosition = "earliest", *, bridge: bool = False
 ) -> tuple[int, datetime] | None:
     """The oldest unprocessed snapshot's id and when it was committed (UTC); None when caught up.
 
     What freshness is measured from, for the changelog (its watermark) and for
     each mirror (its mark): the age of the oldest change not yet delivered.
     """
-    pending = next_snapshot(table, watermark, start)
+    pending = next_snapshot(table, watermark, start, bridge=bridge)
     if pending is None:
         return None
     snapshot = table.metadata.snapshot_by_id(pending.snapshot_id)

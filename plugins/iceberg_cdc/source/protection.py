@@ -1,8 +1,14 @@
-"""``protect_pending``: Iceberg tags on the source that keep what the sink still needs through expiry.
+"""Iceberg tags on the source that keep what the sink still needs through expiry.
 
-With ``tables[].protect_pending: true`` the pipeline keeps one tag on the
-source table per snapshot the sink still needs -- the watermark's snapshot
-and every pending one (:func:`~iceberg_cdc.source.retention.needed_snapshots`):
+``tables[].protect_base`` (on by default) keeps the **base**: the watermark's
+snapshot -- the state the changelog describes, where a bridge over a gap in
+the history starts -- and the snapshot a run processes now (the next base):
+
+    cdc-base-<sink identifier>-<snapshot id>
+
+``tables[].protect_pending: true`` also keeps every pending snapshot
+(:func:`~iceberg_cdc.source.retention.needed_snapshots`), so each is
+processed on its own even across an expiry:
 
     cdc-pending-<sink identifier>-<snapshot id>
 
@@ -46,17 +52,32 @@ from iceberg_cdc.storage.base import ObjectStore
 log = logging.getLogger("iceberg_cdc")
 
 TAG_PREFIX = "cdc-pending-"
+BASE_TAG_PREFIX = "cdc-base-"
 REGISTRY_PREFIX = "_protection/"
 _ATTEMPTS = 5
 
 
 def tag_prefix(sink: str) -> str:
-    """The prefix of every tag one sink's pipeline keeps on its source."""
+    """The prefix of the tags one sink's pipeline keeps on pending snapshots of its source."""
     return f"{TAG_PREFIX}{sink}-"
+
+
+def base_tag_prefix(sink: str) -> str:
+    """The prefix of the tags that hold one sink's base (``protect_base``): the watermark's snapshot."""
+    return f"{BASE_TAG_PREFIX}{sink}-"
+
+
+def own_tag_prefixes(sink: str) -> tuple[str, str]:
+    """Every prefix of one sink's tags on its source (pending and base)."""
+    return tag_prefix(sink), base_tag_prefix(sink)
 
 
 def tag_name(sink: str, snapshot_id: int) -> str:
     return f"{tag_prefix(sink)}{snapshot_id}"
+
+
+def base_tag_name(sink: str, snapshot_id: int) -> str:
+    return f"{base_tag_prefix(sink)}{snapshot_id}"
 
 
 @dataclass(frozen=True)
@@ -79,29 +100,31 @@ class TagChange:
 
 
 def own_tags(table: Table, sink: str) -> dict[str, int]:
-    """The pipeline's tags for ``sink`` on ``table``: name -> snapshot id."""
-    prefix = tag_prefix(sink)
+    """The pipeline's tags for ``sink`` on ``table`` (pending and base): name -> snapshot id."""
+    prefixes = own_tag_prefixes(sink)
     return {
         name: ref.snapshot_id
         for name, ref in table.metadata.refs.items()
-        if name.startswith(prefix) and ref.snapshot_ref_type == SnapshotRefType.TAG
+        if name.startswith(prefixes) and ref.snapshot_ref_type == SnapshotRefType.TAG
     }
 
 
-def sync_tags(table: Table, sink: str, snapshot_ids: Iterable[int]) -> TagChange:
-    """Make the sink's tags on ``table`` exactly one per snapshot of ``snapshot_ids`` that exists.
+def sync_tags(
+    table: Table, sink: str, snapshot_ids: Iterable[int], base_ids: Iterable[int] = ()
+) -> TagChange:
+    """Make the sink's tags on ``table`` exactly: a pending tag per snapshot of ``snapshot_ids`` and a base
+    tag per snapshot of ``base_ids``, for those that exist.
 
     One metadata commit for all changes, none when the tags already match. A
     concurrent commit on the source makes the catalog refuse ours; the table is
     then reloaded and the change worked out again (up to five attempts).
     Snapshots already gone from the metadata cannot be tagged and are left out.
     """
-    wanted_ids = list(snapshot_ids)
+    named = [(tag_name(sink, sid), sid) for sid in snapshot_ids]
+    named += [(base_tag_name(sink, sid), sid) for sid in base_ids]
     for attempt in range(1, _ATTEMPTS + 1):
         current = own_tags(table, sink)
-        wanted = {
-            tag_name(sink, sid): sid for sid in wanted_ids if table.metadata.snapshot_by_id(sid) is not None
-        }
+        wanted = {name: sid for name, sid in named if table.metadata.snapshot_by_id(sid) is not None}
         stale = sorted(name for name, sid in current.items() if wanted.get(name) != sid)
         missing = sorted(name for name in wanted if current.get(name) != wanted[name])
         if not stale and not missing:
@@ -129,7 +152,7 @@ def sync_tags(table: Table, sink: str, snapshot_ids: Iterable[int]) -> TagChange
 
 def release_tags(table: Table, sink: str) -> TagChange:
     """Remove every tag the pipeline keeps for ``sink`` on ``table`` (one commit; none when there are none)."""
-    return sync_tags(table, sink, ())
+    return sync_tags(table, sink, (), ())
 
 
 # ----------------------------------------------------------------------------- registry and sweep

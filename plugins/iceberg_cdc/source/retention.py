@@ -164,7 +164,10 @@ def _ref_end(ref: SnapshotRef, committed_at_ms: int, table_max_ref_age: int | No
 
 
 def outlook(
-    metadata: TableMetadata, needed: NeededSnapshots, *, protection_prefix: str | None = None
+    metadata: TableMetadata,
+    needed: NeededSnapshots,
+    *,
+    protection_prefix: str | tuple[str, ...] | None = None,
 ) -> RetentionOutlook:
     """When each needed snapshot may be expired, and which one first (see the module docstring).
 
@@ -216,7 +219,9 @@ def outlook(
     return RetentionOutlook(main_age, main_min, len(roles), first, protected)
 
 
-def _own_tag_holds(metadata: TableMetadata, snapshot_id: int, prefix: str, table_ref_age: int | None) -> bool:
+def _own_tag_holds(
+    metadata: TableMetadata, snapshot_id: int, prefix: str | tuple[str, ...], table_ref_age: int | None
+) -> bool:
     return any(
         name.startswith(prefix)
         and ref.snapshot_ref_type == SnapshotRefType.TAG
@@ -282,7 +287,7 @@ def table_outlook(
     watermark: Watermark | None,
     start: str = "earliest",
     *,
-    protection_prefix: str | None = None,
+    protection_prefix: str | tuple[str, ...] | None = None,
 ) -> RetentionOutlook:
     """:func:`outlook` for a loaded source table and the sink's watermark."""
     return outlook(

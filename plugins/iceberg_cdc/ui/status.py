@@ -148,9 +148,10 @@ def table_status(
                 status.watermark_snapshot_at = from_ms(marked.timestamp_ms)
         if watermark_ok:
             try:
-                status.pending = pending_count(source_table, watermark, table.start)
+                bridge = table.on_history_gap == "bridge"
+                status.pending = pending_count(source_table, watermark, table.start, bridge=bridge)
                 _retention(status, source_table, watermark, table)
-                following = next_snapshot(source_table, watermark, table.start)
+                following = next_snapshot(source_table, watermark, table.start, bridge=bridge)
                 if following is not None:
                     status.oldest_pending_snapshot_id = following.snapshot_id
                     pending_snapshot = source_table.metadata.snapshot_by_id(following.snapshot_id)
@@ -185,14 +186,16 @@ def table_status(
 
 def _retention(status: TableStatus, source_table: Any, watermark: Any, table: TableConfig) -> None:
     """How long until a snapshot the sink needs may be expired; the warning below the table's threshold."""
-    from iceberg_cdc.source.protection import tag_prefix
+    from iceberg_cdc.source.protection import own_tag_prefixes
     from iceberg_cdc.source.retention import table_outlook
 
     view = table_outlook(
         source_table,
         watermark,
         table.start,
-        protection_prefix=tag_prefix(table.sink) if table.protect_pending else None,
+        protection_prefix=own_tag_prefixes(table.sink)
+        if table.protect_pending or table.protect_base
+        else None,
     )
     now_ms = int(status.checked_at.timestamp() * 1000)
     status.retention = view.to_dict(now_ms)

@@ -1,0 +1,226 @@
+"""Gaps in the source's history are bridged on the same sink: expiry while nothing ran, rollbacks.
+
+A real SQLite catalog and file warehouse, the DAG's steps and the Spark
+tasks' functions in process (:mod:`cdc_devtools.inline_pipeline`). Each test
+makes a gap after the sink's watermark, catches up, and checks the bridge's
+own replay (``state(base) - removed + added == state(target)``), the whole
+changelog's replay against the source's current rows, the commit's
+``cdc.bridge.*`` marks, and that per-snapshot commits resume after it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pytest
+
+from cdc_devtools.cow import cow_merge
+from cdc_devtools.inline_pipeline import InlinePipeline
+from cdc_devtools.orders import BY_REGION, SCHEMA, rows
+from cdc_devtools.replay import assert_changelog_replays, assert_replay
+from iceberg_cdc.errors import SourceHistoryError
+from iceberg_cdc.run.story import story
+from iceberg_cdc.sink.summary import CommitSummary
+from iceberg_cdc.source.protection import own_tags
+
+SINK = "shop.orders_changes"
+
+
+def expire_all(table) -> None:
+    """What a nightly ``expire_snapshots`` that ran late does: everything no ref holds goes."""
+    table.maintenance.expire_snapshots().older_than(datetime.now(UTC) + timedelta(seconds=1)).commit()
+
+
+def bridge_commit(pipeline: InlinePipeline, snapshot_id: int) -> CommitSummary:
+    sink = pipeline.sink
+    for snapshot in sink.snapshots():
+        record = CommitSummary.from_summary(snapshot.summary.additional_properties)
+        if record.source_snapshot_id == snapshot_id and record.bridge is not None:
+            return record
+    raise AssertionError(f"no bridge commit for {snapshot_id}")
+
+
+@pytest.fixture
+def pipeline(tmp_path) -> InlinePipeline:
+    pipeline = InlinePipeline(tmp_path)
+    pipeline.create_source(SCHEMA, partition_spec=BY_REGION).append(
+        pa.concat_tables([rows(range(0, 30), "us"), rows(range(30, 50), "eu")])
+    )
+    assert [r.action for r in pipeline.catch_up()] == ["insert"]
+    return pipeline
+
+
+def test_snapshots_expired_while_nothing_ran_are_bridged_on_the_same_sink(pipeline):
+    source = pipeline.source
+    base = pipeline.watermark()
+    assert set(own_tags(source, SINK).values()) == {base.snapshot_id}, "the base is held by a tag"
+    cow_merge(source, upserts=rows(range(0, 5), "eu", "moved"), delete_keys=[40])  # updates, moves, a delete
+    cow_merge(source, upserts=rows([100, 101], "us"), delete_keys=[])
+    last = cow_merge(source, upserts=rows([1], "eu", "again"), delete_keys=[45])
+    expire_all(source)
+    source = pipeline.source
+    assert source.metadata.snapshot_by_id(base.snapshot_id) is not None, "the base tag kept it"
+
+    runs = pipeline.catch_up()
+    assert [r.action for r in runs] == ["shuffle"], "one bridge commit, then caught up"
+    bridge = runs[0]
+    assert bridge.snapshot_id == last and bridge.detected.bridge["reason"] == "expired"
+    assert bridge.detected.bridge["from"] == str(base.snapshot_id)
+    assert bridge.committed["bridge"] == {
+        "reason": "expired",
+        "from": str(base.snapshot_id),
+        "to": str(last),
+        "common_ancestor": None,
+    }
+    assert story(bridge.detected, bridge.committed).startswith(
+        f"snapshot {last} (bridge from {base.snapshot_id} over expired snapshots, #2)"
+    )
+    counts = assert_replay(source, pipeline.sink, last, ["id"], base_snapshot_id=base.snapshot_id)
+    assert counts == {"UPDATE_BEFORE": 5, "UPDATE_AFTER": 5, "DELETE": 2, "INSERT": 2}
+    record = bridge_commit(pipeline, last)
+    assert record.bridge.reason == "expired" and record.bridge.from_snapshot_id == base.snapshot_id
+    assert record.change_ordinal == base.ordinal + 1
+    assert pipeline.watermark().snapshot_id == last
+    assert set(own_tags(pipeline.source, SINK).values()) == {last}, "the base moved on; the old one is free"
+
+    # Per-snapshot commits resume after the bridge.
+    after = cow_merge(pipeline.source, upserts=rows([2], "us", "later"), delete_keys=[])
+    runs = pipeline.catch_up()
+    assert [r.snapshot_id for r in runs] == [after] and not runs[0].detected.bridge
+    assert assert_replay(pipeline.source, pipeline.sink, after, ["id"]) == {
+        "UPDATE_BEFORE": 1,
+        "UPDATE_AFTER": 1,
+    }
+    assert assert_changelog_replays(pipeline.source, pipeline.sink) == 3
+    assert set(own_tags(pipeline.source, SINK).values()) == {after}, "one base tag left when caught up"
+
+
+def test_a_rollback_after_processing_is_bridged_back_to_the_current_line(pipeline):
+    first = pipeline.watermark().snapshot_id
+    rolled = cow_merge(pipeline.source, upserts=rows(range(0, 3), "us", "rolled-back"), delete_keys=[31])
+    assert [r.snapshot_id for r in pipeline.catch_up()] == [rolled]
+    pipeline.source.manage_snapshots().rollback_to_snapshot(first).commit()
+    new = cow_merge(pipeline.source, upserts=rows([7], "eu", "new"), delete_keys=[])
+
+    runs = pipeline.catch_up()
+    assert [r.snapshot_id for r in runs] == [new]
+    bridge = runs[0].detected.bridge
+    assert bridge["reason"] == "rolled back" and bridge["from"] == str(rolled)
+    assert bridge["common_ancestor"] == str(first)
+    # From the rolled-back state to the new one: the rolled-back changes undone, the new one applied.
+    counts = assert_replay(pipeline.source, pipeline.sink, new, ["id"], base_snapshot_id=rolled)
+    assert counts == {"UPDATE_BEFORE": 4, "UPDATE_AFTER": 4, "INSERT": 1}
+    assert assert_changelog_replays(pipeline.source, pipeline.sink) == 3
+    assert bridge_commit(pipeline, new).bridge.common_ancestor == first
+
+
+def test_a_rollback_with_nothing_after_it_waits_for_mains_next_snapshot(pipeline):
+    first = pipeline.watermark().snapshot_id
+    undone = cow_merge(pipeline.source, upserts=rows([3], "us", "undone"), delete_keys=[])
+    pipeline.catch_up()
+    pipeline.source.manage_snapshots().rollback_to_snapshot(first).commit()
+    waiting = pipeline.run()
+    assert waiting.action == "caught_up" and pipeline.watermark().snapshot_id == undone
+    assert any("waits for main's next snapshot" in w for w in waiting.detected.warnings)
+    assert "waits for main's next snapshot" in story(waiting.detected)
+
+    new = cow_merge(pipeline.source, upserts=rows([4], "us", "newer"), delete_keys=[])
+    assert [r.snapshot_id for r in pipeline.catch_up()] == [new]
+    counts = assert_replay(pipeline.source, pipeline.sink, new, ["id"], base_snapshot_id=undone)
+    assert counts == {"UPDATE_BEFORE": 2, "UPDATE_AFTER": 2}  # 3 back to its old row, 4 updated
+    assert assert_changelog_replays(pipeline.source, pipeline.sink) == 3
+
+
+def test_on_history_gap_fail_names_the_gap_and_commits_nothing(tmp_path):
+    pipeline = InlinePipeline(tmp_path, table={"on_history_gap": "fail"})
+    pipeline.create_source(SCHEMA, partition_spec=BY_REGION).append(rows(range(10), "us"))
+    pipeline.catch_up()
+    base = pipeline.watermark()
+    cow_merge(pipeline.source, upserts=rows([1], "us", "x"), delete_keys=[])
+    last = cow_merge(pipeline.source, upserts=rows([2], "us", "y"), delete_keys=[])
+    expire_all(pipeline.source)
+    with pytest.raises(SourceHistoryError) as failed:
+        pipeline.run()
+    message = str(failed.value)
+    assert f"between the sink's last processed snapshot {base.snapshot_id} and snapshot {last}" in message
+    assert "on_history_gap: bridge" in message
+    assert pipeline.watermark() == base
+
+
+def test_a_bridge_above_bridge_max_rows_stops_with_its_size(tmp_path):
+    pipeline = InlinePipeline(tmp_path, table={"bridge_max_rows": 5})
+    pipeline.create_source(SCHEMA, partition_spec=BY_REGION).append(rows(range(10), "us"))
+    pipeline.catch_up()
+    base = pipeline.watermark()
+    cow_merge(pipeline.source, upserts=rows([1], "us", "x"), delete_keys=[])
+    cow_merge(pipeline.source, upserts=rows([2], "us", "y"), delete_keys=[])
+    expire_all(pipeline.source)
+    with pytest.raises(
+        SourceHistoryError, match=r"would read 20 rows, above tables\[\]\.bridge_max_rows \(5\)"
+    ):
+        pipeline.run()
+    assert pipeline.watermark() == base
+
+
+def test_without_protect_base_the_base_expires_and_the_error_says_how_to_avoid_it(tmp_path):
+    pipeline = InlinePipeline(tmp_path, table={"protect_base": False})
+    pipeline.create_source(SCHEMA, partition_spec=BY_REGION).append(rows(range(10), "us"))
+    pipeline.catch_up()
+    assert not own_tags(pipeline.source, SINK), "the pipeline never writes the source"
+    cow_merge(pipeline.source, upserts=rows([1], "us", "x"), delete_keys=[])
+    cow_merge(pipeline.source, upserts=rows([2], "us", "y"), delete_keys=[])
+    expire_all(pipeline.source)
+    with pytest.raises(SourceHistoryError, match="protect_base on"):
+        pipeline.run()
+
+
+def test_write_audit_publish_by_fast_forward_is_processed_snapshot_by_snapshot(pipeline):
+    head = pipeline.source.current_snapshot().snapshot_id
+    pipeline.source.manage_snapshots().create_branch(head, "audit").commit()
+    pipeline.source.append(rows([200, 201], "us"), branch="audit")
+    pipeline.source.append(rows([202], "eu"), branch="audit")
+    audited = pipeline.source.refs()["audit"].snapshot_id
+    assert pipeline.catch_up() == [], "a branch is not main: nothing to capture before it is published"
+    pipeline.source.manage_snapshots().set_current_snapshot(audited).commit()  # fast-forward main
+    runs = pipeline.catch_up()
+    assert [r.action for r in runs] == ["insert", "insert"] and not any(r.detected.bridge for r in runs)
+    assert assert_changelog_replays(pipeline.source, pipeline.sink) == 3
+
+
+def test_a_branch_published_over_main_is_bridged_from_mains_processed_state(pipeline):
+    head = pipeline.source.current_snapshot().snapshot_id
+    pipeline.source.manage_snapshots().create_branch(head, "audit").commit()
+    pipeline.source.append(rows([300], "us"), branch="audit")
+    pipeline.source.append(rows([301], "eu"), branch="audit")
+    audited = pipeline.source.refs()["audit"].snapshot_id
+    on_main = cow_merge(pipeline.source, upserts=rows([5], "us", "main-only"), delete_keys=[6])
+    assert [r.snapshot_id for r in pipeline.catch_up()] == [on_main]
+    # Publishing the audited branch by replacing main drops main's own commit from the line.
+    pipeline.source.manage_snapshots().set_current_snapshot(audited).commit()
+    runs = pipeline.catch_up()
+    assert len(runs) == 2 and runs[0].detected.bridge["reason"] == "rolled back"
+    assert runs[0].detected.bridge["common_ancestor"] == str(head) and not runs[1].detected.bridge
+    first_audit = runs[0].snapshot_id
+    counts = assert_replay(pipeline.source, pipeline.sink, first_audit, ["id"], base_snapshot_id=on_main)
+    assert counts == {"UPDATE_BEFORE": 1, "UPDATE_AFTER": 1, "INSERT": 2}  # 5 back, 6 back, 300 in
+    assert assert_changelog_replays(pipeline.source, pipeline.sink) == 4
+
+
+def test_a_merge_on_read_history_expired_while_nothing_ran_is_bridged(tmp_path):
+    from cdc_devtools.mor import mor_merge
+
+    pipeline = InlinePipeline(tmp_path, table={"identifier_columns": ["id"]})
+    source = pipeline.create_source(SCHEMA, partition_spec=BY_REGION, properties={"format-version": "2"})
+    source.append(pa.concat_tables([rows(range(0, 20), "us"), rows(range(20, 30), "eu")]))
+    pipeline.catch_up()
+    base = pipeline.watermark()
+    mor_merge(source, upserts=rows([1, 2], "us", "mor"), delete_keys=[3, 25])  # position deletes
+    mor_merge(pipeline.source, upserts=rows([2], "eu", "moved"), delete_keys=[], deletes="equality")
+    last = mor_merge(pipeline.source, upserts=rows([40], "us"), delete_keys=[4])
+    expire_all(pipeline.source)
+    runs = pipeline.catch_up()
+    assert [r.snapshot_id for r in runs] == [last] and runs[0].detected.bridge["reason"] == "expired"
+    counts = assert_replay(pipeline.source, pipeline.sink, last, ["id"], base_snapshot_id=base.snapshot_id)
+    assert counts == {"UPDATE_BEFORE": 2, "UPDATE_AFTER": 2, "DELETE": 3, "INSERT": 1}
+    assert assert_changelog_replays(pipeline.source, pipeline.sink) == 2
