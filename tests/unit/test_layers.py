@@ -26,6 +26,7 @@ RANKS: list[set[str]] = [
         "snapshot_ids",
         "libc",
         "pyiceberg_internals",
+        "verify_status",
     },
     {"config", "storage", "lineage"},
     {"coordination", "shuffle"},
