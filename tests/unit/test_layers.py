@@ -210,3 +210,31 @@ def lazy():
     found = _imports_in(source, "iceberg_cdc.run.detect", False, set())
     assert {"airflow.sdk", "airflow", "airflow.providers", "iceberg_cdc.run.plan"} <= found
     assert not any(target.startswith("name_from_config") for target in found)
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A ``_name`` is its module's own: a sibling that needs it gets a public name (or the code moves).
+
+    ``from iceberg_cdc.x import _name`` hides a rule's owner: the name says "only here", the
+    import says otherwise, and a change to it in ``x`` looks local when it is not.
+    """
+    modules = _modules()
+    offenders = []
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join([*anchor, source] if source else anchor)
+            if not source.startswith("iceberg_cdc"):
+                continue
+            offenders += [
+                f"{name}:{node.lineno} imports {source}.{alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_") and not alias.name.startswith("__")
+            ]
+    assert offenders == [], "private names imported across modules:\n" + "\n".join(offenders)
+

@@ -103,7 +103,7 @@ def _first_snapshot(ancestry: list[Snapshot]) -> PendingSnapshot:
     )
 
 
-def _position(ancestry: list[Snapshot], snapshot_id: int) -> int | None:
+def position_in(ancestry: list[Snapshot], snapshot_id: int) -> int | None:
     for index, snapshot in enumerate(ancestry):
         if snapshot.snapshot_id == snapshot_id:
             return index
@@ -143,7 +143,7 @@ def _expired_between(table: Table, mark: Snapshot, ancestry: list[Snapshot]) -> 
     return truncated and older and _common_ancestor(table, mark.snapshot_id, ancestry) is None
 
 
-def _check_watermark(table: Table, watermark: Watermark, ancestry: list[Snapshot]) -> int:
+def watermark_position(table: Table, watermark: Watermark, ancestry: list[Snapshot]) -> int:
     """Index of the watermark's snapshot in ``ancestry``, or the SourceHistoryError that explains why not."""
     name = table_name(table)
     uuid = table_uuid(table)
@@ -157,7 +157,7 @@ def _check_watermark(table: Table, watermark: Watermark, ancestry: list[Snapshot
             "again and starts from the new table's first snapshot, or from its current rows with "
             "`start: latest`) or point tables[].sink at a new table. Nothing was committed."
         )
-    position = _position(ancestry, watermark.snapshot_id)
+    position = position_in(ancestry, watermark.snapshot_id)
     if position is not None:
         return position
     current = ancestry[-1].snapshot_id if ancestry else None
@@ -218,7 +218,7 @@ def next_snapshot(table: Table, watermark: Watermark | None, start: StartPositio
                 snapshot_id=ancestry[-1].snapshot_id, ordinal=len(ancestry), is_initial_load=True, remaining=0
             )
         raise ValueError(f"start must be 'earliest' or 'latest', not {start!r}")
-    position = _check_watermark(table, watermark, ancestry)
+    position = watermark_position(table, watermark, ancestry)
     if position + 1 >= len(ancestry):
         return None
     return PendingSnapshot(
