@@ -238,3 +238,27 @@ def test_no_module_imports_another_modules_private_names():
             ]
     assert offenders == [], "private names imported across modules:\n" + "\n".join(offenders)
 
+
+# Modules that import names they are given: a user's callback (``freshness_callback``) and the task
+# preload's list of modules to warm. Anywhere else, a module named by a variable hides a dependency
+# from this file's checks (mirror.targets once imported the Iceberg target so).
+_IMPORTS_BY_NAME = {"iceberg_cdc.airflow.freshness_dag", "iceberg_cdc.airflow.listeners.task_preload"}
+
+
+def test_dynamic_imports_name_their_module():
+    hidden = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            func = node.func
+            called = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else func.id
+                if isinstance(func, ast.Name)
+                else None
+            )
+            if called in _DYNAMIC_IMPORTS and _dynamic_import(node) is None and name not in _IMPORTS_BY_NAME:
+                hidden.append(f"{name}:{node.lineno} {called}({ast.unparse(node.args[0])})")
+    assert hidden == [], "imports of a module named by a variable:\n" + "\n".join(hidden)
