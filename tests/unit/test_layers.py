@@ -239,6 +239,21 @@ def test_no_module_imports_another_modules_private_names():
     assert offenders == [], "private names imported across modules:\n" + "\n".join(offenders)
 
 
+def test_no_import_cycle_between_bench_modules():
+    """The bench's scripts import each other by name (``bench/`` on the path): no two in a circle."""
+    bench = PLUGINS.parent / "bench"
+    names = {path.stem for path in bench.glob("*.py")}
+    graph = {
+        path.stem: {
+            target.split(".")[0]
+            for target in _imports_in(path.read_text(), path.stem, False, set())
+            if target.split(".")[0] in names and target.split(".")[0] != path.stem
+        }
+        for path in bench.glob("*.py")
+    }
+    assert _cycles(graph) == []
+
+
 # Modules that import names they are given: a user's callback (``freshness_callback``) and the task
 # preload's list of modules to warm. Anywhere else, a module named by a variable hides a dependency
 # from this file's checks (mirror.targets once imported the Iceberg target so).
