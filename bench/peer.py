@@ -158,7 +158,6 @@ def run_peer(
     """Write the source with Iceberg Java, then both sides warm, alternating; figures and checks."""
     import java_source
     import pyarrow.parquet as pq
-    import report
     import workload as wl
     from connect_run import warm_server
     from pipeline_run import sink_changes
@@ -185,7 +184,7 @@ def run_peer(
         "warmup_runs": WARMUP_RUNS,
         "load_average_at_start": [round(v, 2) for v in os.getloadavg()],
         "java_write_seconds": round(time.perf_counter() - started, 3),
-        "workload": report.describe_workload(made),
+        "workload": wl.describe_workload(made),
         "pipeline": [],
         "peer": [],
         "checks": {},
@@ -245,7 +244,7 @@ def main() -> None:
     args = parser.parse_args()
     import shutil
 
-    from run import NATIVE_DRIVER_MEMORY, RESULTS, SPARK_SQL_CONF, Bench, log, same_rows
+    from harness import NATIVE_DRIVER_MEMORY, RESULTS, SPARK_SQL_CONF, Bench, log, same_rows
 
     from cdc_devtools.iceberg_java import missing
 

@@ -21,8 +21,9 @@ same Parquet files from local disk.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -200,3 +201,11 @@ def expected_counts(rows: int) -> dict[str, int]:
     deleted = deleted_mask(ids)
     updated = updated_mask(ids) & ~deleted
     return {"updates": int(updated.sum()), "deletes": int(deleted.sum())}
+
+
+def describe_workload(workload: Workload) -> dict[str, Any]:
+    """A workload as the results record it: its figures, and its files counted rather than listed."""
+    data = asdict(workload)
+    data["removed_files"] = len(data.pop("removed"))
+    data["added_files"] = len(data.pop("added"))
+    return data

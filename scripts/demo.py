@@ -50,7 +50,7 @@ from cdc_devtools.mor import commit_row_delta, mor_merge, write_data_files
 from cdc_devtools.sync import sync
 from iceberg_cdc.config import load_config
 from iceberg_cdc.mirror.changelog import changelog_mark
-from iceberg_cdc.mirror.targets import iceberg_available, postgres_target, read_mirror_mark
+from iceberg_cdc.mirror.targets import postgres_target, read_mirror_mark
 from iceberg_cdc.run.context import Context
 
 REPO = Path(__file__).resolve().parents[1]
@@ -230,11 +230,11 @@ def main() -> int:
 
 
 def demo_mirrors(pg: LocalPostgres) -> list[dict]:
-    """A PostgreSQL mirror on the local server, and an Iceberg mirror when its target is installed."""
-    mirrors = [{"type": "postgres", "dsn": pg.dsn, "table": "public.orders", "name": "pg"}]
-    if iceberg_available():
-        mirrors.append({"type": "iceberg", "table": "shop.orders_mirror", "name": "iceberg"})
-    return mirrors
+    """A PostgreSQL mirror on the local server, and an Iceberg mirror."""
+    return [
+        {"type": "postgres", "dsn": pg.dsn, "table": "public.orders", "name": "pg"},
+        {"type": "iceberg", "table": "shop.orders_mirror", "name": "iceberg"},
+    ]
 
 
 def report_mirrors(config_path: Path, catalog) -> int:
@@ -261,8 +261,6 @@ def report_mirrors(config_path: Path, catalog) -> int:
             f"({'caught up with the changelog' if caught_up else 'BEHIND the changelog'}), {result.rows:,} rows: "
             f"{'OK, equal to the source' if ok else f'FAILED: {result.lost} lost, {result.duplicated} duplicated'}"
         )
-    if not iceberg_available():
-        print("  (the Iceberg mirror target is not installed in this build: only the PostgreSQL mirror runs)")
     return 1 if failed else 0
 
 

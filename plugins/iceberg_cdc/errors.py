@@ -227,10 +227,6 @@ class MirrorStateError(MirrorError, LeaseLostError):
     """
 
 
-class MirrorUnavailableError(MirrorError, ConfigError):
-    """A mirror type whose implementation is not part of this installation."""
-
-
 class SourceFileMissingError(CdcError):
     """A file of the source table that a snapshot needs (a data or delete file) is gone from storage.
 

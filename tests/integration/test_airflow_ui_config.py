@@ -17,7 +17,6 @@ import pytest
 
 from iceberg_cdc.config import load_config
 from iceberg_cdc.mirror.postgres.connection import connect
-from iceberg_cdc.mirror.targets import iceberg_available
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -43,9 +42,7 @@ def test_make_airflow_writes_both_demo_mirrors_and_stops_its_postgresql(airflow_
         config = load_config(airflow_ui.start_servers(servers, tmp_path))
         [table] = config.tables
         mirrors = [(m.mirror_name, m.type, m.table) for m in table.mirrors]
-        expected = [("pg", "postgres", "public.orders")]
-        if iceberg_available():
-            expected.append(("iceberg", "iceberg", "shop.orders_mirror"))
+        expected = [("pg", "postgres", "public.orders"), ("iceberg", "iceberg", "shop.orders_mirror")]
         assert mirrors == expected
         dsn = table.mirrors[0].dsn
         connection = connect(dsn)  # the PostgreSQL mirror's server is up and takes its DSN

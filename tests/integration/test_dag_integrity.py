@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from iceberg_cdc.airflow.compat import dag_bag
 from iceberg_cdc.airflow.dag_factory import build_dags
 from iceberg_cdc.config import parse_config
+from tests.support.airflow_versions import dag_bag
 
 CONFIG = {
     "catalog": {"name": "t", "type": "sql", "uri": "sqlite:////tmp/never-opened.db"},

@@ -38,6 +38,7 @@ from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.replay import ADDED, REMOVED, multiset
 from iceberg_cdc.coordination import commit_in_flight
 from iceberg_cdc.errors import (
+    CdcError,
     ConservationError,
     CorruptShuffleError,
     LeaseHeldError,
@@ -333,8 +334,17 @@ def test_a_row_record_removed_fails_coalesce(pipeline):
 # --- commits with an unknown outcome ------------------------------------------------------
 
 
-def test_a_commit_whose_answer_was_lost_keeps_its_files(pipeline, monkeypatch):
-    """The catalog committed, then the connection dropped: cleanup must not delete the files."""
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConnectionResetError("connection reset while reading the catalog's answer"),
+        # A product error after the catalog call proves nothing: only named refusals remove the marker.
+        CdcError("the file IO failed after the catalog call"),
+    ],
+    ids=["connection-reset", "cdc-error"],
+)
+def test_a_commit_whose_answer_was_lost_keeps_its_files(pipeline, monkeypatch, error):
+    """The catalog committed, then the call failed: cleanup must not delete the files, the marker stays."""
     real = commit_step.commit_changes
     calls = Counter()
 
@@ -342,18 +352,19 @@ def test_a_commit_whose_answer_was_lost_keeps_its_files(pipeline, monkeypatch):
         calls["commit"] += 1
         result = real(*args, **kwargs)
         if calls["commit"] == 1:
-            raise ConnectionResetError("connection reset while reading the catalog's answer")
+            raise error
         return result
 
     monkeypatch.setattr(commit_step, "commit_changes", lost_answer)
     ctx = steps.Context.of(pipeline.config, SOURCE)
-    with pytest.raises(ConnectionResetError):
+    with pytest.raises(type(error)):
         run_steps(ctx, "lost-answer")
     tasks = list(pipeline.sink.scan().plan_files())
     assert len(tasks) >= 2, "the fixture's append and the lost commit's files are live"
     for task in tasks:
         assert Path(task.file.file_path.removeprefix("file://")).exists(), "a committed file was deleted"
-    finish(pipeline, "commit outcome unknown (answer lost)")
+    lost = "answer lost" if isinstance(error, ConnectionResetError) else "product error after the call"
+    finish(pipeline, f"commit outcome unknown ({lost})")
     # Within the grace after the commit began, the next runs' sweeps keep the attempt's files ...
     objects, _ = leftovers(pipeline)
     assert objects and all(key.endswith("commit-pending.json") for key in objects), objects

@@ -9,6 +9,7 @@ metrics backend and a ``freshness_callback`` given by dotted path.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -17,12 +18,22 @@ import pytest
 from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.orders import SCHEMA, rows
 from iceberg_cdc.airflow.freshness_dag import build_freshness_dag, run_check, run_checks
+from iceberg_cdc.errors import ObjectNotFoundError
 from iceberg_cdc.run import steps
-from iceberg_cdc.run.freshness import Freshness, stored_state
+from iceberg_cdc.run.freshness import Freshness, state_key
 from iceberg_cdc.run.metrics import metric_prefix
 from iceberg_cdc.ui.mirrors import default_reader
 from iceberg_cdc.ui.status import table_status
 from tests.support.mirror_pipeline import MirrorPipeline
+
+
+def stored_state(ctx: steps.Context, mirror: str | None = None) -> dict[str, Any] | None:
+    """The alert state as the last transition wrote it (where ``check`` keeps it), or None."""
+    try:
+        return json.loads(ctx.runtime.store().get(state_key(ctx.table.source, mirror)))
+    except ObjectNotFoundError:
+        return None
+
 
 SLO = 1.5  # seconds: long enough that a fresh commit is within it, short enough to wait out
 

@@ -22,7 +22,7 @@ import pytest
 from cdc_devtools.inline_mirror import run_mirror
 from cdc_devtools.inline_pipeline import SOURCE
 from iceberg_cdc.coordination.commit_in_flight import marker_bytes, sweep_after
-from iceberg_cdc.errors import LeaseLostError
+from iceberg_cdc.errors import CdcError, LeaseLostError, TransientStorageError
 from iceberg_cdc.mirror import steps
 from iceberg_cdc.mirror.iceberg import cleanup as cleanup_module
 from iceberg_cdc.mirror.iceberg import steps as iceberg_steps
@@ -136,6 +136,73 @@ def test_an_unreadable_marker_keeps_the_files_past_every_grace(mirrored, marker)
     late = iceberg_steps.sweep_attempt(ctx, mirror, root, lease_ttl=TTL, now=far)
     assert not late.get("kept") and _staged(ctx, plan) == set()
     assert run_mirror(pipeline.config, SOURCE, "ice").action == "apply"
+    assert_iceberg_mirror_exact(pipeline, history.table)
+
+
+@pytest.mark.parametrize("fault", ["unavailable", "damaged"])
+def test_a_plan_that_cannot_be_read_keeps_the_namespace_and_its_marker(mirrored, monkeypatch, fault):
+    """A plan the store cannot give (503 after retries) or that does not parse is not "never planned".
+
+    The sweep used to take either for an attempt that never planned, and the
+    run's sweep then deleted the namespace with its commit-pending marker: the
+    staged files of a commit of unknown outcome were orphaned for good.
+    """
+    pipeline, history = mirrored
+    ctx, detected, plan = _die_after(pipeline, "join")
+    root = StagingPaths.of(SOURCE, "ice", int(detected["epoch"])).join_prefix
+    store = ctx.runtime.store()
+    paths = ApplyPaths("", 0, "", root)
+    # A marker old enough for any sweep: only the unreadable plan may keep the files now.
+    store.put(paths.commit_pending, marker_bytes("killed-run", int(detected["epoch"]), now=1000.0))
+    left = _staged(ctx, plan)
+    real_plan = store.get(paths.plan)
+    if fault == "damaged":
+        store.put(paths.plan, real_plan[: len(real_plan) // 2])
+    else:
+        real_get = type(store).get
+
+        def unavailable(self, key, *args, **kwargs):
+            if key == paths.plan:
+                raise TransientStorageError(f"GET {key}: 503 SlowDown after 5 attempts", operation="GET")
+            return real_get(self, key, *args, **kwargs)
+
+        monkeypatch.setattr(type(store), "get", unavailable)
+    mirror = ctx.table.mirror("ice")
+    swept = iceberg_steps.sweep_attempt(ctx, mirror, root, lease_ttl=TTL)
+    assert paths.plan in swept["kept"] and "cannot be read" in swept["kept"], swept
+    steps.sweep_leftovers(ctx, mirror, keep_attempt="epoch-999999")
+    assert _staged(ctx, plan) == left, "the staged files of a commit of unknown outcome were deleted"
+    assert store.get(paths.commit_pending), "the marker leads a later sweep back to the files"
+    # Once the plan reads again, the next run's sweep finishes the job.
+    monkeypatch.undo()
+    store.put(paths.plan, real_plan)
+    assert run_mirror(pipeline.config, SOURCE, "ice").action == "apply"
+    assert _staged(ctx, plan) == set()
+    assert_iceberg_mirror_exact(pipeline, history.table)
+
+
+def test_a_product_error_after_the_mirror_commit_keeps_the_marker(mirrored, monkeypatch):
+    """Only errors that prove the commit did not land remove the marker; a generic CdcError does not."""
+    pipeline, history = mirrored
+    ctx = Context.of(pipeline.config, SOURCE)
+    mirror = ctx.table.mirror("ice")
+    detected = steps.detect(ctx, mirror, "unknown-outcome")
+    planned = steps.plan_apply(ctx, mirror, detected)
+    iceberg_steps.run_units_inline(ctx.runtime, planned)
+    real_commit = iceberg_steps.commit_delta
+
+    def landed_then_failed(*args, **kwargs):
+        real_commit(*args, **kwargs)
+        raise CdcError("the file IO failed after the catalog call")
+
+    monkeypatch.setattr(iceberg_steps, "commit_delta", landed_then_failed)
+    with pytest.raises(CdcError, match="after the catalog call"):
+        steps.apply(ctx, mirror, detected, planned)
+    pending = ApplyPlan.load(ctx.runtime.store(), planned["plan"]).paths.commit_pending
+    assert ctx.runtime.store().get(pending), "a commit of unknown outcome lost its marker"
+    monkeypatch.undo()
+    steps.cleanup(ctx, mirror, detected, "unknown-outcome", planned)
+    assert ctx.runtime.store().get(pending), "the teardown kept the marker's namespace"
     assert_iceberg_mirror_exact(pipeline, history.table)
 
 

@@ -12,13 +12,14 @@ import pytest
 import yaml
 
 from cdc_devtools.orders import SCHEMA, rows
-from iceberg_cdc.airflow.compat import AssetOrTimeSchedule, serialized_dag
+from iceberg_cdc.airflow.compat import AssetOrTimeSchedule
 from iceberg_cdc.airflow.dag_factory import build_dags
 from iceberg_cdc.airflow.triggers.catalog_snapshots import CatalogSnapshotTrigger, digest_of, watched_tables
 from iceberg_cdc.config import parse_config
 from iceberg_cdc.pipeline.runtime import load_catalog_from_config
 from iceberg_cdc.source.catalog_poll import CatalogPoller, catalog_key
 from iceberg_cdc.source.protection import sync_tags
+from tests.support.airflow_versions import serialized_dag
 
 
 @pytest.fixture

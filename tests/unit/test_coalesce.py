@@ -18,10 +18,18 @@ def spans(plan):
 
 def test_spark_documented_example():
     # ShufflePartitionsUtil's doc: two shuffles, target 128 MiB.
-    sizes = total_partition_sizes([[100, 20, 100, 10, 30], [10, 10, 70, 5, 5]]) * MiB
+    sizes = total_partition_sizes([[100, 20, 100, 10, 30], [10, 10, 70, 5, 5]], 5) * MiB
     plan = coalesce(sizes, 128 * MiB, min_size=0)
     assert spans(plan) == [(0, 1), (1, 2), (2, 3), (3, 5)]
     assert [r.size for r in plan.ranges] == [110 * MiB, 30 * MiB, 170 * MiB, 50 * MiB]
+
+
+def test_partition_sizes_sum_over_outputs_of_one_partition_count():
+    assert total_partition_sizes([], 3).tolist() == [0, 0, 0]  # a snapshot with no map output
+    with pytest.raises(ValueError, match="3 partition sizes per map output"):
+        total_partition_sizes([[1, 2, 3], [1, 2]], 3)
+    with pytest.raises(ValueError, match="3 partition sizes per map output"):
+        total_partition_sizes([[1, 2, 3, 4]], 3)
 
 
 def test_empty_partitions_are_skipped_and_trimmed():

@@ -17,9 +17,10 @@ import pytest
 from iceberg_cdc.errors import CorruptShuffleError, ObjectNotFoundError
 from iceberg_cdc.shuffle.layout import BLOCK_HEADER, data_key, index_key
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
-from iceberg_cdc.shuffle.reader import read_index, read_range
+from iceberg_cdc.shuffle.reader import read_index
 from iceberg_cdc.shuffle.rows import Op, shuffle_schema
 from iceberg_cdc.shuffle.writer import MapOutputWriter
+from tests.support.shuffle_reads import read_span
 
 P = 5
 NAME = "snap-9/map-00003"
@@ -77,7 +78,7 @@ def _data_size(store) -> int:
 
 def _read_all(store, index, start: int = 0, end: int = P) -> Counter:
     rows: Counter = Counter()
-    for batch in read_range(store, index, start, end, FULL_SCHEMA):
+    for batch in read_span(store, index, start, end, FULL_SCHEMA):
         rows.update(tuple(row.values()) for row in batch.to_pylist())
     return rows
 
@@ -229,7 +230,7 @@ def test_wrong_schema_is_reported_as_corruption(written_local):
     store, index, _ = written_local
     other = shuffle_schema(pa.schema([("id", pa.string()), ("payload", pa.list_(pa.int64()))]))
     with pytest.raises(CorruptShuffleError) as info:
-        list(read_range(store, index, 0, P, other))
+        list(read_span(store, index, 0, P, other))
     _assert_names(info, 0)
 
 

@@ -26,6 +26,7 @@ RANKS: list[set[str]] = [
         "snapshot_ids",
         "libc",
         "pyiceberg_internals",
+        "verify_status",
     },
     {"config", "storage", "lineage"},
     {"coordination", "shuffle"},
@@ -209,3 +210,70 @@ def lazy():
     found = _imports_in(source, "iceberg_cdc.run.detect", False, set())
     assert {"airflow.sdk", "airflow", "airflow.providers", "iceberg_cdc.run.plan"} <= found
     assert not any(target.startswith("name_from_config") for target in found)
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A ``_name`` is its module's own: a sibling that needs it gets a public name (or the code moves).
+
+    ``from iceberg_cdc.x import _name`` hides a rule's owner: the name says "only here", the
+    import says otherwise, and a change to it in ``x`` looks local when it is not.
+    """
+    modules = _modules()
+    offenders = []
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join([*anchor, source] if source else anchor)
+            if not source.startswith("iceberg_cdc"):
+                continue
+            offenders += [
+                f"{name}:{node.lineno} imports {source}.{alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_") and not alias.name.startswith("__")
+            ]
+    assert offenders == [], "private names imported across modules:\n" + "\n".join(offenders)
+
+
+def test_no_import_cycle_between_bench_modules():
+    """The bench's scripts import each other by name (``bench/`` on the path): no two in a circle."""
+    bench = PLUGINS.parent / "bench"
+    names = {path.stem for path in bench.glob("*.py")}
+    graph = {
+        path.stem: {
+            target.split(".")[0]
+            for target in _imports_in(path.read_text(), path.stem, False, set())
+            if target.split(".")[0] in names and target.split(".")[0] != path.stem
+        }
+        for path in bench.glob("*.py")
+    }
+    assert _cycles(graph) == []
+
+
+# Modules that import names they are given: a user's callback (``freshness_callback``) and the task
+# preload's list of modules to warm. Anywhere else, a module named by a variable hides a dependency
+# from this file's checks (mirror.targets once imported the Iceberg target so).
+_IMPORTS_BY_NAME = {"iceberg_cdc.airflow.freshness_dag", "iceberg_cdc.airflow.listeners.task_preload"}
+
+
+def test_dynamic_imports_name_their_module():
+    hidden = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            func = node.func
+            called = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else func.id
+                if isinstance(func, ast.Name)
+                else None
+            )
+            if called in _DYNAMIC_IMPORTS and _dynamic_import(node) is None and name not in _IMPORTS_BY_NAME:
+                hidden.append(f"{name}:{node.lineno} {called}({ast.unparse(node.args[0])})")
+    assert hidden == [], "imports of a module named by a variable:\n" + "\n".join(hidden)

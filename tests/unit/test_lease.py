@@ -470,3 +470,44 @@ def test_file_takeover_race_across_processes(tmp_path):
         winners = [owner for owner, won in results if won]
         assert len(winners) == 1, results
         assert TableLease(store, table).current().owner == winners[0]
+
+
+def test_heartbeat_retries_store_errors_and_fails_on_anything_else(store, monkeypatch):
+    """A store error costs one beat; a bug stops the renewals and fails the block, never silently."""
+    lease = TableLease(store, "t")
+    held = lease.acquire(RUN_A, 60)
+    real_renew = TableLease.renew
+    errors = [StorageError("503 after retries"), StorageError("503 after retries")]
+
+    def flaky(self, *args, **kwargs):
+        if errors:
+            raise errors.pop()
+        return real_renew(self, *args, **kwargs)
+
+    monkeypatch.setattr(TableLease, "renew", flaky)
+    with LeaseHeartbeat(lease, RUN_A, held.epoch, 60, interval_seconds=0.02) as beat:
+        deadline = time.monotonic() + 10
+        while beat.renewals < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert beat.renewals >= 2 and not errors and beat.failed is None
+    beat.check()
+
+    def bug(self, *args, **kwargs):
+        raise AttributeError("a bug in the renewal")
+
+    monkeypatch.setattr(TableLease, "renew", bug)
+    deadline = time.monotonic() + 10
+    # The block succeeded: the heartbeat's error fails it.
+    with (
+        pytest.raises(AttributeError, match="renewal"),
+        LeaseHeartbeat(lease, RUN_A, held.epoch, 60, interval_seconds=0.02) as beat,
+    ):
+        while beat.failed is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    with pytest.raises(AttributeError):
+        beat.check()
+    deadline = time.monotonic() + 10
+    with pytest.raises(KeyError), LeaseHeartbeat(lease, RUN_A, held.epoch, 60, interval_seconds=0.02) as beat:
+        while beat.failed is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        raise KeyError("the block's own error matters more")

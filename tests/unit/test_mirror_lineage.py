@@ -8,12 +8,14 @@ that report nothing.
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from iceberg_cdc.airflow.operators.lineage import ChangelogLineageOperator, mirror_datasets
+from iceberg_cdc.verify_status import VerifyStatus, is_equal
 
 CHANGELOG_AT = "5200992516889735211"
 DETECTED = {
@@ -157,3 +159,37 @@ def test_a_verification_metric_says_equal_or_not():
         ("cdc.shop__orders.mirror.pg.verify.left_keys", 2.0),
         ("cdc.shop__orders.mirror.pg.verify.seconds", 1.5),
     ]
+
+
+@pytest.mark.parametrize("status", [*VerifyStatus, "unknown"])
+def test_every_consumer_of_a_verification_agrees_on_equal(status):
+    """The step (MirrorDriftError), the metric and the lineage assertion ask one rule.
+
+    Lineage used to fail ``equal_to_source`` for a mirror not applied yet, which
+    the check and the metric count as equal.
+    """
+    from iceberg_cdc.airflow.operators.lineage import verify_datasets
+    from iceberg_cdc.mirror.verify.check import Verification
+    from iceberg_cdc.run.metrics import emit_verification
+
+    expected = {"equal": True, "repaired": True, "not_applied": True}.get(str(status), False)
+    assert is_equal(status) is expected
+    answer = {"verified": True, "status": str(status), "drifted_keys": 0, "left_keys": 0}
+    ((_, asserted, _),) = verify_datasets({**DETECTED, "mirror": "pg"}, answer)[0][0].assertions
+    gauges: dict[str, float] = {}
+
+    class Recorder:
+        def gauge(self, stat, value, rate=None, delta=None, *, tags=None):
+            gauges[stat.rsplit(".", 1)[-1]] = value
+
+        def timing(self, stat, dt, *, tags=None):
+            pass
+
+    emit_verification(Recorder(), "shop.orders", "ice", answer)
+    assert (asserted, gauges["equal"]) == (expected, float(expected))
+    if isinstance(status, VerifyStatus):
+        found = Verification("ice", "mirror.orders", status)
+        assert found.equal is expected
+        # XCom and the stored record carry the plain string, as before the type.
+        assert json.loads(json.dumps(found.to_dict()))["status"] == status.value
+        assert type(found.to_dict()["status"]) is str

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from cdc_devtools.cow import cow_merge
 from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
-from iceberg_cdc.errors import AmbiguousUpdateError, LeaseLostError
+from iceberg_cdc.errors import AmbiguousUpdateError, LeaseLostError, StorageError
 from iceberg_cdc.pipeline.groups import PHASE_FUNCTIONS
 from iceberg_cdc.pipeline.phase_driver import run_phase_group
 from iceberg_cdc.pipeline.plan import SnapshotPlan
@@ -139,3 +140,66 @@ def test_a_spark_error_never_carries_the_runtimes_secrets():
     line = error_line(wrapped, runtime)
     assert secret not in line and "tok-998877" not in line
     assert line.startswith("StorageError: s3://bucket refused key ***")
+
+
+def test_a_store_error_recording_the_failure_leaves_the_units_error(planned, monkeypatch):
+    """Recording a failure meets a store error: logged, and the unit's own error is the task's."""
+    from iceberg_cdc.pipeline import phase_driver
+
+    ctx, _, _, detected = planned
+
+    def store_down(*args, **kwargs):
+        raise StorageError("the shuffle store is down")
+
+    monkeypatch.setattr(phase_driver, "record_group_error", store_down)
+    monkeypatch.setattr(phase_driver, "mark_failed_writes", store_down)
+    error = AmbiguousUpdateError("key (id=3) ...")
+    with pytest.raises(AmbiguousUpdateError):
+        run_phase_group(ctx.runtime, detected.plan, "write", 0, lambda _: InProcess(fail=error))
+
+
+@pytest.mark.parametrize("where", ["record_group_error", "mark_failed_writes"])
+def test_an_unexpected_error_recording_the_failure_is_not_swallowed(planned, monkeypatch, where):
+    """A bug in the failure path fails the task as itself (the unit's error chained), never silently."""
+    from iceberg_cdc.pipeline import phase_driver
+
+    ctx, _, _, detected = planned
+
+    def bug(*args, **kwargs):
+        raise TypeError("a bug in the failure path")
+
+    monkeypatch.setattr(phase_driver, where, bug)
+    error = AmbiguousUpdateError("key (id=3) ...")
+    with pytest.raises(TypeError, match="failure path") as raised:
+        run_phase_group(ctx.runtime, detected.plan, "write", 0, lambda _: InProcess(fail=error))
+    assert raised.value.__context__ is error
+
+
+def test_an_unexpected_heartbeat_error_fails_the_group(planned, monkeypatch):
+    """A renewal that fails with a bug stops the heartbeat; the group fails with it instead of running on unrenewed."""
+    from iceberg_cdc.coordination.lease import TableLease
+
+    ctx, _, _, detected = planned
+    real_renew = TableLease.renew
+    calls = []
+
+    def renew(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:  # the driver's own lease check passes; the heartbeat's renewals fail
+            raise AttributeError("a bug in the renewal")
+        return real_renew(self, *args, **kwargs)
+
+    monkeypatch.setattr(TableLease, "renew", renew)
+    started = threading.Event()
+
+    class Slow(InProcess):
+        def map_units(self, phase, plan, runtime, units):
+            started.set()
+            deadline = time.monotonic() + 10
+            while len(calls) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return super().map_units(phase, plan, runtime, units)
+
+    with pytest.raises(AttributeError, match="renewal"):
+        run_phase_group(ctx.runtime, detected.plan, "write", 0, lambda _: Slow())
+    assert started.is_set()

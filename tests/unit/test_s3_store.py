@@ -17,12 +17,13 @@ from iceberg_cdc.errors import ObjectNotFoundError, ShortObjectError, StorageErr
 from iceberg_cdc.retry import RetryPolicy
 from iceberg_cdc.shuffle.layout import data_key, index_key
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
-from iceberg_cdc.shuffle.reader import read_index, read_range
+from iceberg_cdc.shuffle.reader import read_index
 from iceberg_cdc.shuffle.rows import OP_COLUMN, Op, shuffle_schema
 from iceberg_cdc.shuffle.writer import MapOutputWriter
 from iceberg_cdc.storage import ObjectInfo, open_store
 from iceberg_cdc.storage.s3 import S3ObjectStore, split_s3_uri
 from iceberg_cdc.storage.s3 import s3_client as make_s3_client
+from tests.support.shuffle_reads import read_span
 
 pytestmark = pytest.mark.s3
 
@@ -255,7 +256,7 @@ def test_map_outputs_through_s3_one_ranged_get_per_map_output(s3_store, tmp_path
         before = s3_store.requests.copy()
         got: Counter = Counter()
         for name in names:
-            for batch in read_range(s3_store, indexes[name], start, end, schema):
+            for batch in read_span(s3_store, indexes[name], start, end, schema):
                 got.update(
                     zip(batch.column("id").to_pylist(), batch.column(OP_COLUMN).to_pylist(), strict=True)
                 )

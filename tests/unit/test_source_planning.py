@@ -15,7 +15,8 @@ from iceberg_cdc.source.change_files import DataFileRef, SnapshotChanges
 from iceberg_cdc.source.planning import (
     InputFile,
     WriteTask,
-    pack_files,
+    cancel_groups,
+    pack_items,
     plan_from_dict,
     plan_to_dict,
     plan_write_tasks,
@@ -23,6 +24,11 @@ from iceberg_cdc.source.planning import (
 )
 
 MB = 1 << 20
+
+
+def pack_files(files: list[InputFile], target_bytes: int, max_files_per_task: int = 1000) -> list[WriteTask]:
+    """Files packed as plan_write_tasks packs them without carryover cancelling (each file alone)."""
+    return pack_items(cancel_groups(files, None, max_files_per_task), target_bytes, max_files_per_task)
 
 
 def changes_of(deleted: list[tuple[str, int]], added: list[tuple[str, int]]) -> SnapshotChanges:

@@ -197,3 +197,29 @@ def test_a_transient_error_of_a_mirror_group_is_retried_error_first(pipeline):
     assert str(raised.value).startswith("TimeoutError: read timed out\n(spark-submit failed")
     with pytest.raises(AirflowException, match=r"^Cannot execute: spark-submit"):
         _execute(_args(config, MIRROR_JOIN, key, 1))
+
+
+def test_a_plan_the_task_cannot_read_costs_only_its_lease_renewal(pipeline, caplog):
+    """A store or plan error (CdcError) setting up the renewal: spark-submit still runs, with a warning."""
+    _, config = pipeline
+    with pytest.raises(AirflowException, match=r"^Cannot execute: spark-submit"):
+        _execute(_args(config, "write", "shop.orders/no-such/plan.json", 0))
+    assert "does not renew its run's lease" in caplog.text
+
+
+@pytest.mark.parametrize("where", ["renewal", "group error"])
+def test_an_unexpected_error_around_spark_submit_fails_the_task_as_itself(snapshot_plan, monkeypatch, where):
+    """A bug setting up the renewal, or reading the group's error, is not swallowed."""
+    from iceberg_cdc.pipeline import groups, phase_driver
+
+    _, config, plan = snapshot_plan
+
+    def bug(*args, **kwargs):
+        raise AttributeError(f"a bug in the {where}")
+
+    if where == "renewal":
+        monkeypatch.setattr(groups, "load_phase_plan", bug)
+    else:
+        monkeypatch.setattr(phase_driver, "read_group_error", bug)
+    with pytest.raises(AttributeError, match=where):
+        _execute(_args(config, "write", plan, 0))

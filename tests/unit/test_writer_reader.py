@@ -28,10 +28,11 @@ from hypothesis import strategies as st
 from iceberg_cdc.errors import SinkSchemaError
 from iceberg_cdc.shuffle.layout import data_key, index_key
 from iceberg_cdc.shuffle.partitioner import HashPartitioner
-from iceberg_cdc.shuffle.reader import read_index, read_partitions, read_range
+from iceberg_cdc.shuffle.reader import read_index, read_partitions
 from iceberg_cdc.shuffle.rows import OP_COLUMN, Op, shuffle_schema
 from iceberg_cdc.shuffle.writer import MapOutputWriter
 from iceberg_cdc.storage import LocalObjectStore
+from tests.support.shuffle_reads import read_span
 
 # -- strategies ---------------------------------------------------------------------------------
 
@@ -172,7 +173,7 @@ def expected_by_partition(batches, partitioner) -> dict[int, Counter]:
 
 
 def read_rows(store, index, start, end, schema) -> tuple[Counter, list[pa.RecordBatch]]:
-    batches = list(read_range(store, index, start, end, schema))
+    batches = list(read_span(store, index, start, end, schema))
     rows: Counter = Counter()
     for batch in batches:
         assert batch.schema.equals(schema)
@@ -241,7 +242,7 @@ def test_round_trip_random_schemas_and_partitions(output, data):
         }
         full_schema = shuffle_schema(schema)
         most_blocks = max(
-            (len(list(read_range(store, index, int(p), int(p) + 1, full_schema))) for p in expected),
+            (len(list(read_span(store, index, int(p), int(p) + 1, full_schema))) for p in expected),
             default=0,
         )
         event(f"P={num_partitions}")
@@ -303,7 +304,7 @@ def test_zero_rows_gives_an_index_of_zeros(local_store, tmp_path, num_partitions
     assert stats.rows == {"DELETE": 0, "INSERT": 0}
     index = read_index(local_store, "empty", num_partitions, 0)
     before = local_store.requests["GET_RANGE"]
-    assert list(read_range(local_store, index, 0, num_partitions, shuffle_schema(SCHEMA))) == []
+    assert list(read_span(local_store, index, 0, num_partitions, shuffle_schema(SCHEMA))) == []
     assert local_store.requests["GET_RANGE"] == before, "empty ranges need no request"
 
 
@@ -426,14 +427,6 @@ def test_read_partitions_with_explicit_offsets(local_store, tmp_path):
     assert got == expected[2] + expected[3] + expected[4]
 
 
-def test_read_range_rejects_out_of_bounds(local_store, tmp_path):
-    write_output(local_store, "m", SCHEMA, HashPartitioner(3), [(make_batch(0, 10), Op.INSERT)])
-    index = read_index(local_store, "m", 3)
-    for start, end in [(-1, 2), (0, 4), (2, 1)]:
-        with pytest.raises(ValueError, match="outside map output 'm'"):
-            list(read_range(local_store, index, start, end, shuffle_schema(SCHEMA)))
-
-
 def test_index_is_written_after_the_data_object(tmp_path):
     events: list[str] = []
 
@@ -512,7 +505,7 @@ def wide_output(local_store, tmp_path):
     partitioner = HashPartitioner(4, ["id"])
     write_output(local_store, "wide", WIDE_SCHEMA, partitioner, [(batch, Op.INSERT)], spill_dir=str(tmp_path))
     index = read_index(local_store, "wide", 4)
-    batches = list(read_range(local_store, index, 0, 4, shuffle_schema(WIDE_SCHEMA)))
+    batches = list(read_span(local_store, index, 0, 4, shuffle_schema(WIDE_SCHEMA)))
     assert sum(b.num_rows for b in batches) == 200
     return batch, batches
 
@@ -539,7 +532,7 @@ def test_read_back_rows_can_be_hashed_again(local_store, tmp_path, key):
     write_output(local_store, "m", WIDE_SCHEMA, partitioner, [(batch, Op.INSERT)], spill_dir=str(tmp_path))
     index = read_index(local_store, "m", 5)
     for p in range(5):
-        for read in read_range(local_store, index, p, p + 1, shuffle_schema(WIDE_SCHEMA)):
+        for read in read_span(local_store, index, p, p + 1, shuffle_schema(WIDE_SCHEMA)):
             assert (partitioner.partitions(read.drop_columns([OP_COLUMN])) == p).all()
 
 
@@ -562,7 +555,7 @@ def test_highly_compressible_blocks_round_trip(local_store, tmp_path):
     )
     assert stats.data_bytes < batch.nbytes / 200
     index = read_index(local_store, "zeros", 2, stats.data_bytes)
-    read = list(read_range(local_store, index, 0, 2, shuffle_schema(schema)))
+    read = list(read_span(local_store, index, 0, 2, shuffle_schema(schema)))
     assert len(read) == 1
     assert read[0].num_rows == n
     assert pc.sum(read[0].column("zero")).as_py() == 0

@@ -73,13 +73,11 @@ __all__ = [
     "AirflowSkipException",
     "AssetOrTimeSchedule",
     "airflow_user",
-    "dag_bag",
     "CronTriggerTimetable",
     "ParamValidationError",
     "has_asset_state_store",
     "has_shared_trigger_streams",
     "note_degraded",
-    "serialized_dag",
     "stats_client",
 ]
 
@@ -98,16 +96,6 @@ def stats_client() -> Any:
         return Stats
 
 
-def serialized_dag(dag: Any) -> dict[str, Any]:
-    """What the DAG processor stores for ``dag`` (trigger kwargs included): a check that it serializes."""
-    try:  # Airflow >= 3.2
-        from airflow.serialization.serialized_objects import DagSerialization
-    except ImportError:  # Airflow 3.1
-        from airflow.serialization.serialized_objects import SerializedDAG as DagSerialization
-
-    return DagSerialization.to_dict(dag)  # type: ignore[no-any-return]
-
-
 async def airflow_user(request: Any, bearer: Any) -> Any:
     """The user ``get_user`` of Airflow's core API authenticates (``Authorization: Bearer``, else the UI cookie).
 
@@ -120,18 +108,6 @@ async def airflow_user(request: Any, bearer: Any) -> Any:
 
     oauth = "_oauth_token" if "_oauth_token" in inspect.signature(get_user).parameters else "oauth_token"
     return await get_user(request=request, bearer_credentials=bearer, **{oauth: None})
-
-
-def dag_bag(dag_folder: str) -> Any:
-    """The DAGs of ``dag_folder`` as Airflow's DAG processor parses them (without example DAGs)."""
-    try:  # Airflow >= 3.2
-        from airflow.dag_processing.dagbag import DagBag
-
-        return DagBag(dag_folder=dag_folder)
-    except ImportError:  # Airflow 3.1: models.dagbag, examples included unless told
-        from airflow.models.dagbag import DagBag
-
-        return DagBag(dag_folder=dag_folder, include_examples=False)
 
 
 def has_shared_trigger_streams() -> bool:

@@ -9,10 +9,10 @@ from pydantic import BaseModel, ConfigDict
 
 from iceberg_cdc.redaction import redact_value
 
-_IDENT = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)+$")
+IDENT = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)+$")
 
 
-class _Redacting(BaseModel):
+class Redacting(BaseModel):
     """``repr()`` and ``str()`` (and pydantic's pretty printers) with every secret value replaced.
 
     A config object ends up in tracebacks, logs and debugger output: its
@@ -23,11 +23,11 @@ class _Redacting(BaseModel):
     def __repr_args__(self) -> Any:
         for name, value in super().__repr_args__():
             # A nested config model prints itself through this same method; anything else is redacted.
-            nested = isinstance(value, _Redacting) or (
-                isinstance(value, list) and value and all(isinstance(v, _Redacting) for v in value)
+            nested = isinstance(value, Redacting) or (
+                isinstance(value, list) and value and all(isinstance(v, Redacting) for v in value)
             )
             yield name, value if nested else redact_value(value, name or "")
 
 
-class _Strict(_Redacting):
+class Strict(Redacting):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

@@ -6,14 +6,14 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from iceberg_cdc.config.base import _Strict
+from iceberg_cdc.config.base import Strict
 from iceberg_cdc.config.sections import CatalogConfig, EventsConfig, ShuffleConfig, SparkConfig
 from iceberg_cdc.config.tables import TableConfig
 from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.redaction import redact_value
 
 
-class CdcConfig(_Strict):
+class CdcConfig(Strict):
     catalog: CatalogConfig
     shuffle: ShuffleConfig
     tables: list[TableConfig] = Field(min_length=1)

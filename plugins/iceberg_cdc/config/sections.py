@@ -7,12 +7,12 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from iceberg_cdc.config.base import _Redacting, _Strict
+from iceberg_cdc.config.base import Redacting, Strict
 from iceberg_cdc.redaction import redact_value
 from iceberg_cdc.units import MiB, format_size, parse_duration, parse_size
 
 
-class CatalogConfig(_Redacting):
+class CatalogConfig(Redacting):
     """``load_catalog(name, **properties)``: every key but ``name`` is a catalog property."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
@@ -36,7 +36,7 @@ def catalog_key(catalog: CatalogConfig) -> str:
     return f"{catalog.name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
-class ShuffleConfig(_Redacting):
+class ShuffleConfig(Redacting):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     uri: str
@@ -123,7 +123,7 @@ class ShuffleConfig(_Redacting):
 IN_PROCESS_BELOW = 1 * MiB  # bench/in_process.py: the same cost at about 1.3 MiB on warm Spark Connect
 
 
-class SparkConfig(_Strict):
+class SparkConfig(Strict):
     """How the phases run: ``submit`` (one ``spark-submit`` per phase group) or ``connect``.
 
     In ``connect`` mode the mapped tasks are Spark Connect clients of a
@@ -197,7 +197,7 @@ def connect_url_problem(url: str) -> str | None:
     return None
 
 
-class EventsConfig(_Strict):
+class EventsConfig(Strict):
     """Event-driven runs: a trigger polls the catalog and starts a table's run on a new source snapshot.
 
     ``trigger: catalog`` (default) is the pipeline's own trigger: one poll per

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from iceberg_cdc.config.base import _IDENT, _Strict
+from iceberg_cdc.config.base import IDENT, Strict
 from iceberg_cdc.errors import ConfigError
 from iceberg_cdc.redaction import redact_value
 from iceberg_cdc.units import parse_duration
@@ -16,7 +16,7 @@ _PG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _MIRROR_NAME = re.compile(r"^[A-Za-z0-9_]{1,100}$")
 
 
-class MirrorConfig(_Strict):
+class MirrorConfig(Strict):
     """One mirror of a table: a copy of the source's current rows, one row per key, kept by its own DAG.
 
     ``{type: iceberg, table: ns.name}`` or
@@ -50,7 +50,7 @@ class MirrorConfig(_Strict):
     @model_validator(mode="after")
     def _target(self) -> MirrorConfig:
         if self.type == "iceberg":
-            if not _IDENT.match(self.table):
+            if not IDENT.match(self.table):
                 raise ValueError(
                     f"table {self.table!r} is not an Iceberg table identifier like namespace.table"
                 )
@@ -112,7 +112,7 @@ class MirrorConfig(_Strict):
         return f"{self.type} mirror {self.table}" + (f" ({self.name})" if self.name else "")
 
 
-class TableConfig(_Strict):
+class TableConfig(Strict):
     source: str
     sink: str
     identifier_columns: list[str] | None = None
@@ -177,7 +177,7 @@ class TableConfig(_Strict):
     @field_validator("source", "sink")
     @classmethod
     def _identifier(cls, value: str) -> str:
-        if not _IDENT.match(value):
+        if not IDENT.match(value):
             raise ValueError(f"{value!r} is not a table identifier like namespace.table")
         return value
 

@@ -121,9 +121,16 @@ def commit_in_flight(
     epoch: int,
     confirm_lease: Callable[[], Any],
     commit: Callable[[], T],
-    certainly_not_committed: tuple[type[BaseException], ...] = (CdcError,),
+    certainly_not_committed: tuple[type[BaseException], ...],
 ) -> T:
-    """Run ``commit`` with the marker at ``key`` around it (steps 1 of the module doc)."""
+    """Run ``commit`` with the marker at ``key`` around it (step 1 of the module doc).
+
+    ``certainly_not_committed``: the errors ``commit`` raises only when its
+    outcome is known (refused by the catalog, or raised before the catalog
+    call). No default: a broad class (``CdcError``) would let an error raised
+    after a commit landed remove the marker, and a teardown then delete the
+    files that commit references.
+    """
     # The marker goes up *before* the last lease check: a cleanup or sweep that looks after that
     # check sees it (and keeps the staged files); one that looked before has released or taken the
     # lease, so the check fails and nothing is committed.

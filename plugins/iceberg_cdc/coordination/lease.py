@@ -71,13 +71,9 @@ from iceberg_cdc.coordination.lease_record import (
     LEASE_PREFIX,
     HolderState,
     LeaseInfo,
-    _ask,
-    _check,
-    _is_ours,
-    _iso,
-    _utc,
-    _with_version,
+    iso,
     lease_key,
+    utc,
 )
 from iceberg_cdc.coordination.store_probe import probe_conditional_writes
 from iceberg_cdc.errors import LeaseHeldError, LeaseLostError
@@ -85,6 +81,36 @@ from iceberg_cdc.storage import ObjectStore, open_store
 from iceberg_cdc.units import format_duration
 
 log = logging.getLogger(__name__)
+
+
+def _is_ours(current: LeaseInfo | None, owner: str, epoch: int | None) -> bool:
+    return (
+        current is not None
+        and not current.released
+        and current.owner == owner
+        and (epoch is None or current.epoch == epoch)
+    )
+
+
+def _ask(holder_state: Callable[[LeaseInfo], HolderState] | None, current: LeaseInfo) -> HolderState:
+    if holder_state is None:
+        return "unknown"
+    try:
+        return holder_state(current)
+    except Exception as exc:  # Airflow unreachable: fall back to expiry alone
+        log.warning("could not ask Airflow about the lease holder %s: %s", current.holder(), exc)
+        return "unknown"
+
+
+def _check(owner: str, ttl_seconds: float) -> None:
+    if not owner:
+        raise ValueError("a lease owner (the Airflow run id) must not be empty")
+    if not ttl_seconds > 0:
+        raise ValueError(f"lease TTL must be positive, got {ttl_seconds!r}")
+
+
+def _with_version(info: LeaseInfo, version: str) -> LeaseInfo:
+    return dataclasses.replace(info, version=version)
 
 
 class TableLease:
@@ -124,7 +150,7 @@ class TableLease:
         return cls(open_store(shuffle_uri, properties), table, **kwargs)
 
     def now(self) -> datetime:
-        return _utc(self._clock())
+        return utc(self._clock())
 
     # reading
 
@@ -238,7 +264,7 @@ class TableLease:
                     owner,
                     self.table,
                     new.epoch,
-                    _iso(new.expires_at),
+                    iso(new.expires_at),
                 )
             return _with_version(new, version)
         raise LeaseHeldError(
@@ -266,13 +292,13 @@ class TableLease:
             return None
         if state == "working":
             return (
-                f"its lease expired at {_iso(current.expires_at)} ({format_duration((now - current.expires_at).total_seconds())} ago) "
+                f"its lease expired at {iso(current.expires_at)} ({format_duration((now - current.expires_at).total_seconds())} ago) "
                 "while Airflow shows a task of its run running: that task stopped renewing (dead or hung)"
             )
         if state == "running" and now < current.expires_at + timedelta(seconds=ttl_seconds):
             return None  # between tasks in Airflow's eyes: one more TTL before it is presumed stuck
         return (
-            f"its lease expired at {_iso(current.expires_at)} ({format_duration((now - current.expires_at).total_seconds())} ago) "
+            f"its lease expired at {iso(current.expires_at)} ({format_duration((now - current.expires_at).total_seconds())} ago) "
             "without renewal"
         )
 
@@ -299,7 +325,7 @@ class TableLease:
                     "run %r renews its lease of %s after it expired at %s (nobody took it over)",
                     owner,
                     self.table,
-                    _iso(current.expires_at),
+                    iso(current.expires_at),
                 )
             new = dataclasses.replace(
                 self._new(
@@ -340,7 +366,7 @@ class TableLease:
                     epoch,
                     self.table,
                     current.holder(),
-                    _iso(current.acquired_at),
+                    iso(current.acquired_at),
                 )
                 return False
             now = self.now()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from iceberg_cdc.coordination.lease_record import LeaseInfo, _iso
+from iceberg_cdc.coordination.lease_record import LeaseInfo, iso
 from iceberg_cdc.units import format_duration
 
 
@@ -15,13 +15,13 @@ def held_message(table: str, owner: str, current: LeaseInfo, now: datetime) -> s
     """Run ``owner`` cannot take ``table``: ``current`` holds it."""
     if current.expired(now):
         timing = (
-            f"its lease expired at {_iso(current.expires_at)}, but Airflow still shows that run as "
+            f"its lease expired at {iso(current.expires_at)}, but Airflow still shows that run as "
             "running, so it gets one more TTL of grace before it is presumed stuck"
         )
     else:
         timing = (
-            f"it holds the lease since {_iso(current.acquired_at)} "
-            f"({format_duration((now - current.acquired_at).total_seconds())} ago) until {_iso(current.expires_at)} "
+            f"it holds the lease since {iso(current.acquired_at)} "
+            f"({format_duration((now - current.acquired_at).total_seconds())} ago) until {iso(current.expires_at)} "
             f"(in {format_duration((current.expires_at - now).total_seconds())}, renewed while it works)"
         )
     return (
@@ -40,9 +40,7 @@ def lost_message(table: str, uri: str, owner: str, epoch: int | None, current: L
     elif current.released:
         what = f"it was released (epoch {current.epoch})"
     else:
-        what = (
-            f"{current.holder()} holds it since {_iso(current.acquired_at)} until {_iso(current.expires_at)}"
-        )
+        what = f"{current.holder()} holds it since {iso(current.acquired_at)} until {iso(current.expires_at)}"
     return (
         f"run {owner!r} (epoch {epoch}) has lost the lease of table {table!r} ({uri}): {what}. "
         "Another run took over the table, so this run stops without committing or deleting anything "

@@ -7,19 +7,15 @@ only this.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from iceberg_cdc.errors import StorageError
-
-log = logging.getLogger("iceberg_cdc.coordination.lease")
 
 LEASE_PREFIX = "_leases/"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -43,13 +39,15 @@ def lease_key(table: str | Sequence[str]) -> str:
     return f"{LEASE_PREFIX}{safe}.json"
 
 
-def _utc(value: datetime) -> datetime:
+def utc(value: datetime) -> datetime:
+    """``value`` in UTC; a naive time is refused (a lease compared across hosts needs its zone)."""
     if value.tzinfo is None:
         raise ValueError(f"lease times must be timezone-aware, got {value!r}")
     return value.astimezone(UTC)
 
 
-def _iso(value: datetime) -> str:
+def iso(value: datetime) -> str:
+    """The record's form of a time (ISO 8601, milliseconds), in the object and in messages."""
     return value.isoformat(timespec="milliseconds")
 
 
@@ -78,7 +76,7 @@ class LeaseInfo:
     renewed_at: datetime | None = None
 
     def expired(self, now: datetime) -> bool:
-        return _utc(now) >= self.expires_at
+        return utc(now) >= self.expires_at
 
     def free(self, now: datetime) -> bool:
         return self.released or self.expired(now)
@@ -102,9 +100,9 @@ class LeaseInfo:
                 "try_number": self.try_number,
                 "epoch": self.epoch,
                 "released": self.released,
-                "acquired_at": _iso(self.acquired_at),
-                "renewed_at": _iso(self.renewed_at or self.acquired_at),
-                "expires_at": _iso(self.expires_at),
+                "acquired_at": iso(self.acquired_at),
+                "renewed_at": iso(self.renewed_at or self.acquired_at),
+                "expires_at": iso(self.expires_at),
                 "host": self.host,
                 "pid": self.pid,
                 "token": self.token,
@@ -121,8 +119,8 @@ class LeaseInfo:
             return cls(
                 table=str(doc.get("table", table)),
                 owner=str(doc["owner"]),
-                acquired_at=_utc(datetime.fromisoformat(doc["acquired_at"])),
-                expires_at=_utc(datetime.fromisoformat(doc["expires_at"])),
+                acquired_at=utc(datetime.fromisoformat(doc["acquired_at"])),
+                expires_at=utc(datetime.fromisoformat(doc["expires_at"])),
                 host=str(doc.get("host", "?")),
                 pid=doc.get("pid"),
                 token=str(doc.get("token", "")),
@@ -132,40 +130,10 @@ class LeaseInfo:
                 dag_id=str(doc.get("dag_id") or ""),
                 try_number=int(try_number) if try_number is not None else None,
                 released=bool(doc.get("released", False)),
-                renewed_at=_utc(datetime.fromisoformat(renewed)) if renewed else None,
+                renewed_at=utc(datetime.fromisoformat(renewed)) if renewed else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise StorageError(
                 f"{uri} is not a valid lease of table {table!r} ({type(exc).__name__}: {exc}); if no "
                 f"run of {table!r} is active, delete that object by hand"
             ) from None
-
-
-def _is_ours(current: LeaseInfo | None, owner: str, epoch: int | None) -> bool:
-    return (
-        current is not None
-        and not current.released
-        and current.owner == owner
-        and (epoch is None or current.epoch == epoch)
-    )
-
-
-def _ask(holder_state: Callable[[LeaseInfo], HolderState] | None, current: LeaseInfo) -> HolderState:
-    if holder_state is None:
-        return "unknown"
-    try:
-        return holder_state(current)
-    except Exception as exc:  # Airflow unreachable: fall back to expiry alone
-        log.warning("could not ask Airflow about the lease holder %s: %s", current.holder(), exc)
-        return "unknown"
-
-
-def _check(owner: str, ttl_seconds: float) -> None:
-    if not owner:
-        raise ValueError("a lease owner (the Airflow run id) must not be empty")
-    if not ttl_seconds > 0:
-        raise ValueError(f"lease TTL must be positive, got {ttl_seconds!r}")
-
-
-def _with_version(info: LeaseInfo, version: str) -> LeaseInfo:
-    return dataclasses.replace(info, version=version)

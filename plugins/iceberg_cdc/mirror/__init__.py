@@ -74,9 +74,7 @@ and ``mirror`` its :class:`~iceberg_cdc.config.MirrorConfig`:
 * optionally ``rebuild(ctx, mirror, origin="changelog" | "source") -> dict``.
 
 For a PostgreSQL mirror plan_apply returns ``join_args: []`` (the mapped task
-expands to nothing) and apply commits. Until ``iceberg_cdc.mirror.iceberg``
-exists, an Iceberg mirror's run fails in detect with
-:class:`~iceberg_cdc.errors.MirrorUnavailableError`; its DAG has the same shape.
+expands to nothing) and apply commits.
 """
 
 from __future__ import annotations

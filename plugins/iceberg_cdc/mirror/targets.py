@@ -1,49 +1,28 @@
-"""Where a mirror's rows go: the PostgreSQL target here, the Iceberg target as a plug-in.
+"""Where a mirror's rows go: the PostgreSQL target here, the Iceberg target in :mod:`iceberg_cdc.mirror.iceberg`.
 
-The Iceberg target lives in ``iceberg_cdc.mirror.iceberg`` (its own package,
-see :mod:`iceberg_cdc.mirror`); until it is installed, a mirror of ``type:
-iceberg`` fails its run with :class:`~iceberg_cdc.errors.MirrorUnavailableError`
-naming the fix, and its DAG keeps its shape.
+Both targets are part of the package. The Iceberg target's steps are
+imported when a mirror of ``type: iceberg`` first needs them (they pull in
+pyiceberg's writers and Arrow compute, which DAG parsing never needs).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
 from iceberg_cdc.config import MirrorConfig
-from iceberg_cdc.errors import MirrorUnavailableError
 from iceberg_cdc.mirror.net_changes import ChangelogMark
 from iceberg_cdc.mirror.postgres.connection import dsn_for
 from iceberg_cdc.mirror.postgres.target import PostgresTarget
 
-ICEBERG_STEPS = "iceberg_cdc.mirror.iceberg.steps"
 
+def iceberg_steps(mirror: MirrorConfig | None = None) -> ModuleType:
+    """The Iceberg target's steps (``plan``, ``commit``, ``cleanup``, ``watermark`` ...): :mod:`iceberg_cdc.mirror.iceberg.steps`."""
+    from iceberg_cdc.mirror.iceberg import steps
 
-def iceberg_available() -> bool:
-    """Whether the Iceberg mirror target is installed."""
-    try:
-        importlib.import_module(ICEBERG_STEPS)
-    except ModuleNotFoundError:
-        return False
-    return True
-
-
-def iceberg_steps(mirror: MirrorConfig) -> ModuleType:
-    """The Iceberg target's steps (``plan``, ``commit``), or MirrorUnavailableError."""
-    try:
-        return importlib.import_module(ICEBERG_STEPS)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and not ICEBERG_STEPS.startswith(exc.name):
-            raise  # the module exists but one of its imports is missing: show that
-        raise MirrorUnavailableError(
-            f"{mirror.describe()}: the Iceberg mirror target is not available in this installation "
-            f"({ICEBERG_STEPS} is missing). Use type: postgres for now, or remove the mirror from "
-            "tables[].mirrors; nothing was written."
-        ) from None
+    return steps
 
 
 def postgres_target(ctx: Any, mirror: MirrorConfig) -> PostgresTarget:
@@ -55,13 +34,7 @@ def read_mirror_mark(ctx: Any, mirror: MirrorConfig) -> ChangelogMark | None:
     """The mirror's watermark as its target stores it (None: never applied)."""
     if mirror.type == "postgres":
         return postgres_target(ctx, mirror).read_mark()
-    steps = iceberg_steps(mirror)
-    if not hasattr(steps, "watermark"):
-        raise MirrorUnavailableError(
-            f"{mirror.describe()}: the Iceberg mirror target does not report its watermark "
-            f"({ICEBERG_STEPS}.watermark(ctx, mirror) is missing)"
-        )
-    return steps.watermark(ctx, mirror)
+    return iceberg_steps(mirror).watermark(ctx, mirror)
 
 
 @dataclass(frozen=True)
@@ -99,8 +72,7 @@ def read_last_apply(ctx: Any, mirror: MirrorConfig) -> LastApply | None:
             rows={"upserted": state.upserted, "deleted": state.deleted or 0},
             seconds=state.seconds,
         )
-    steps = iceberg_steps(mirror)
-    found = steps.last_apply(ctx, mirror) if hasattr(steps, "last_apply") else None
+    found = iceberg_steps(mirror).last_apply(ctx, mirror)
     if not found:
         return None
     phases = {k: float(v) for k, v in found.get("seconds", {}).items()}

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
 from iceberg_cdc.coordination.lease import TableLease
 from iceberg_cdc.error_lines import line_in_text
-from iceberg_cdc.errors import ObjectNotFoundError
+from iceberg_cdc.errors import CdcError, ObjectNotFoundError
 from iceberg_cdc.pipeline.groups import load_phase_plan, record_group, units_of
 from iceberg_cdc.pipeline.plan import SnapshotPlan
 from iceberg_cdc.pipeline.runtime import Runtime
@@ -166,16 +166,18 @@ def run_phase_group(
             heartbeat.check()  # lost while the runner started
             results = runner.map_units(phase, plan, runtime, units)
         finally:
-            heartbeat.__exit__(None, None, None)
+            heartbeat.stop()
         heartbeat.check()
     except Exception as exc:
         if phase == "write":
             try:
                 mark_failed_writes(store, plan, list(units), heartbeat.lost or exc)
-            except Exception:  # the unit's own error (raised below) matters more than the markers
+            except CdcError:  # a store error: the unit's own error (raised below) matters more
                 log.exception("could not leave failure markers for the write group")
-        with contextlib.suppress(Exception):  # the error itself matters more than its record
+        try:
             log.error("%s", record_group_error(store, plan, phase, group, heartbeat.lost or exc, runtime))
+        except CdcError:  # a store error: the error itself (raised below) matters more than its record
+            log.exception("could not record the group's error")
         if heartbeat.lost is not None and exc is not heartbeat.lost:
             # The job failed because the heartbeat cancelled it: the lost lease is the reason.
             raise heartbeat.lost from exc

@@ -24,10 +24,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from pyiceberg.exceptions import CommitFailedException
-
 from iceberg_cdc.coordination.commit_in_flight import commit_in_flight
-from iceberg_cdc.errors import CdcError, ConservationError, LeaseLostError
+from iceberg_cdc.errors import ConservationError, LeaseLostError
 from iceberg_cdc.pipeline.conservation import check_snapshot
 from iceberg_cdc.pipeline.groups import phase_records, phase_seconds, skew_summary
 from iceberg_cdc.pipeline.in_process import in_process_phases
@@ -37,7 +35,7 @@ from iceberg_cdc.run import lease as run_lease
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.shuffle_steps import written_records
 from iceberg_cdc.run.state import Detected
-from iceberg_cdc.sink.commit import advance_watermark, commit_changes
+from iceberg_cdc.sink.commit import NOT_COMMITTED, advance_watermark, commit_changes
 from iceberg_cdc.sink.datafiles import data_files_from_parquet
 from iceberg_cdc.sink.summary import Bridge, CommitSummary, Skew
 from iceberg_cdc.storage import ObjectStore, get_json_many
@@ -149,7 +147,7 @@ def commit(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str, An
             replace_existing=plan.replace_existing,
             summary=summary,
         ),
-        certainly_not_committed=(CommitFailedException, CdcError),
+        certainly_not_committed=NOT_COMMITTED,
     )
     log.info(
         "commit of snapshot %s to %s: %s; rows: %d input, %d cancelled before the shuffle, %d shuffled, "

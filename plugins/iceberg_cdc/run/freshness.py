@@ -151,12 +151,6 @@ def check(
     return measured, transition
 
 
-def stored_state(ctx: Context, mirror: str | None = None) -> dict[str, Any] | None:
-    """The alert state as the last transition left it (the CDC view shows it), or None."""
-    found = ctx.runtime.store().get_with_version(state_key(ctx.table.source, mirror))
-    return json.loads(found[0]) if found is not None else None
-
-
 __all__ = [
     "Freshness",
     "Transition",
@@ -165,5 +159,4 @@ __all__ = [
     "measure",
     "freshness_after",
     "state_key",
-    "stored_state",
 ]

@@ -17,6 +17,8 @@ import string
 from datetime import timedelta
 from typing import Any, Protocol
 
+from iceberg_cdc.verify_status import is_equal
+
 log = logging.getLogger("iceberg_cdc")
 
 COUNTERS = {
@@ -159,8 +161,7 @@ def emit_verification(stats: StatsBackend, source: str, mirror_name: str, verifi
     safe = _mirror_name(mirror_name)
     prefix = f"{metric_prefix(source)}.mirror.{safe}.verify"
     tags = {**table_tag(source), "mirror": safe}
-    equal = verified.get("status") in ("equal", "repaired", "not_applied")
-    stats.gauge(f"{prefix}.equal", 1.0 if equal else 0.0, tags=tags)
+    stats.gauge(f"{prefix}.equal", 1.0 if is_equal(verified.get("status")) else 0.0, tags=tags)
     stats.gauge(f"{prefix}.drifted_keys", float(verified.get("drifted_keys") or 0), tags=tags)
     stats.gauge(f"{prefix}.left_keys", float(verified.get("left_keys") or 0), tags=tags)
     total = (verified.get("seconds") or {}).get("total", 0.0)

@@ -16,8 +16,6 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
-
 from iceberg_cdc.errors import CdcError, CorruptShuffleError
 from iceberg_cdc.pipeline.groups import record_phase
 from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name
@@ -26,6 +24,7 @@ from iceberg_cdc.run import lease as run_lease
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.state import Detected
 from iceberg_cdc.shuffle.coalesce import coalesce as plan_ranges
+from iceberg_cdc.shuffle.coalesce import total_partition_sizes
 from iceberg_cdc.shuffle.fetch import MapOutputSpan
 from iceberg_cdc.shuffle.layout import data_key
 from iceberg_cdc.shuffle.reader import read_index
@@ -108,9 +107,7 @@ def coalesce(ctx: Context, detected: Detected | Mapping[str, Any]) -> list[list[
 
     with ThreadPoolExecutor(max_workers=INDEX_READ_THREADS) as pool:
         indexes = list(pool.map(index_of, names))
-    totals = (
-        np.sum([ix.partition_sizes() for ix in indexes], axis=0) if indexes else np.zeros(plan.partitions)
-    )
+    totals = total_partition_sizes([ix.partition_sizes() for ix in indexes], plan.partitions)
     shuffle = ctx.config.shuffle
     result = plan_ranges(
         totals, shuffle.target_partition_size, shuffle.min_partition_size, min_ranges=shuffle.min_read_ranges

@@ -51,12 +51,18 @@ class CoalescePlan:
     num_partitions: int
 
 
-def total_partition_sizes(per_output_sizes: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
-    """Sum the partition sizes of every map output (rows: outputs, columns: partitions)."""
-    sizes = np.asarray(per_output_sizes, dtype=np.int64)
-    if sizes.ndim != 2:
-        raise ValueError("expected one row of partition sizes per map output")
-    return sizes.sum(axis=0)
+def total_partition_sizes(
+    per_output_sizes: Sequence[Sequence[int]] | Sequence[np.ndarray], num_partitions: int
+) -> np.ndarray:
+    """Sum the partition sizes of every map output (one row per output); no outputs: all zeros."""
+    if len(per_output_sizes) == 0:
+        return np.zeros(num_partitions, dtype=np.int64)
+    lengths = sorted({len(row) for row in per_output_sizes})
+    if lengths != [num_partitions]:
+        raise ValueError(
+            f"expected one row of {num_partitions} partition sizes per map output, got rows of {lengths}"
+        )
+    return np.asarray(per_output_sizes, dtype=np.int64).sum(axis=0)
 
 
 def _greedy(sizes: np.ndarray, target: int) -> list[list[int]]:

@@ -82,15 +82,3 @@ def read_partitions(
             yield decode_block(name, block, schema)
     except CorruptShuffleError as exc:
         raise in_store(store, exc) from None
-
-
-def read_range(
-    store: ObjectStore, index: MapOutputIndex, start: int, end: int, schema: pa.Schema
-) -> Iterator[pa.RecordBatch]:
-    """Partitions ``[start, end)`` of the map output described by ``index``."""
-    if not 0 <= start <= end <= index.num_partitions:
-        raise ValueError(
-            f"partition range [{start}, {end}) is outside map output {index.name!r} "
-            f"with {index.num_partitions} partitions"
-        )
-    yield from read_partitions(store, index.name, index.offsets[start : end + 1], start, schema)

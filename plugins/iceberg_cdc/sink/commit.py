@@ -47,7 +47,7 @@ from pyiceberg.expressions import EqualTo
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from iceberg_cdc.errors import CdcError, SourceHistoryError
+from iceberg_cdc.errors import CdcError, SinkSchemaError, SourceHistoryError
 from iceberg_cdc.pyiceberg_internals.commit import adopt, set_properties_at_head, table_without_commit_retry
 from iceberg_cdc.retry import SINK_COMMIT
 from iceberg_cdc.sink.datafiles import data_files_from_parquet
@@ -57,6 +57,13 @@ from iceberg_cdc.sink.table import find_commit, read_watermark, watermark_proper
 from iceberg_cdc.watermark import Watermark
 
 DEFAULT_ATTEMPTS = SINK_COMMIT.attempts
+
+# What :func:`commit_changes` raises only when its outcome is known: the catalog refused every attempt
+# (``CommitFailedException``), or a check before the catalog call failed (a staged file that does not
+# fit the sink, a watermark of another incarnation of the source). Anything else -- a ``CdcError`` of
+# the file IO during the catalog call, ``CommitStateUnknownException`` -- may follow a commit that
+# landed, so the commit-in-flight marker stays (:mod:`iceberg_cdc.coordination.commit_in_flight`).
+NOT_COMMITTED: tuple[type[Exception], ...] = (CommitFailedException, SinkSchemaError, SourceHistoryError)
 
 
 @dataclass(frozen=True)

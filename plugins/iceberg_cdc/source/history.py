@@ -130,7 +130,7 @@ def _first_snapshot(ancestry: list[Snapshot]) -> PendingSnapshot:
     )
 
 
-def _position(ancestry: list[Snapshot], snapshot_id: int) -> int | None:
+def position_in(ancestry: list[Snapshot], snapshot_id: int) -> int | None:
     for index, snapshot in enumerate(ancestry):
         if snapshot.snapshot_id == snapshot_id:
             return index
@@ -170,7 +170,7 @@ def _expired_between(table: Table, mark: Snapshot, ancestry: list[Snapshot]) -> 
     return truncated and older and _common_ancestor(table, mark.snapshot_id, ancestry) is None
 
 
-def _check_watermark(table: Table, watermark: Watermark, ancestry: list[Snapshot]) -> int:
+def watermark_position(table: Table, watermark: Watermark, ancestry: list[Snapshot]) -> int:
     """Index of the watermark's snapshot in ``ancestry``, or the SourceHistoryError that explains why not."""
     name = table_name(table)
     uuid = table_uuid(table)
@@ -184,7 +184,7 @@ def _check_watermark(table: Table, watermark: Watermark, ancestry: list[Snapshot
             "again and starts from the new table's first snapshot, or from its current rows with "
             "`start: latest`) or point tables[].sink at a new table. Nothing was committed."
         )
-    position = _position(ancestry, watermark.snapshot_id)
+    position = position_in(ancestry, watermark.snapshot_id)
     if position is not None:
         return position
     current = ancestry[-1].snapshot_id if ancestry else None
@@ -253,7 +253,7 @@ def history_gap(
     ancestry = current_ancestry(table) if ancestry is None else ancestry
     if not ancestry or watermark.source_uuid != table_uuid(table):
         return None
-    if _position(ancestry, watermark.snapshot_id) is not None:
+    if position_in(ancestry, watermark.snapshot_id) is not None:
         return None
     mark = table.metadata.snapshot_by_id(watermark.snapshot_id)
     if mark is None:
@@ -263,7 +263,7 @@ def history_gap(
     common = _common_ancestor(table, watermark.snapshot_id, ancestry)
     if common is None:
         return HistoryGap("rolled back", mark.snapshot_id, ancestry[0].snapshot_id)
-    position = _position(ancestry, common)
+    position = position_in(ancestry, common)
     assert position is not None
     target = ancestry[position + 1].snapshot_id if position + 1 < len(ancestry) else None
     return HistoryGap("rolled back", mark.snapshot_id, target, common)
@@ -287,7 +287,7 @@ def next_snapshot(
         if gap is not None and gap.target is None:
             return None  # rolled back to an ancestor with nothing after it yet: see history_gap
         if gap is not None and gap.target is not None:
-            position = _position(ancestry, gap.target)
+            position = position_in(ancestry, gap.target)
             assert position is not None
             return PendingSnapshot(
                 snapshot_id=gap.target,
@@ -306,7 +306,7 @@ def next_snapshot(
                 snapshot_id=ancestry[-1].snapshot_id, ordinal=len(ancestry), is_initial_load=True, remaining=0
             )
         raise ValueError(f"start must be 'earliest' or 'latest', not {start!r}")
-    position = _check_watermark(table, watermark, ancestry)
+    position = watermark_position(table, watermark, ancestry)
     if position + 1 >= len(ancestry):
         return None
     return PendingSnapshot(

@@ -235,11 +235,6 @@ def cancel_groups(
     return items
 
 
-def pack_files(files: list[InputFile], target_bytes: int, max_files_per_task: int = 1000) -> list[WriteTask]:
-    """Best-fit-decreasing bin packing of ``files`` into tasks (see :func:`pack_items`)."""
-    return pack_items([[f] for f in files], target_bytes, max_files_per_task)
-
-
 def pack_items(
     items: list[list[InputFile]], target_bytes: int, max_files_per_task: int = 1000
 ) -> list[WriteTask]:

@@ -17,11 +17,11 @@ from iceberg_cdc.source.changes import table_name
 from iceberg_cdc.source.history import (
     PendingSnapshot,
     StartPosition,
-    _check_watermark,
-    _position,
     current_ancestry,
     is_table_first_snapshot,
     next_snapshot,
+    position_in,
+    watermark_position,
 )
 from iceberg_cdc.watermark import Watermark
 
@@ -81,7 +81,7 @@ def validate_manual_snapshot(
     ``remaining`` counts the snapshots pending after the watermark.
     """
     ancestry = current_ancestry(table)
-    position = _position(ancestry, snapshot_id)
+    position = position_in(ancestry, snapshot_id)
     name = table_name(table)
     if position is None:
         reason = _why_not_in_ancestry(table, snapshot_id)
@@ -102,7 +102,7 @@ def validate_manual_snapshot(
                 "snapshot_id to process the pending snapshots in order."
             )
         return first
-    marked = _check_watermark(table, watermark, ancestry)
+    marked = watermark_position(table, watermark, ancestry)
     if position > marked + 1:
         # Committing it would move the watermark past the snapshots in between: lost for good.
         raise SourceHistoryError(
@@ -144,10 +144,10 @@ def validate_reprocess_range(
             "without snapshot_id and through_snapshot_id to process the pending snapshots in order."
         )
     ancestry = current_ancestry(table)
-    marked = _check_watermark(table, watermark, ancestry)
+    marked = watermark_position(table, watermark, ancestry)
     positions = {}
     for label, snapshot_id in (("snapshot_id", first_id), ("through_snapshot_id", through_id)):
-        position = _position(ancestry, snapshot_id)
+        position = position_in(ancestry, snapshot_id)
         if position is None:
             reason = _why_not_in_ancestry(table, snapshot_id)
             raise SourceHistoryError(

@@ -17,6 +17,7 @@ from typing import Any
 
 from iceberg_cdc.ui.page_format import esc, fmt_age, fmt_int, fmt_seconds, time_tag
 from iceberg_cdc.ui.page_runs import run_badge
+from iceberg_cdc.verify_status import VerifyStatus
 
 
 def mirror_section(mirrors: list[Any], runs: Mapping[str, Any], now: datetime) -> str:
@@ -165,11 +166,11 @@ def verified(mirror: Any, now: datetime) -> str:
     at = (found.get("at") or {}).get("source_snapshot_id")
     where = f' at snapshot <span class="mono">{esc(at)}</span>' if at else ""
     status = found.get("status")
-    if status == "equal":
+    if status == VerifyStatus.EQUAL:
         verdict = "equal"
-    elif status == "repaired":
+    elif status == VerifyStatus.REPAIRED:
         verdict = f"{esc(found.get('repaired_keys', 0))} keys repaired"
-    elif status == "not_applied":
+    elif status == VerifyStatus.NOT_APPLIED:
         verdict = "nothing applied yet"
     else:
         verdict = f'<span class="warn">{esc(found.get("left_keys", 0))} keys differ</span>'

@@ -37,6 +37,7 @@ from airflow.providers.common.compat.sdk import DecoratedOperator, task_decorato
 from airflow.providers.standard.operators.python import PythonOperator
 
 from iceberg_cdc.lineage import DatasetRef, iceberg_dataset, mirror_dataset
+from iceberg_cdc.verify_status import is_equal
 
 log = logging.getLogger("iceberg_cdc")
 
@@ -250,7 +251,7 @@ def verify_datasets(
     drifted, left = int(verified.get("drifted_keys") or 0), int(verified.get("left_keys") or 0)
     status = str(verified.get("status"))
     actual = f"{drifted} keys differed, {left} left ({status})"
-    return [replace(target, assertions=(("equal_to_source", status in ("equal", "repaired"), actual),))], []
+    return [replace(target, assertions=(("equal_to_source", is_equal(status), actual),))], []
 
 
 def lineage_task(python_callable=None, **kwargs: Any):

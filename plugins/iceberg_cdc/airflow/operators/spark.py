@@ -12,6 +12,7 @@ mapped tasks expand, and are labelled, exactly alike.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from iceberg_cdc.error_lines import is_final_line
 from iceberg_cdc.errors import CdcError
 from iceberg_cdc.pipeline.submit_conf import submit_conf
 
+log = logging.getLogger("iceberg_cdc")
 _REPO_APPLICATION = Path(__file__).resolve().parents[4] / "spark_jobs" / "cdc_phase.py"
 _PACKAGE_APPLICATION = Path(__file__).resolve().parents[1] / "spark_entry.py"
 
@@ -179,8 +181,10 @@ def _renewing(application_args: list[str]) -> Iterator[None]:
 
     The Spark driver renews it too, but only once its JVM is up; renewing here
     as well ties the lease to the Airflow task itself, so a killed task stops
-    renewing (coordination.lease, "Dead holders"). Never fails the task: the
-    driver and the next step check the lease themselves.
+    renewing (coordination.lease, "Dead holders"). A plan or store that cannot
+    be read (a :class:`CdcError`) only costs this renewal, with a warning: the
+    driver and the next step check the lease themselves. Anything else (bad
+    arguments, a bug) fails the task: the driver would meet it too.
     """
     from iceberg_cdc.coordination.heartbeat import LeaseHeartbeat
     from iceberg_cdc.coordination.lease import TableLease
@@ -193,7 +197,8 @@ def _renewing(application_args: list[str]) -> Iterator[None]:
         plan = load_phase_plan(args.phase, store, args.plan)
         lease = TableLease(store, plan.lease_name)
         beat = LeaseHeartbeat(lease, plan.run_id, plan.epoch, plan.lease_ttl_seconds)
-    except (CdcError, SystemExit, ValueError, KeyError, OSError, AttributeError):
+    except CdcError as exc:
+        log.warning("the task does not renew its run's lease (the Spark driver does): %s", exc)
         yield
         return
     with beat:
@@ -201,7 +206,7 @@ def _renewing(application_args: list[str]) -> Iterator[None]:
 
 
 def _group_error(application_args: list[str]) -> str | None:
-    """The error line the phase driver recorded for this group, if any."""
+    """The error line the phase driver recorded for this group, if any (None when it cannot be read)."""
     from iceberg_cdc.pipeline.phase_driver import read_group_error
     from iceberg_cdc.pipeline.spark_app import parse_args
 
@@ -209,7 +214,8 @@ def _group_error(application_args: list[str]) -> str | None:
         args = parse_args([str(a) for a in application_args])
         store = CdcHook(load_config(args.config)).runtime().store()
         return read_group_error(store, args.plan, args.phase, args.group)
-    except (CdcError, SystemExit, ValueError, KeyError):
+    except CdcError as exc:  # the store or the plan cannot be read: spark-submit's own error stands
+        log.warning("could not read the error the group recorded: %s", exc)
         return None
 
 

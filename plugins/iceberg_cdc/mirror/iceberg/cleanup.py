@@ -22,7 +22,7 @@ from pyiceberg.manifest import ManifestEntryStatus
 
 from iceberg_cdc.coordination.commit_in_flight import describe as describe_marker
 from iceberg_cdc.coordination.commit_in_flight import may_sweep, read_marker
-from iceberg_cdc.errors import CdcError
+from iceberg_cdc.errors import CdcError, ObjectNotFoundError
 from iceberg_cdc.mirror.iceberg.plan import ApplyPaths, ApplyPlan
 from iceberg_cdc.mirror.iceberg.table import find_apply
 from iceberg_cdc.pyiceberg_internals.manifest_reader import manifest_entries
@@ -72,10 +72,11 @@ def cleanup(
         )
         return {"deleted_objects": 0, "deleted_files": 0, "kept": "commit outcome unknown"}
     deleted_files = 0
-    try:
-        apply_plan = ApplyPlan.load(store, planned["plan"])
-    except CdcError:
-        apply_plan = None
+    apply_plan, unreadable = read_plan(store, planned["plan"])
+    if unreadable:
+        # Its staging directory is named only by the plan: the namespace stays, to lead a later sweep back.
+        log.warning("mirror %s: %s; its namespace %s is kept", planned["mirror"], unreadable, paths.prefix)
+        return {"deleted_objects": 0, "deleted_files": 0, "kept": unreadable}
     if apply_plan is not None:
         try:
             table = ctx.catalog().load_table(apply_plan.mirror)
@@ -108,13 +109,21 @@ def sweep_attempt(
     attempt's commit added stays when the mirror's history holds that commit,
     everything else goes, as its own cleanup would have done. A commit whose
     outcome is unknown keeps its files while the commit-in-flight protocol says
-    so (``kept`` in the result: the caller leaves the namespace for a later sweep).
+    so, and a plan that cannot be read (a store error after retries, a damaged
+    object) keeps them too: ``kept`` in the result, and the caller leaves the
+    namespace, marker included, for a later sweep.
     """
     store = ctx.runtime.store()
-    key = ApplyPaths("", 0, "", root).plan
-    try:
-        plan = ApplyPlan.load(store, key)
-    except CdcError:  # never planned (or already swept): nothing of it is in the mirror's location
+    paths = ApplyPaths("", 0, "", root)
+    plan, unreadable = read_plan(store, paths.plan)
+    if unreadable:  # fail closed: a plan that cannot be read is not a plan that never was
+        log.warning("%s; the attempt's namespace %s is kept for a later sweep", unreadable, root)
+        return {"deleted_objects": 0, "deleted_files": 0, "kept": unreadable}
+    if plan is None:  # never planned (or already swept): nothing of it is in the mirror's location
+        marker = read_marker(store, paths.commit_pending)
+        if not may_sweep(marker, lease_ttl, now=now):
+            log.warning("the attempt %s has no plan but %s", root, describe_marker(marker))
+            return {"deleted_objects": 0, "deleted_files": 0, "kept": "commit outcome unknown"}
         return {"deleted_objects": 0, "deleted_files": 0}
     planned = {
         "action": "apply",
@@ -122,9 +131,27 @@ def sweep_attempt(
         "through": plan.through,
         "epoch": plan.epoch,
         "root": root,
-        "plan": key,
+        "plan": paths.plan,
     }
     return cleanup(ctx, mirror, planned, sweep_lease_ttl=lease_ttl, now=now)
+
+
+def read_plan(store: Any, key: str) -> tuple[ApplyPlan | None, str]:
+    """An attempt's plan, or ``None``: with ``""`` when the store says there is none, else why it cannot be read.
+
+    Only a clear "not found" means the attempt never planned (or was swept). A
+    store error after retries or a damaged plan is unknown, not absent: the
+    plan names the staging directory of a commit that may still be in flight.
+    """
+    try:
+        return ApplyPlan.load(store, key), ""
+    except ObjectNotFoundError:
+        return None, ""
+    except (CdcError, ValueError, TypeError, KeyError) as exc:
+        return None, (
+            f"the mirror apply plan {store.describe(key)} cannot be read ({type(exc).__name__}: {exc}); "
+            "if it stays unreadable, delete that namespace by hand once its staged files are checked"
+        )
 
 
 def files_added_by(table: Any, snapshot: Any) -> set[str]:

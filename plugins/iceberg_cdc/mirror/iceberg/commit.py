@@ -57,6 +57,12 @@ from iceberg_cdc.retry import MIRROR_COMMIT
 
 DEFAULT_ATTEMPTS = MIRROR_COMMIT.attempts
 
+# What :func:`commit_delta` raises only when nothing was committed: the catalog refused every attempt
+# (``CommitFailedException``), or the mirror moved before the catalog call (``MirrorStateError``, from
+# the head check or a stale row delta). Anything else may follow a commit that landed, so the
+# commit-in-flight marker stays (:mod:`iceberg_cdc.coordination.commit_in_flight`).
+NOT_COMMITTED: tuple[type[Exception], ...] = (CommitFailedException, MirrorStateError)
+
 
 @dataclass
 class Delta:

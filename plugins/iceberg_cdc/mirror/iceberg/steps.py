@@ -32,13 +32,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
 from pyiceberg.types import NestedField
 
 from iceberg_cdc.coordination.commit_in_flight import commit_in_flight
 from iceberg_cdc.coordination.lease import TableLease
-from iceberg_cdc.errors import CdcError, ConfigError, LeaseLostError, MirrorStateError
+from iceberg_cdc.errors import ConfigError, LeaseLostError, MirrorStateError
 from iceberg_cdc.mirror.iceberg import join
 from iceberg_cdc.mirror.iceberg.cleanup import (
     cleanup,
@@ -46,7 +45,7 @@ from iceberg_cdc.mirror.iceberg.cleanup import (
     sweep_attempt,
     unit_records,
 )
-from iceberg_cdc.mirror.iceberg.commit import build_delta, check_files_exist, commit_delta
+from iceberg_cdc.mirror.iceberg.commit import NOT_COMMITTED, build_delta, check_files_exist, commit_delta
 from iceberg_cdc.mirror.iceberg.inputs import RunLease, StagedNetChanges
 from iceberg_cdc.mirror.iceberg.phase import PHASE
 from iceberg_cdc.mirror.iceberg.plan import (
@@ -340,7 +339,7 @@ def commit(ctx: Any, mirror: Any, planned: Mapping[str, Any]) -> dict[str, Any]:
         epoch=run.epoch,
         confirm_lease=lambda: _confirm(ctx, run),
         commit=lambda: commit_delta(table, apply_plan, delta, summary),
-        certainly_not_committed=(CommitFailedException, CdcError),
+        certainly_not_committed=NOT_COMMITTED,
     )
     log.info(
         "mirror %s: %s through changelog snapshot %s; %s",

@@ -49,6 +49,7 @@ from iceberg_cdc.mirror.verify.sides import (
 )
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.source.tables import load_source_table
+from iceberg_cdc.verify_status import VerifyStatus
 
 log = logging.getLogger("iceberg_cdc.mirror")
 
@@ -65,7 +66,7 @@ class Verification:
 
     mirror: str
     mirror_table: str
-    status: str  # equal | drift | repaired | not_applied
+    status: VerifyStatus
     at: dict[str, Any] | None = None  # the mirror's watermark (ChangelogMark.to_dict)
     rows_source: int = 0
     rows_mirror: int = 0
@@ -82,22 +83,22 @@ class Verification:
 
     @property
     def equal(self) -> bool:
-        return self.status in ("equal", "repaired", "not_applied")
+        return self.status.is_equal
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "status": self.status.value}  # a plain string for XCom and JSON
 
     def line(self) -> str:
         """One line for logs, run notes and the CLI."""
         where = f"at source snapshot {self.at['source_snapshot_id']}" if self.at else "never applied"
         head = f"{self.mirror}: {self.rows_mirror:,} rows {where}, {self.buckets:,} buckets"
-        if self.status == "not_applied":
+        if self.status is VerifyStatus.NOT_APPLIED:
             return f"{self.mirror}: never applied, nothing to verify"
-        if self.status == "equal":
+        if self.status is VerifyStatus.EQUAL:
             return f"{head}: equal to the source"
         drift = ", ".join(f"{n} {k}" for k, n in self.drift.items() if n)
         named = "; ".join(self.keys) + (" ..." if self.drifted_keys > len(self.keys) else "")
-        if self.status == "repaired":
+        if self.status is VerifyStatus.REPAIRED:
             return f"{head}: {self.drifted_keys} keys differed ({drift}) and were repaired: {named}"
         return f"{head}: {self.drifted_keys} keys differ ({drift}): {named}"
 
@@ -257,7 +258,7 @@ def verify_mirror(
         clock = now
         call(name)
 
-    result = Verification(mirror.mirror_name, mirror.table, "not_applied", verified_at=time.time())
+    result = Verification(mirror.mirror_name, mirror.table, VerifyStatus.NOT_APPLIED, verified_at=time.time())
     mark = read_mirror_mark(ctx, mirror)
     if mark is None:
         return result
@@ -294,7 +295,7 @@ def verify_mirror(
         (source_digests.bytes + mirror_digests.bytes) / 1e6 / max(seconds["digests"], 1e-6), 1
     )
     if not len(differing):
-        result.status = "equal"
+        result.status = VerifyStatus.EQUAL
         result.seconds = {**seconds, "total": round(time.perf_counter() - started, 3)}
         return result
     keep_source = [f.name for f in fields if f.name in columns.types]
@@ -329,7 +330,7 @@ def verify_mirror(
     result.drifted_keys = drift.keys
     result.drift = drift.counts
     result.keys = _named(drift, source_rows, mirror_rows, columns.key, key_limit)
-    result.status = "drift"
+    result.status = VerifyStatus.DRIFT
     if drift.keys and repair:
         from iceberg_cdc.mirror.verify.repair import repair_keys
 
@@ -344,7 +345,7 @@ def verify_mirror(
         lap("reverify")
         result.repaired_keys = drift.keys - left.keys
         result.left_keys = left.keys
-        result.status = "repaired" if not left.keys else "drift"
+        result.status = VerifyStatus.REPAIRED if not left.keys else VerifyStatus.DRIFT
     else:
         result.left_keys = drift.keys
     result.seconds = {**seconds, "total": round(time.perf_counter() - started, 3)}
