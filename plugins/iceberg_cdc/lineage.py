@@ -13,16 +13,18 @@ its commit made.
 Mirrors (``tables[].mirrors``) name their target the same way:
 :func:`mirror_dataset` gives an Iceberg mirror's or a PostgreSQL table's
 name, for the mirror tasks to report as their output
-(:mod:`iceberg_cdc.airflow.operators.lineage`).
+(:mod:`iceberg_cdc.airflow.operators.lineage`). A verification reports the
+mirror as its input with a data-quality assertion (:func:`verify_datasets`),
+in the mirror DAG's ``verify`` task and in ``make verify`` alike.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlparse
 
-from iceberg_cdc.config import CatalogConfig
+from iceberg_cdc.config import CatalogConfig, CdcConfig
 
 
 @dataclass(frozen=True)
@@ -94,3 +96,32 @@ def mirror_dataset(mirror: dict[str, Any], catalog: CatalogConfig, location: str
             return DatasetRef(namespace=f"postgres://{host}", name=f"{database}.{table}")
         return DatasetRef(namespace=f"postgres://{mirror.get('conn_id')}", name=table)
     raise ValueError(f"unknown mirror type {kind!r}: expected iceberg or postgres")
+
+
+def verify_datasets(
+    detected: dict[str, Any], verified: dict[str, Any] | None, config: CdcConfig | None = None
+) -> tuple[list[DatasetRef], list[DatasetRef]]:
+    """A mirror's verification: the mirror as an input, with a data-quality assertion of equality.
+
+    ``detected`` names the table and mirror (``source``, ``mirror``);
+    ``config`` defaults to the one ``CDC_CONFIG`` names. ``equal_to_source``
+    succeeds when the mirror held exactly its source's rows (or was repaired
+    to); ``actual`` says how many keys differed and were left. Nothing is
+    reported when no verification ran (not due).
+    """
+    if not verified or not verified.get("verified"):
+        return [], []
+    if config is None:
+        from iceberg_cdc.config import load_config
+
+        config = load_config()
+    mirror = config.table(detected["source"]).mirror(detected["mirror"])
+    target = mirror_dataset(
+        mirror.model_dump(include={"type", "table", "dsn", "conn_id"}),
+        config.catalog,
+        location=verified.get("mirror_location"),
+    )
+    drifted, left = int(verified.get("drifted_keys") or 0), int(verified.get("left_keys") or 0)
+    status = str(verified.get("status"))
+    actual = f"{drifted} keys differed, {left} left ({status})"
+    return [replace(target, assertions=(("equal_to_source", status in ("equal", "repaired"), actual),))], []

@@ -27,7 +27,7 @@ RANKS: list[set[str]] = [
         "libc",
         "pyiceberg_internals",
     },
-    {"config", "storage", "lineage"},
+    {"config", "storage", "lineage", "lineage_events"},
     {"coordination", "shuffle"},
     {"changelog"},
     {"source", "sink"},

@@ -8,6 +8,7 @@ that report nothing.
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -157,3 +158,72 @@ def test_a_verification_metric_says_equal_or_not():
         ("cdc.shop__orders.mirror.pg.verify.left_keys", 2.0),
         ("cdc.shop__orders.mirror.pg.verify.seconds", 1.5),
     ]
+
+
+VERIFIED = {
+    "verified": True,
+    "status": "equal",
+    "drifted_keys": 0,
+    "left_keys": 0,
+    "mirror_location": "s3://wh/mirror/orders",
+}
+
+
+def test_the_verify_task_of_a_mirror_dag_reports_the_mirror_with_its_assertion():
+    """Through the operator, as the provider asks: a mirror's detect has no ``snapshot_id``."""
+    ran = SimpleNamespace(  # what the operator keeps when the verify task ran
+        lineage="verify",
+        _lineage_detected={**DETECTED, "mirror": "ice", "epoch": 3},
+        _lineage_committed=VERIFIED,
+    )
+    (mirror,), outputs = ChangelogLineageOperator.lineage_datasets(ran, None)
+    assert outputs == [] and (mirror.namespace, mirror.name) == ("s3://wh", "mirror/orders")
+    assert mirror.assertions == (("equal_to_source", True, "0 keys differed, 0 left (equal)"),)
+
+
+def _events(directory) -> list[dict]:
+    import json
+
+    return [json.loads(path.read_text()) for path in sorted(directory.glob("event*"))]
+
+
+def test_make_verify_sends_the_verification_to_a_configured_transport_and_nothing_without_one(
+    tmp_path, monkeypatch
+):
+    from datetime import UTC, datetime
+
+    from iceberg_cdc.config import load_config
+    from iceberg_cdc.lineage_events import configured_client
+    from iceberg_cdc.mirror.verify.check import Verification
+    from iceberg_cdc.mirror.verify.cli import report_lineage
+    from iceberg_cdc.run.context import Context
+
+    for key in [k for k in os.environ if k.startswith("OPENLINEAGE")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    ctx = Context.of(load_config(), "shop.orders")
+    mirror = ctx.table.mirror("ice")
+    found = Verification("ice", "mirror.orders", "drift", drifted_keys=2, left_keys=2)
+    found.mirror_location = "s3://wh/mirror/orders"
+    out = tmp_path / "lineage"
+    out.mkdir()
+
+    assert configured_client() is None  # no transport configured: no client (its fallback prints)
+    report_lineage(ctx, mirror, found, datetime.now(UTC))
+    assert list(out.iterdir()) == []
+
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "file")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__LOG_FILE_PATH", str(out / "event"))
+    monkeypatch.setenv("OPENLINEAGE_NAMESPACE", "cdc-tests")
+    report_lineage(ctx, mirror, found, datetime.now(UTC))
+    events = _events(out)
+    assert [e["eventType"] for e in events] == ["START", "COMPLETE"]
+    complete = events[-1]
+    job = complete["job"]
+    assert (job["namespace"], job["name"]) == ("cdc-tests", "cdc_mirror__shop__orders__ice.verify")
+    (read,) = complete["inputs"]
+    assert (read["namespace"], read["name"]) == ("s3://wh", "mirror/orders")
+    [assertion] = read["inputFacets"]["dataQualityAssertions"]["assertions"]
+    assert (assertion["assertion"], assertion["success"]) == ("equal_to_source", False)
+    assert complete["outputs"] == []
