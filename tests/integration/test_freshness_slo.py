@@ -201,3 +201,34 @@ def test_a_callback_that_raises_is_called_again_by_later_checks_until_it_returns
     pipeline.catch_up()
     assert run_check(ctx, {}, stats)[1] == "cleared"
     assert [c["freshness_transition"] for c in CALLS][3:] == ["cleared"]
+
+
+def test_a_raising_table_callback_does_not_keep_the_mirror_checks_from_running(
+    tmp_path, postgres_server, pg_schema
+):
+    """The changelog's alert raises: the mirror is still measured and alerted, then the task fails."""
+    CALLS.clear()
+    FAILURES[:] = [1]
+    table = {"freshness_slo": f"{SLO}s", "freshness_callback": f"{__name__}.flaky"}
+    pipeline = MirrorPipeline(tmp_path, postgres_server.dsn, pg_schema, table=table)
+    pipeline.create_source(SCHEMA).append(rows(range(5)))
+    pipeline.sync()
+    ctx = steps.Context.of(pipeline.config, SOURCE)
+    stats = RecordingStats()
+    pipeline.source.append(rows(range(5, 8), "eu"))  # neither the changelog nor the mirror takes it
+    time.sleep(SLO + 0.5)
+
+    with pytest.raises(ConnectionError):
+        run_checks(ctx, {}, stats)
+    assert [(c["freshness"]["mirror"], c["freshness_transition"], c["raised"]) for c in CALLS] == [
+        (None, "fired", True),
+        ("pg", "fired", False),
+    ]
+    assert stored_state(ctx, "pg")["breached"] is True and stored_state(ctx, "pg")["undelivered"] == []
+    assert stats.gauges[f"{metric_prefix(SOURCE)}.mirror.pg.freshness.breached"] == 1.0
+
+    checked = run_checks(
+        ctx, {}, stats
+    )  # the changelog's alert is delivered now; the mirror's is not repeated
+    assert checked["mirrors"]["pg"]["transition"] is None
+    assert [(c["freshness"]["mirror"], c["raised"]) for c in CALLS[2:]] == [(None, False)]

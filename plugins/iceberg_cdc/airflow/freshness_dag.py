@@ -20,8 +20,9 @@ it: one task per table with ``freshness_slo``, which
 * returns the measurement as its XCom (the mirrors' under ``mirrors``),
   which the CDC view reads for the table's red state.
 
-A mirror whose target cannot be read fails the task after the other checks
-ran (the changelog's and the other mirrors' alerts still fire).
+A check that fails -- a mirror whose target cannot be read, a callback that
+raises -- fails the task after the other checks ran (the changelog's and the
+other mirrors' alerts still fire).
 """
 
 from __future__ import annotations
@@ -114,15 +115,25 @@ def deliver_alerts(ctx: Context, context: dict[str, Any], mirror: str | None = N
 
 
 def run_checks(ctx: Context, context: dict[str, Any], stats: StatsBackend | None = None) -> dict[str, Any]:
-    """The table's checks: its changelog's, then each mirror's; raises the first mirror error after all ran."""
-    result, transition = run_check(ctx, context, stats)
-    mirrors: dict[str, Any] = {}
+    """The table's checks: its changelog's, then each mirror's; raises the first error after all ran.
+
+    A check that fails -- a target that cannot be read, a callback that
+    raises -- never keeps the others from measuring and alerting.
+    """
     failed: list[BaseException] = []
+    result: dict[str, Any] = {}
+    transition: Transition | None = None
+    try:
+        result, transition = run_check(ctx, context, stats)
+    except Exception as exc:
+        log.exception("the freshness check of %s failed", ctx.table.source)
+        failed.append(exc)
+    mirrors: dict[str, Any] = {}
     for mirror in ctx.table.mirrors:
         try:
             measured, moved = run_check(ctx, context, stats, mirror)
         except Exception as exc:  # the others still get their checks and alerts
-            log.exception("freshness of %s could not be measured", mirror.describe())
+            log.exception("the freshness check of %s failed", mirror.describe())
             failed.append(exc)
             continue
         mirrors[mirror.mirror_name] = {**measured, "transition": moved}
