@@ -8,7 +8,9 @@ source. A ``symlinks`` identifier adds the catalog's name for the table
 (``iceberg://<catalog>`` / ``namespace.table``, type ``TABLE``) and a
 ``catalog`` facet says which catalog. The **version** of a dataset is the
 Iceberg snapshot id: the source snapshot a run processed, the sink snapshot
-its commit made.
+its commit made. An input whose changes were read between two snapshots also
+names the range (:func:`read_range`): the snapshot after which the read
+started, exclusive, and the version it read through.
 
 Mirrors (``tables[].mirrors``) name their target the same way:
 :func:`mirror_dataset` gives an Iceberg mirror's or a PostgreSQL table's
@@ -37,6 +39,9 @@ class DatasetRef:
     symlink: tuple[str, str] | None = None  # (namespace, name) of the catalog identifier
     catalog: dict[str, str] = field(default_factory=dict)  # framework, type, name, warehouseUri
     rows: int | None = None  # output rows written (outputs only)
+    # The snapshots an input's changes were read across: (after, through], ``after`` exclusive (None:
+    # from the table's first snapshot), ``through`` = ``version``. OpenLineage's ``version`` holds one.
+    snapshot_range: tuple[str | None, str] | None = None
     # Data-quality assertions on an input (name, success, actual), e.g. a mirror's verification.
     assertions: tuple[tuple[str, bool, str], ...] = ()
 
@@ -72,6 +77,18 @@ def iceberg_dataset(
         catalog=facet,
         rows=rows,
     )
+
+
+def read_range(ref: DatasetRef, after: int | str | None) -> DatasetRef:
+    """``ref`` as an input whose changes were read after ``after`` (exclusive; None: from the first snapshot).
+
+    Through its ``version``: a run reads the changes between two snapshots,
+    and the end alone does not say which (a mirror apply over three changelog
+    snapshots, a changelog commit of one source snapshot after its parent).
+    """
+    if ref.version is None:
+        return ref
+    return replace(ref, snapshot_range=(None if after is None else str(after), ref.version))
 
 
 def mirror_dataset(mirror: dict[str, Any], catalog: CatalogConfig, location: str | None = None) -> DatasetRef:

@@ -11,6 +11,7 @@ client is imported only here and only then: it is no hard dependency.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -23,6 +24,33 @@ from iceberg_cdc.lineage import DatasetRef
 log = logging.getLogger("iceberg_cdc")
 
 PRODUCER = "urn:iceberg-cdc"  # who sent an event sent outside Airflow (a URI, as the spec wants)
+# A custom input facet (the spec's way to say more than its facets): the snapshots an input's changes
+# were read across. The spec's ``version`` facet holds one version: the range's end.
+SNAPSHOT_RANGE_FACET = "icebergCdc_snapshotRange"
+# The facet's JSON schema ships with the project (no public home): its path, as a URI.
+SNAPSHOT_RANGE_SCHEMA = (
+    "urn:iceberg-cdc:docs/lineage/SnapshotRangeInputDatasetFacet.json#/$defs/SnapshotRangeInputDatasetFacet"
+)
+
+
+@functools.cache
+def _snapshot_range_facet() -> type:
+    """The facet's class (built on first use: openlineage-python is imported only when events are made)."""
+    import attr
+    from openlineage.client.facet_v2 import InputDatasetFacet
+
+    @attr.define
+    class SnapshotRangeInputDatasetFacet(InputDatasetFacet):
+        """``(fromSnapshotId, toSnapshotId]``: no ``fromSnapshotId`` -- from the table's first snapshot."""
+
+        toSnapshotId: str  # the spec's camelCase
+        fromSnapshotId: str | None = attr.field(default=None)
+
+        @staticmethod
+        def _get_schema() -> str:
+            return SNAPSHOT_RANGE_SCHEMA
+
+    return SnapshotRangeInputDatasetFacet
 
 
 def _facets(ref: DatasetRef) -> dict[str, Any]:
@@ -55,6 +83,9 @@ def input_dataset(ref: DatasetRef) -> Any:
             for name, ok, actual in ref.assertions
         ]
         extra["dataQualityAssertions"] = quality.DataQualityAssertionsDatasetFacet(assertions=checks)
+    if ref.snapshot_range is not None:
+        after, through = ref.snapshot_range
+        extra[SNAPSHOT_RANGE_FACET] = _snapshot_range_facet()(toSnapshotId=through, fromSnapshotId=after)
     return InputDataset(namespace=ref.namespace, name=ref.name, facets=_facets(ref), inputFacets=extra)
 
 
@@ -135,6 +166,7 @@ def emit_complete(
 
 
 __all__ = [
+    "SNAPSHOT_RANGE_FACET",
     "configured_client",
     "emit_complete",
     "input_dataset",

@@ -227,3 +227,45 @@ def test_make_verify_sends_the_verification_to_a_configured_transport_and_nothin
     [assertion] = read["inputFacets"]["dataQualityAssertions"]["assertions"]
     assert (assertion["assertion"], assertion["success"]) == ("equal_to_source", False)
     assert complete["outputs"] == []
+
+
+def test_an_apply_over_several_changelog_snapshots_names_the_range_it_read():
+    """Base (the mirror's mark before, exclusive) and end: the end alone hides what was applied."""
+    from openlineage.client.serde import Serde
+
+    from iceberg_cdc.airflow.operators.lineage import operator_lineage
+
+    base = {"changelog_snapshot_id": "111", "source_snapshot_id": "4", "ordinal": 0}
+    detected = {**DETECTED, "mirror": "pg", "base": base, "snapshots": 3}
+    (read,), _ = mirror_datasets(detected, None)
+    assert (read.version, read.snapshot_range) == (CHANGELOG_AT, ("111", CHANGELOG_AT))
+    event = Serde.to_dict(operator_lineage([read], []).inputs[0])
+    facet = event["inputFacets"]["icebergCdc_snapshotRange"]
+    assert (facet["fromSnapshotId"], facet["toSnapshotId"]) == ("111", CHANGELOG_AT)
+    assert facet["_schemaURL"].endswith(
+        "SnapshotRangeInputDatasetFacet.json#/$defs/SnapshotRangeInputDatasetFacet"
+    )
+    assert event["facets"]["version"]["datasetVersion"] == CHANGELOG_AT
+
+    (first,), _ = mirror_datasets({**detected, "base": None}, None)  # never applied: from the first snapshot
+    assert first.snapshot_range == (None, CHANGELOG_AT)
+    facet = Serde.to_dict(operator_lineage([first], []).inputs[0])["inputFacets"]["icebergCdc_snapshotRange"]
+    assert "fromSnapshotId" not in facet and facet["toSnapshotId"] == CHANGELOG_AT
+
+
+def test_a_changelog_commit_names_the_source_snapshot_range_and_its_output_no_range():
+    from iceberg_cdc.airflow.operators.lineage import changelog_datasets
+
+    detected = {
+        "source": "shop.orders",
+        "sink": "shop.orders_changes",
+        "source_location": "s3://wh/shop/orders",
+        "sink_location": "s3://wh/shop/orders_changes",
+        "snapshot_id": "20",
+        "base_snapshot_id": "10",
+    }
+    (read,), (written,) = changelog_datasets(detected, {"committed": True, "sink_snapshot_id": "7"})
+    assert (read.version, read.snapshot_range) == ("20", ("10", "20"))
+    assert written.snapshot_range is None
+    (initial,), _ = changelog_datasets({**detected, "base_snapshot_id": None}, None)
+    assert initial.snapshot_range == (None, "20")

@@ -6,7 +6,8 @@ asks each finished task for its lineage through
 DAG's ``detect`` and ``commit`` are built with :func:`lineage_task`, the same
 decorator with an operator class that answers:
 
-* **detect** -- input: the source table, version = the snapshot the run processes;
+* **detect** -- input: the source table, version = the snapshot the run processes,
+  with the range read (``icebergCdc_snapshotRange``: after its parent, through it);
 * **commit** -- input: the same; output: the changelog (sink) table, version =
   the sink snapshot holding that source snapshot's changes, with the rows
   written (``outputStatistics``).
@@ -16,7 +17,8 @@ A run with nothing pending reports no datasets. Dataset names follow
 identifier as a symlink).
 
 * **apply** of a mirror DAG -- input: the changelog, version = the changelog
-  snapshot the apply reached; output: the mirror
+  snapshot the apply reached, with the range (after the mirror's previous
+  mark, through that snapshot: every changelog snapshot applied); output: the mirror
   (:func:`iceberg_cdc.lineage.mirror_dataset`: an Iceberg table by its
   location, version = the mirror snapshot; a PostgreSQL table as
   ``postgres://host:port`` / ``database.schema.table``), with the rows
@@ -40,7 +42,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import DecoratedOperator, task_decorator_factory
 from airflow.providers.standard.operators.python import PythonOperator
 
-from iceberg_cdc.lineage import DatasetRef, iceberg_dataset, mirror_dataset, verify_datasets
+from iceberg_cdc.lineage import DatasetRef, iceberg_dataset, mirror_dataset, read_range, verify_datasets
 from iceberg_cdc.lineage_events import input_dataset, output_dataset
 
 log = logging.getLogger("iceberg_cdc")
@@ -128,11 +130,10 @@ def changelog_datasets(
     from iceberg_cdc.config import load_config
 
     catalog = load_config().catalog
-    inputs = [
-        iceberg_dataset(
-            catalog, detected["source"], detected["source_location"], version=detected["snapshot_id"]
-        )
-    ]
+    source = iceberg_dataset(
+        catalog, detected["source"], detected["source_location"], version=detected["snapshot_id"]
+    )
+    inputs = [read_range(source, detected.get("base_snapshot_id"))]
     outputs = []
     if committed is not None:
         rows = (committed.get("conservation") or {}).get("change_rows") if committed.get("committed") else 0
@@ -158,15 +159,14 @@ def mirror_datasets(
     from iceberg_cdc.config import load_config
 
     config = load_config()
-    through = detected.get("through") or {}
-    inputs = [
-        iceberg_dataset(
-            config.catalog,
-            detected["changelog"],
-            detected["changelog_location"],
-            version=through.get("changelog_snapshot_id"),
-        )
-    ]
+    through, base = detected.get("through") or {}, detected.get("base") or {}
+    changelog = iceberg_dataset(
+        config.catalog,
+        detected["changelog"],
+        detected["changelog_location"],
+        version=through.get("changelog_snapshot_id"),
+    )
+    inputs = [read_range(changelog, base.get("changelog_snapshot_id"))]
     if applied is None:
         return inputs, []
     mirror = config.table(detected["source"]).mirror(detected["mirror"])
