@@ -46,6 +46,17 @@ def record(context: dict[str, Any]) -> None:
     CALLS.append(context)
 
 
+FAILURES: list[int] = []  # how many more calls of ``flaky`` raise
+
+
+def flaky(context: dict[str, Any]) -> None:
+    """A callback whose alerting service is down for the next ``FAILURES[0]`` calls."""
+    CALLS.append({**context, "raised": bool(FAILURES and FAILURES[0])})
+    if FAILURES and FAILURES[0]:
+        FAILURES[0] -= 1
+        raise ConnectionError("the alerting service is down")
+
+
 class RecordingStats:
     def __init__(self) -> None:
         self.gauges: dict[str, float] = {}
@@ -165,3 +176,70 @@ def test_a_mirror_that_falls_behind_fires_its_own_alert_once_and_clears_once(
     assert [c["freshness_transition"] for c in CALLS] == ["fired", "cleared"]
     [shown] = table_status(pipeline.catalog, ctx.table, mirror_reader=default_reader(pipeline.config)).mirrors
     assert shown.state == "caught-up"
+
+
+def test_a_callback_that_raises_is_called_again_by_later_checks_until_it_returns(tmp_path):
+    """At least once: the breach is stored when it fires, the alert only when the callback returned."""
+    CALLS.clear()
+    FAILURES[:] = [2]
+    table = {"freshness_slo": f"{SLO}s", "freshness_callback": f"{__name__}.flaky"}
+    pipeline = InlinePipeline(tmp_path, table=table)
+    pipeline.create_source(SCHEMA).append(rows(range(5)))
+    pipeline.catch_up()
+    ctx = steps.Context.of(pipeline.config, SOURCE)
+    stats = RecordingStats()
+    pipeline.source.append(rows(range(5, 8), "eu"))
+    time.sleep(SLO + 0.5)
+
+    with pytest.raises(ConnectionError, match="alerting service is down"):  # the check's task fails
+        run_check(ctx, {}, stats)
+    assert stored_state(ctx)["breached"] is True and len(stored_state(ctx)["undelivered"]) == 1
+    with pytest.raises(ConnectionError):  # still down: the next check tries again, and fails again
+        run_check(ctx, {}, stats)
+    measured, transition = run_check(ctx, {}, stats)  # up again: delivered, by a check that moved nothing
+    assert transition is None and measured["breached"]
+    assert [(c["freshness_transition"], c["raised"]) for c in CALLS] == [
+        ("fired", True),
+        ("fired", True),
+        ("fired", False),
+    ]
+    first = CALLS[0]["freshness"]
+    assert CALLS[-1]["freshness"] == first  # the measurement of the check that fired it
+    assert stored_state(ctx)["undelivered"] == []
+    run_check(ctx, {}, stats)
+    assert len(CALLS) == 3, "delivered once it returned: never again"
+
+    pipeline.catch_up()
+    assert run_check(ctx, {}, stats)[1] == "cleared"
+    assert [c["freshness_transition"] for c in CALLS][3:] == ["cleared"]
+
+
+def test_a_raising_table_callback_does_not_keep_the_mirror_checks_from_running(
+    tmp_path, postgres_server, pg_schema
+):
+    """The changelog's alert raises: the mirror is still measured and alerted, then the task fails."""
+    CALLS.clear()
+    FAILURES[:] = [1]
+    table = {"freshness_slo": f"{SLO}s", "freshness_callback": f"{__name__}.flaky"}
+    pipeline = MirrorPipeline(tmp_path, postgres_server.dsn, pg_schema, table=table)
+    pipeline.create_source(SCHEMA).append(rows(range(5)))
+    pipeline.sync()
+    ctx = steps.Context.of(pipeline.config, SOURCE)
+    stats = RecordingStats()
+    pipeline.source.append(rows(range(5, 8), "eu"))  # neither the changelog nor the mirror takes it
+    time.sleep(SLO + 0.5)
+
+    with pytest.raises(ConnectionError):
+        run_checks(ctx, {}, stats)
+    assert [(c["freshness"]["mirror"], c["freshness_transition"], c["raised"]) for c in CALLS] == [
+        (None, "fired", True),
+        ("pg", "fired", False),
+    ]
+    assert stored_state(ctx, "pg")["breached"] is True and stored_state(ctx, "pg")["undelivered"] == []
+    assert stats.gauges[f"{metric_prefix(SOURCE)}.mirror.pg.freshness.breached"] == 1.0
+
+    checked = run_checks(
+        ctx, {}, stats
+    )  # the changelog's alert is delivered now; the mirror's is not repeated
+    assert checked["mirrors"]["pg"]["transition"] is None
+    assert [(c["freshness"]["mirror"], c["raised"]) for c in CALLS[2:]] == [(None, False)]

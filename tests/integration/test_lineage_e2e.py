@@ -65,7 +65,7 @@ def test_detect_and_commit_report_source_and_changelog_with_versions(moto_server
     assert (read["namespace"], read["name"]) == (source_ns, source_name)
     assert read["facets"]["version"]["datasetVersion"] == str(snapshot_id)
     assert read["facets"]["symlinks"]["identifiers"] == [
-        {"namespace": "iceberg://e2e", "name": SOURCE, "type": "TABLE"}
+        {"namespace": pipeline.config["catalog"]["warehouse"].rstrip("/"), "name": SOURCE, "type": "TABLE"}
     ]
     (written,) = commit["outputs"]
     assert (written["namespace"], written["name"]) == (sink_ns, sink_name)

@@ -36,7 +36,14 @@ def pipeline(moto_server, postgres_server, spark_connect, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mirror-e2e")
     p = AirflowPipeline(tmp, moto_server, SCHEMA, partition_spec=BY_REGION, connect=spark_connect)
     p.config["tables"][0]["mirrors"] = [
-        {"type": "postgres", "conn_id": "orders_pg", "table": "mirror_e2e.orders", "name": "pg"}
+        # verify: always -- every run verifies, so the verify task's lineage is read back too
+        {
+            "type": "postgres",
+            "conn_id": "orders_pg",
+            "table": "mirror_e2e.orders",
+            "name": "pg",
+            "verify": "always",
+        }
     ]
     p.config_path.write_text(yaml.safe_dump(p.config))
     connection = json.dumps(
@@ -103,6 +110,7 @@ def test_the_apply_reports_the_changelog_in_and_the_mirror_out_to_openlineage(pi
     out = tmp_path / "lineage"
     out.mkdir()
     p.source.append(rows(range(200, 205), region="us"))
+    before = p.target.read_mark()  # the mirror's mark: where the apply's range starts (exclusive)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(
             "AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps({"type": "file", "log_file_path": str(out / "e")})
@@ -122,6 +130,20 @@ def test_the_apply_reports_the_changelog_in_and_the_mirror_out_to_openlineage(pi
     (read,) = apply["inputs"]
     assert (read["namespace"], read["name"]) == location_name(sink.location())
     assert read["facets"]["version"]["datasetVersion"] == str(sink.current_snapshot().snapshot_id)
+    read_range = read["inputFacets"]["icebergCdc_snapshotRange"]
+    assert read_range["toSnapshotId"] == str(sink.current_snapshot().snapshot_id)
+    assert read_range.get("fromSnapshotId") == (None if before is None else str(before.changelog_snapshot_id))
     (written,) = apply["outputs"]
     assert (written["namespace"], written["name"]) == ("postgres://orders_pg", "mirror_e2e.orders")
     assert written["outputFacets"]["outputStatistics"]["rowCount"] == 5
+
+    # The verify task (its detect has no snapshot_id, unlike the table's): the mirror, asserted equal.
+    (verify,) = [
+        e
+        for e in events
+        if e.get("eventType") == "COMPLETE" and e.get("job", {}).get("name") == f"{MIRROR_DAG}.verify"
+    ]
+    (checked,) = verify["inputs"]
+    assert (checked["namespace"], checked["name"]) == ("postgres://orders_pg", "mirror_e2e.orders")
+    [assertion] = checked["inputFacets"]["dataQualityAssertions"]["assertions"]
+    assert (assertion["assertion"], assertion["success"]) == ("equal_to_source", True)

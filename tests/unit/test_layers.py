@@ -28,7 +28,7 @@ RANKS: list[set[str]] = [
         "pyiceberg_internals",
         "verify_status",
     },
-    {"config", "storage", "lineage"},
+    {"config", "storage", "lineage", "lineage_events"},
     {"coordination", "shuffle"},
     {"changelog"},
     {"source", "sink"},

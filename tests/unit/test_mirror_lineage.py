@@ -9,6 +9,7 @@ that report nothing.
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -168,7 +169,7 @@ def test_every_consumer_of_a_verification_agrees_on_equal(status):
     Lineage used to fail ``equal_to_source`` for a mirror not applied yet, which
     the check and the metric count as equal.
     """
-    from iceberg_cdc.airflow.operators.lineage import verify_datasets
+    from iceberg_cdc.lineage import verify_datasets
     from iceberg_cdc.mirror.verify.check import Verification
     from iceberg_cdc.run.metrics import emit_verification
 
@@ -193,3 +194,114 @@ def test_every_consumer_of_a_verification_agrees_on_equal(status):
         # XCom and the stored record carry the plain string, as before the type.
         assert json.loads(json.dumps(found.to_dict()))["status"] == status.value
         assert type(found.to_dict()["status"]) is str
+
+
+VERIFIED = {
+    "verified": True,
+    "status": "equal",
+    "drifted_keys": 0,
+    "left_keys": 0,
+    "mirror_location": "s3://wh/mirror/orders",
+}
+
+
+def test_the_verify_task_of_a_mirror_dag_reports_the_mirror_with_its_assertion():
+    """Through the operator, as the provider asks: a mirror's detect has no ``snapshot_id``."""
+    ran = SimpleNamespace(  # what the operator keeps when the verify task ran
+        lineage="verify",
+        _lineage_detected={**DETECTED, "mirror": "ice", "epoch": 3},
+        _lineage_committed=VERIFIED,
+    )
+    (mirror,), outputs = ChangelogLineageOperator.lineage_datasets(ran, None)
+    assert outputs == [] and (mirror.namespace, mirror.name) == ("s3://wh", "mirror/orders")
+    assert mirror.assertions == (("equal_to_source", True, "0 keys differed, 0 left (equal)"),)
+
+
+def _events(directory) -> list[dict]:
+    import json
+
+    return [json.loads(path.read_text()) for path in sorted(directory.glob("event*"))]
+
+
+def test_make_verify_sends_the_verification_to_a_configured_transport_and_nothing_without_one(
+    tmp_path, monkeypatch
+):
+    from datetime import UTC, datetime
+
+    from iceberg_cdc.config import load_config
+    from iceberg_cdc.lineage_events import configured_client
+    from iceberg_cdc.mirror.verify.check import Verification
+    from iceberg_cdc.mirror.verify.cli import report_lineage
+    from iceberg_cdc.run.context import Context
+
+    for key in [k for k in os.environ if k.startswith("OPENLINEAGE")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    ctx = Context.of(load_config(), "shop.orders")
+    mirror = ctx.table.mirror("ice")
+    found = Verification("ice", "mirror.orders", "drift", drifted_keys=2, left_keys=2)
+    found.mirror_location = "s3://wh/mirror/orders"
+    out = tmp_path / "lineage"
+    out.mkdir()
+
+    assert configured_client() is None  # no transport configured: no client (its fallback prints)
+    report_lineage(ctx, mirror, found, datetime.now(UTC))
+    assert list(out.iterdir()) == []
+
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "file")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__LOG_FILE_PATH", str(out / "event"))
+    monkeypatch.setenv("OPENLINEAGE_NAMESPACE", "cdc-tests")
+    report_lineage(ctx, mirror, found, datetime.now(UTC))
+    events = _events(out)
+    assert [e["eventType"] for e in events] == ["START", "COMPLETE"]
+    complete = events[-1]
+    job = complete["job"]
+    assert (job["namespace"], job["name"]) == ("cdc-tests", "cdc_mirror__shop__orders__ice.verify")
+    (read,) = complete["inputs"]
+    assert (read["namespace"], read["name"]) == ("s3://wh", "mirror/orders")
+    [assertion] = read["inputFacets"]["dataQualityAssertions"]["assertions"]
+    assert (assertion["assertion"], assertion["success"]) == ("equal_to_source", False)
+    assert complete["outputs"] == []
+
+
+def test_an_apply_over_several_changelog_snapshots_names_the_range_it_read():
+    """Base (the mirror's mark before, exclusive) and end: the end alone hides what was applied."""
+    from openlineage.client.serde import Serde
+
+    from iceberg_cdc.airflow.operators.lineage import operator_lineage
+
+    base = {"changelog_snapshot_id": "111", "source_snapshot_id": "4", "ordinal": 0}
+    detected = {**DETECTED, "mirror": "pg", "base": base, "snapshots": 3}
+    (read,), _ = mirror_datasets(detected, None)
+    assert (read.version, read.snapshot_range) == (CHANGELOG_AT, ("111", CHANGELOG_AT))
+    event = Serde.to_dict(operator_lineage([read], []).inputs[0])
+    facet = event["inputFacets"]["icebergCdc_snapshotRange"]
+    assert (facet["fromSnapshotId"], facet["toSnapshotId"]) == ("111", CHANGELOG_AT)
+    assert facet["_schemaURL"].endswith(
+        "SnapshotRangeInputDatasetFacet.json#/$defs/SnapshotRangeInputDatasetFacet"
+    )
+    assert event["facets"]["version"]["datasetVersion"] == CHANGELOG_AT
+
+    (first,), _ = mirror_datasets({**detected, "base": None}, None)  # never applied: from the first snapshot
+    assert first.snapshot_range == (None, CHANGELOG_AT)
+    facet = Serde.to_dict(operator_lineage([first], []).inputs[0])["inputFacets"]["icebergCdc_snapshotRange"]
+    assert "fromSnapshotId" not in facet and facet["toSnapshotId"] == CHANGELOG_AT
+
+
+def test_a_changelog_commit_names_the_source_snapshot_range_and_its_output_no_range():
+    from iceberg_cdc.airflow.operators.lineage import changelog_datasets
+
+    detected = {
+        "source": "shop.orders",
+        "sink": "shop.orders_changes",
+        "source_location": "s3://wh/shop/orders",
+        "sink_location": "s3://wh/shop/orders_changes",
+        "snapshot_id": "20",
+        "base_snapshot_id": "10",
+    }
+    (read,), (written,) = changelog_datasets(detected, {"committed": True, "sink_snapshot_id": "7"})
+    assert (read.version, read.snapshot_range) == ("20", ("10", "20"))
+    assert written.snapshot_range is None
+    (initial,), _ = changelog_datasets({**detected, "base_snapshot_id": None}, None)
+    assert initial.snapshot_range == (None, "20")

@@ -10,16 +10,19 @@ it: one task per table with ``freshness_slo``, which
 * sends ``<table>.freshness.lag_seconds`` and ``.freshness.breached`` to
   Airflow's metrics backend (StatsD or OpenTelemetry),
 * calls the table's ``freshness_callback`` (any callable, or an Airflow
-  notifier instance, by dotted path) once when the SLO is breached and once
-  when it clears -- the stored alert state makes each transition fire once,
+  notifier instance, by dotted path) when the SLO is breached and when it
+  clears -- the stored alert state makes each transition fire once, and
+  delivers it at least once: a callback that raises fails the task and is
+  called again with that transition by every later check until it returns,
 * does the same for each of the table's mirrors (gauges
   ``<table>.mirror.<name>.freshness.*``; the callback's ``freshness`` names
   the ``mirror``), each with an alert state of its own,
 * returns the measurement as its XCom (the mirrors' under ``mirrors``),
   which the CDC view reads for the table's red state.
 
-A mirror whose target cannot be read fails the task after the other checks
-ran (the changelog's and the other mirrors' alerts still fire).
+A check that fails -- a mirror whose target cannot be read, a callback that
+raises -- fails the task after the other checks ran (the changelog's and the
+other mirrors' alerts still fire).
 """
 
 from __future__ import annotations
@@ -84,23 +87,53 @@ def run_check(
         emit_freshness(stats, ctx.table.source, result)
     else:
         emit_safely(emit_freshness, ctx.table.source, result)
-    if transition and ctx.table.freshness_callback:
-        callback = resolve_callback(ctx.table.freshness_callback)
-        callback({**context, "freshness": result, "freshness_transition": transition})
-        log.info("freshness_callback %s called: %s", ctx.table.freshness_callback, transition)
+    if ctx.table.freshness_callback:
+        deliver_alerts(ctx, context, measured.mirror)
     return result, transition
 
 
+def deliver_alerts(ctx: Context, context: dict[str, Any], mirror: str | None = None) -> None:
+    """Call the table's callback with each transition still owed (at least once: run/freshness.py)."""
+    from iceberg_cdc.run.freshness import deliver
+
+    path = str(ctx.table.freshness_callback)
+
+    def send(alert: dict[str, Any]) -> None:
+        callback = resolve_callback(path)
+        try:
+            callback(
+                {**context, "freshness": alert["freshness"], "freshness_transition": alert["transition"]}
+            )
+        except Exception:
+            log.exception(
+                "freshness_callback %s raised on %s: the next check calls it again", path, alert["transition"]
+            )
+            raise
+        log.info("freshness_callback %s called: %s", path, alert["transition"])
+
+    deliver(ctx, mirror, send)
+
+
 def run_checks(ctx: Context, context: dict[str, Any], stats: StatsBackend | None = None) -> dict[str, Any]:
-    """The table's checks: its changelog's, then each mirror's; raises the first mirror error after all ran."""
-    result, transition = run_check(ctx, context, stats)
-    mirrors: dict[str, Any] = {}
+    """The table's checks: its changelog's, then each mirror's; raises the first error after all ran.
+
+    A check that fails -- a target that cannot be read, a callback that
+    raises -- never keeps the others from measuring and alerting.
+    """
     failed: list[BaseException] = []
+    result: dict[str, Any] = {}
+    transition: Transition | None = None
+    try:
+        result, transition = run_check(ctx, context, stats)
+    except Exception as exc:
+        log.exception("the freshness check of %s failed", ctx.table.source)
+        failed.append(exc)
+    mirrors: dict[str, Any] = {}
     for mirror in ctx.table.mirrors:
         try:
             measured, moved = run_check(ctx, context, stats, mirror)
         except Exception as exc:  # the others still get their checks and alerts
-            log.exception("freshness of %s could not be measured", mirror.describe())
+            log.exception("the freshness check of %s failed", mirror.describe())
             failed.append(exc)
             continue
         mirrors[mirror.mirror_name] = {**measured, "transition": moved}
@@ -141,6 +174,7 @@ __all__ = [
     "FRESHNESS_DAG_ID",
     "build_freshness_dag",
     "resolve_callback",
+    "deliver_alerts",
     "run_check",
     "run_checks",
 ]

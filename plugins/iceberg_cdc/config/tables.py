@@ -141,7 +141,8 @@ class TableConfig(Strict):
     # Freshness promise (seconds, or "15m"): alert when the oldest source snapshot not yet in the
     # changelog is older than this (run/freshness.py). None: no promise, no alert.
     freshness_slo: float | None = None
-    # Called once when the SLO is breached and once when it clears: a dotted path to a callable or to
+    # Called when the SLO is breached and when it clears, at least once (a raising callback is called
+    # again by later checks until it returns, run/freshness.py): a dotted path to a callable or to
     # an Airflow notifier instance (e.g. "my_alerts.slack"), called with Airflow's context plus
     # "freshness" (what was measured) and "freshness_transition" ("fired" / "cleared").
     freshness_callback: str | None = None

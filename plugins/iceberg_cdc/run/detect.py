@@ -304,6 +304,7 @@ def _detect(
     paths = SnapshotPaths(ctx.table.source, pending.snapshot_id, attempt)
     base.update(
         snapshot_id=pending.snapshot_id,
+        base_snapshot_id=None if pending.is_initial_load else changes.parent_id,
         ordinal=pending.ordinal,
         operation=changes.operation,
         remaining=pending.remaining,

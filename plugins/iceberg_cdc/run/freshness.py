@@ -1,4 +1,4 @@
-"""Freshness of a table's changelog against its source, and the SLO's alert state (fires once, clears once).
+"""Freshness of a table's changelog against its source, and the SLO's alert state (fires once, delivered at least once).
 
 **Freshness lag** of a table: the age of the oldest source snapshot not yet in
 the changelog -- ``now`` minus that snapshot's commit time (its
@@ -16,13 +16,24 @@ mirror's: ``_freshness/<table>/mirror-<name>.json``), changed
 only by a conditional write, so a breach **fires** exactly once (the check
 whose write turned it on) and **clears** exactly once, however many checkers
 run. Airflow-free: the freshness DAG (``iceberg_cdc.airflow.freshness_dag``)
-runs :func:`check` and calls the operator's callback on a transition.
+runs :func:`check`, then :func:`deliver` hands the operator's callback what
+is owed.
+
+**Delivery** is at least once: a transition made while the table has a
+``freshness_callback`` is stored as *undelivered* with the state, in the
+same write, and leaves that list only when the callback returned
+(:func:`deliver`). A callback that raises leaves it there: the check fails
+(its task shows the error) and every later check calls the callback again
+with that transition, oldest first, until one returns. So a callback may see
+a transition twice (it raised after sending, or two checks raced), never
+zero times.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -38,6 +49,9 @@ log = logging.getLogger("iceberg_cdc")
 
 STATE_PREFIX = "_freshness"
 Transition = Literal["fired", "cleared"]
+# Undelivered transitions kept per state (a callback failing for days on a flapping table):
+# beyond this the oldest are dropped, with an error in the log.
+MAX_UNDELIVERED = 20
 
 
 def breaches(lag_seconds: float | None, slo_seconds: float | None) -> bool:
@@ -136,19 +150,62 @@ def check(
     previous = json.loads(found[0]) if found is not None else {"breached": False}
     if bool(previous.get("breached")) == measured.breached:
         return measured, None
+    transition: Transition = "fired" if measured.breached else "cleared"
+    owed = list(previous.get("undelivered") or [])
+    if ctx.table.freshness_callback:
+        owed.append({"transition": transition, "freshness": measured.to_dict()})
+    if len(owed) > MAX_UNDELIVERED:
+        log.error("%s: %d freshness alerts were never delivered; the oldest are dropped", key, len(owed))
+        owed = owed[-MAX_UNDELIVERED:]
     state = {
         "breached": measured.breached,
         "since": measured.measured_at,
         "freshness": measured.to_dict(),
+        "undelivered": owed,
     }
     data = json.dumps(state, sort_keys=True).encode()
     version = store.put_if_absent(key, data) if found is None else store.put_if_version(key, data, found[1])
     if version is None:
         log.info("%s: another check moved the freshness state first", key)
         return measured, None
-    transition: Transition = "fired" if measured.breached else "cleared"
     log.warning("freshness SLO %s: %s", transition, measured.describe())
     return measured, transition
+
+
+def deliver(ctx: Context, mirror: str | None, send: Callable[[dict[str, Any]], Any]) -> int:
+    """Hand ``send`` each undelivered transition, oldest first; each leaves the state once ``send`` returned.
+
+    ``send`` gets ``{"transition", "freshness"}`` (the measurement of the
+    check that made the transition). An exception from ``send`` propagates
+    and leaves that transition and the later ones owed: the next check
+    delivers them. Returns how many were delivered.
+    """
+    store = ctx.runtime.store()
+    key = state_key(ctx.table.source, mirror)
+    found = store.get_with_version(key)
+    sent = 0
+    for alert in list(json.loads(found[0]).get("undelivered") or []) if found is not None else []:
+        send(alert)
+        _acknowledge(store, key, alert)
+        sent += 1
+    return sent
+
+
+def _acknowledge(store: Any, key: str, alert: dict[str, Any], attempts: int = 10) -> None:
+    """Take ``alert`` out of the state's undelivered list (a conditional write; retried when another check wrote)."""
+    for _ in range(attempts):
+        found = store.get_with_version(key)
+        if found is None:
+            return
+        state = json.loads(found[0])
+        owed = list(state.get("undelivered") or [])
+        if alert not in owed:
+            return  # another check delivered it
+        owed.remove(alert)
+        data = json.dumps({**state, "undelivered": owed}, sort_keys=True).encode()
+        if store.put_if_version(key, data, found[1]) is not None:
+            return
+    log.warning("%s: a delivered freshness alert stays owed (the state kept moving): it may come again", key)
 
 
 __all__ = [
@@ -156,6 +213,7 @@ __all__ = [
     "Transition",
     "breaches",
     "check",
+    "deliver",
     "measure",
     "freshness_after",
     "state_key",

@@ -18,7 +18,7 @@ from iceberg_cdc import snapshot_ids
 Action = Literal["caught_up", "skip", "shuffle", "insert"]
 ACTIONS: tuple[str, ...] = ("caught_up", "skip", "shuffle", "insert")
 
-_SNAPSHOT_ID_FIELDS = ("snapshot_id", "through_snapshot_id", "next_in_range")
+_SNAPSHOT_ID_FIELDS = ("snapshot_id", "through_snapshot_id", "next_in_range", "base_snapshot_id")
 
 
 def snapshot_id_or_none(value: Any) -> int | None:
@@ -50,6 +50,9 @@ class Detected:
     swept: Mapping[str, int] = field(default_factory=dict)
     remaining: int = 0
     snapshot_id: int | None = None
+    # The snapshot the run's changes are relative to (the processed one's parent; None: an initial load,
+    # which reads the whole table): lineage names the range read as (base, snapshot_id].
+    base_snapshot_id: int | None = None
     ordinal: int | None = None
     operation: str | None = None
     source_uuid: str | None = None

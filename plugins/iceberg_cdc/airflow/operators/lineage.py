@@ -6,7 +6,8 @@ asks each finished task for its lineage through
 DAG's ``detect`` and ``commit`` are built with :func:`lineage_task`, the same
 decorator with an operator class that answers:
 
-* **detect** -- input: the source table, version = the snapshot the run processes;
+* **detect** -- input: the source table, version = the snapshot the run processes,
+  with the range read (``icebergCdc_snapshotRange``: after its parent, through it);
 * **commit** -- input: the same; output: the changelog (sink) table, version =
   the sink snapshot holding that source snapshot's changes, with the rows
   written (``outputStatistics``).
@@ -16,11 +17,16 @@ A run with nothing pending reports no datasets. Dataset names follow
 identifier as a symlink).
 
 * **apply** of a mirror DAG -- input: the changelog, version = the changelog
-  snapshot the apply reached; output: the mirror
+  snapshot the apply reached, with the range (after the mirror's previous
+  mark, through that snapshot: every changelog snapshot applied); output: the mirror
   (:func:`iceberg_cdc.lineage.mirror_dataset`: an Iceberg table by its
   location, version = the mirror snapshot; a PostgreSQL table as
   ``postgres://host:port`` / ``database.schema.table``), with the rows
   written.
+* **verify** of a mirror DAG -- input: the mirror, with a
+  ``dataQualityAssertions`` facet (``equal_to_source``), when a verification
+  ran (:func:`iceberg_cdc.lineage.verify_datasets`, which ``make verify``
+  sends too).
 
 Nothing here runs unless the provider is installed and configured (a
 transport): without it no extractor calls these methods.
@@ -36,55 +42,10 @@ from typing import Any
 from airflow.providers.common.compat.sdk import DecoratedOperator, task_decorator_factory
 from airflow.providers.standard.operators.python import PythonOperator
 
-from iceberg_cdc.lineage import DatasetRef, iceberg_dataset, mirror_dataset
-from iceberg_cdc.verify_status import is_equal
+from iceberg_cdc.lineage import DatasetRef, iceberg_dataset, mirror_dataset, read_range, verify_datasets
+from iceberg_cdc.lineage_events import input_dataset, output_dataset
 
 log = logging.getLogger("iceberg_cdc")
-
-
-def _dataset(ref: DatasetRef, *, output: bool = False) -> Any:
-    from openlineage.client.event_v2 import InputDataset, OutputDataset
-    from openlineage.client.facet_v2 import (
-        catalog_dataset,
-        dataset_version_dataset,
-        output_statistics_output_dataset,
-        symlinks_dataset,
-    )
-
-    facets: dict[str, Any] = {}
-    if ref.version is not None:
-        facets["version"] = dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=ref.version)
-    if ref.symlink is not None:
-        facets["symlinks"] = symlinks_dataset.SymlinksDatasetFacet(
-            identifiers=[
-                symlinks_dataset.Identifier(namespace=ref.symlink[0], name=ref.symlink[1], type="TABLE")
-            ]
-        )
-    if ref.catalog:
-        facets["catalog"] = catalog_dataset.CatalogDatasetFacet(**ref.catalog)
-    if output:
-        extra = {}
-        if ref.rows is not None:
-            extra["outputStatistics"] = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
-                rowCount=ref.rows
-            )
-        return OutputDataset(namespace=ref.namespace, name=ref.name, facets=facets, outputFacets=extra)
-    if ref.assertions:
-        from openlineage.client.facet_v2 import data_quality_assertions_dataset as quality
-
-        checks = [
-            quality.Assertion(assertion=name, success=ok, actual=actual)
-            for name, ok, actual in ref.assertions
-        ]
-        return InputDataset(
-            namespace=ref.namespace,
-            name=ref.name,
-            facets=facets,
-            inputFacets={
-                "dataQualityAssertions": quality.DataQualityAssertionsDatasetFacet(assertions=checks)
-            },
-        )
-    return InputDataset(namespace=ref.namespace, name=ref.name, facets=facets)
 
 
 def operator_lineage(inputs: Sequence[DatasetRef], outputs: Sequence[DatasetRef]) -> Any:
@@ -92,7 +53,7 @@ def operator_lineage(inputs: Sequence[DatasetRef], outputs: Sequence[DatasetRef]
     from airflow.providers.openlineage.extractors import OperatorLineage
 
     return OperatorLineage(
-        inputs=[_dataset(ref) for ref in inputs], outputs=[_dataset(ref, output=True) for ref in outputs]
+        inputs=[input_dataset(ref) for ref in inputs], outputs=[output_dataset(ref) for ref in outputs]
     )
 
 
@@ -146,11 +107,11 @@ class ChangelogLineageOperator(LineageReporting, DecoratedOperator, PythonOperat
 
     def lineage_datasets(self, task_instance: Any) -> tuple[list[DatasetRef], list[DatasetRef]]:
         detected = getattr(self, "_lineage_detected", None) or {}
+        committed = getattr(self, "_lineage_committed", None)
+        if self.lineage == "verify":  # a mirror's detect has no snapshot_id: its result says what ran
+            return verify_datasets(detected, committed if isinstance(committed, dict) else None)
         if self.lineage != "mirror" and detected.get("snapshot_id") is None:  # caught up: no datasets
             return [], []
-        committed = getattr(self, "_lineage_committed", None)
-        if self.lineage == "verify":
-            return verify_datasets(detected, committed if isinstance(committed, dict) else None)
         if self.lineage == "mirror":
             if detected.get("action") != "apply":  # caught up: no datasets
                 return [], []
@@ -169,11 +130,10 @@ def changelog_datasets(
     from iceberg_cdc.config import load_config
 
     catalog = load_config().catalog
-    inputs = [
-        iceberg_dataset(
-            catalog, detected["source"], detected["source_location"], version=detected["snapshot_id"]
-        )
-    ]
+    source = iceberg_dataset(
+        catalog, detected["source"], detected["source_location"], version=detected["snapshot_id"]
+    )
+    inputs = [read_range(source, detected.get("base_snapshot_id"))]
     outputs = []
     if committed is not None:
         rows = (committed.get("conservation") or {}).get("change_rows") if committed.get("committed") else 0
@@ -199,15 +159,14 @@ def mirror_datasets(
     from iceberg_cdc.config import load_config
 
     config = load_config()
-    through = detected.get("through") or {}
-    inputs = [
-        iceberg_dataset(
-            config.catalog,
-            detected["changelog"],
-            detected["changelog_location"],
-            version=through.get("changelog_snapshot_id"),
-        )
-    ]
+    through, base = detected.get("through") or {}, detected.get("base") or {}
+    changelog = iceberg_dataset(
+        config.catalog,
+        detected["changelog"],
+        detected["changelog_location"],
+        version=through.get("changelog_snapshot_id"),
+    )
+    inputs = [read_range(changelog, base.get("changelog_snapshot_id"))]
     if applied is None:
         return inputs, []
     mirror = config.table(detected["source"]).mirror(detected["mirror"])
@@ -226,32 +185,6 @@ def mirror_datasets(
         )
     ]
     return inputs, outputs
-
-
-def verify_datasets(
-    detected: dict[str, Any], verified: dict[str, Any] | None
-) -> tuple[list[DatasetRef], list[DatasetRef]]:
-    """A mirror's verification: the mirror as an input, with a data-quality assertion of equality.
-
-    ``equal_to_source`` succeeds when the mirror held exactly its source's rows
-    (or was repaired to); ``actual`` says how many keys differed and were left.
-    Nothing is reported when no verification ran (not due).
-    """
-    if not verified or not verified.get("verified"):
-        return [], []
-    from iceberg_cdc.config import load_config
-
-    config = load_config()
-    mirror = config.table(detected["source"]).mirror(detected["mirror"])
-    target = mirror_dataset(
-        mirror.model_dump(include={"type", "table", "dsn", "conn_id"}),
-        config.catalog,
-        location=verified.get("mirror_location"),
-    )
-    drifted, left = int(verified.get("drifted_keys") or 0), int(verified.get("left_keys") or 0)
-    status = str(verified.get("status"))
-    actual = f"{drifted} keys differed, {left} left ({status})"
-    return [replace(target, assertions=(("equal_to_source", is_equal(status), actual),))], []
 
 
 def lineage_task(python_callable=None, **kwargs: Any):

@@ -86,7 +86,7 @@ class Verification:
         return self.status.is_equal
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "status": self.status.value}  # a plain string for XCom and JSON
+        return {**asdict(self), "status": VerifyStatus(self.status).value}  # a plain string for XCom and JSON
 
     def line(self) -> str:
         """One line for logs, run notes and the CLI."""

@@ -7,6 +7,12 @@ Each mirror is verified under its own lease (no mirror run overlaps). One
 line per mirror; exit 0 when every mirror equals its source (after repair),
 1 when drift is left (always with ``--no-repair`` and drift, which changes
 nothing), 2 on an error (named, with the fix).
+
+With an OpenLineage transport configured (``OPENLINEAGE_URL``,
+``OPENLINEAGE_CONFIG``, ...: :mod:`iceberg_cdc.lineage_events`), each
+verification is sent as a run of the job ``<mirror DAG id>.verify`` -- the
+mirror DAG's ``verify`` task's job -- with the mirror as input and its
+``equal_to_source`` assertion; without one nothing is sent.
 """
 
 from __future__ import annotations
@@ -15,9 +21,12 @@ import argparse
 import logging
 import sys
 import time
+from datetime import UTC, datetime
 
-from iceberg_cdc.config import load_config
+from iceberg_cdc.config import MirrorConfig, load_config
 from iceberg_cdc.errors import CdcError
+from iceberg_cdc.lineage import verify_datasets
+from iceberg_cdc.lineage_events import configured_client, emit_complete
 from iceberg_cdc.mirror.steps import mirror_lease
 from iceberg_cdc.mirror.verify.check import KEY_LIMIT, Verification, verify_mirror
 from iceberg_cdc.mirror.verify.record import save_verification
@@ -64,10 +73,25 @@ def main(argv: list[str] | None = None) -> int:
 
 def _verify(ctx: Context, mirror, *, repair: bool, limit: int) -> Verification:
     run_id = f"verify__{time.strftime('%Y%m%dT%H%M%S')}"
+    started = datetime.now(UTC)
     with mirror_lease(ctx, mirror).hold(run_id, lease_ttl_seconds(ctx.table)) as held:
         result = verify_mirror(ctx, mirror, repair=repair, run_id=run_id, epoch=held.epoch, key_limit=limit)
     save_verification(ctx.runtime.store(), ctx.table.source, mirror.mirror_name, result.to_dict())
+    report_lineage(ctx, mirror, result, started)
     return result
+
+
+def report_lineage(ctx: Context, mirror: MirrorConfig, result: Verification, started: datetime) -> None:
+    """Send the verification to OpenLineage when the user configured a transport (else nothing)."""
+    client = configured_client()
+    if client is None:
+        return
+    inputs, outputs = verify_datasets(
+        {"source": ctx.table.source, "mirror": mirror.mirror_name},
+        {**result.to_dict(), "verified": True},
+        ctx.config,
+    )
+    emit_complete(client, f"{ctx.table.mirror_dag_id(mirror)}.verify", inputs, outputs, started)
 
 
 if __name__ == "__main__":
