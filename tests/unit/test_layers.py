@@ -26,6 +26,7 @@ RANKS: list[set[str]] = [
         "snapshot_ids",
         "libc",
         "pyiceberg_internals",
+        "command_exit",
     },
     {"config", "storage", "lineage"},
     {"coordination", "shuffle"},
@@ -34,6 +35,7 @@ RANKS: list[set[str]] = [
     {"pipeline"},
     {"run", "mirror"},
     {"ui"},
+    {"cli"},
     {"airflow"},
 ]
 RANK = {name: rank for rank, names in enumerate(RANKS) for name in names}
