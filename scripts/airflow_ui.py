@@ -44,7 +44,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -64,6 +63,7 @@ from cdc_devtools.airflow_env import (
     login_env,
     login_password,
 )
+from cdc_devtools.children import StopSignals, die_with_parent
 from cdc_devtools.connect_server import connect_server_for
 from cdc_devtools.local_postgres import LocalPostgres
 from cdc_devtools.local_s3 import LocalS3Server
@@ -77,6 +77,7 @@ WORK = REPO / ".cdc" / "airflow-ui"  # rebuilt on every start
 PASSWORDS_FILE = REPO / ".cdc" / "airflow" / PASSWORDS_FILE_NAME
 DEFAULT_PORT = 8080
 PID_FILE = REPO / ".cdc" / "airflow-ui.pid"  # make airflow-stop reads it
+STOP = StopSignals("make airflow")
 
 
 def ui_env(
@@ -187,9 +188,15 @@ def run_airflow(env: dict[str, str], port: int, config: CdcConfig | None = None)
     generated = not login_password(passwords_file)
     try:
         for name, command in components(env, port).items():
-            processes[name] = subprocess.Popen(
-                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            with STOP.deferred():  # a stop signal waits until the child is kept, so the stop finds it
+                processes[name] = subprocess.Popen(
+                    command,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent(),
+                )
             threading.Thread(target=_relay, args=(name, processes[name].stdout), daemon=True).start()
         announced = False
         while True:
@@ -219,15 +226,10 @@ def run_airflow(env: dict[str, str], port: int, config: CdcConfig | None = None)
         stop_processes(processes.values())
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> int:
     # Ctrl-C, and also `kill <pid>` (or a parent that started this in the background, where SIGINT
-    # is ignored), stop everything started here in order.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
+    # is ignored), stop everything started here in order; a second signal does not cut the stop short.
+    STOP.install()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--port",

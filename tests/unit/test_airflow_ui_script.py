@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -161,3 +163,98 @@ def test_make_airflow_runs_with_the_small_snapshot_settings(tmp_path):
     airflow_ui = _airflow_ui()
     env = airflow_ui.ui_env(tmp_path, tmp_path / "cdc.yaml", 8080, tmp_path / "passwords.json")
     assert {name: env[name] for name in LOW_LATENCY} == LOW_LATENCY
+
+
+# An Airflow component stand-in: a worker of its own that only SIGKILL stops (as a component's workers
+# can outlive its SIGTERM), and a SIGTERM handler that takes 2 s to exit, as a component's shutdown does.
+_COMPONENT = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, lambda *a: (time.sleep(2), sys.exit(0)))
+subprocess.Popen(
+    [sys.executable, "-c", "import time; time.sleep(120)", sys.argv[1]],
+    preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN),
+)
+time.sleep(120)
+"""
+
+# make airflow's main() on stand-in components; with a child number, it sends itself SIGTERM right after
+# that child's Popen returned, before run_airflow has kept the process (the race seen in production).
+_DRIVER = """
+import os, signal, subprocess, sys
+from pathlib import Path
+scripts, work, port, at, component = sys.argv[1:6]
+marker = os.environ["CDC_STOP_TEST_MARKER"]  # not in this process's own command line
+sys.path.insert(0, scripts)
+import airflow_ui
+
+names = ("api-server", "scheduler", "dag-processor", "triggerer", "log-server")
+airflow_ui.components = lambda env, port: {n: [sys.executable, "-c", component, marker] for n in names}
+airflow_ui.healthy = lambda url: False
+airflow_ui.PID_FILE = Path(work) / "airflow-ui.pid"
+env = {"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(Path(work) / "passwords.json")}
+airflow_ui._start = lambda port: airflow_ui.run_airflow(env, port)
+real_popen, started = subprocess.Popen, []
+
+def popen(*args, **kwargs):
+    process = real_popen(*args, **kwargs)
+    started.append(process)
+    if len(started) == int(at):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled here, before the caller holds `process`
+    return process
+
+subprocess.Popen = popen
+sys.argv = ["airflow_ui.py", "--port", port]
+print("ready", flush=True)
+sys.exit(airflow_ui.main())
+"""
+
+
+def _with_marker(marker: str) -> list[int]:
+    from cdc_devtools.scheduler import alive
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                command = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if marker in command and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("at", [1, 3, 5, 0], ids=["1st-child", "3rd-child", "5th-child", "after-start"])
+def test_sigterm_while_make_airflow_starts_its_children_stops_every_one(tmp_path, at):
+    """SIGTERM while the children start, then a second one during the stop (make forwards its own)."""
+    marker = f"cdc-stop-test-{os.getpid()}-{random.randrange(1 << 30)}"
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _DRIVER, str(SCRIPTS), str(tmp_path), str(_free_base()), str(at), _COMPONENT],
+        env={**os.environ, "CDC_STOP_TEST_MARKER": marker},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert driver.stdout is not None and driver.stdout.readline() == "ready\n"
+        if at == 0:  # every child started: the first signal from outside
+            deadline = time.monotonic() + 20
+            while len(_with_marker(marker)) < 10 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            driver.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # the stop now waits for the components' 2 s shutdown
+        with contextlib.suppress(ProcessLookupError):
+            driver.send_signal(signal.SIGTERM)
+        out, err = driver.communicate(timeout=90)
+        assert driver.returncode == 0, (out, err)
+        assert "stopping Airflow" in out and "interrupted while starting" not in err, (out, err)
+        deadline = time.monotonic() + 3
+        while _with_marker(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _with_marker(marker) == [], f"left running after the stop:\n{out}\n{err}"
+    finally:
+        driver.kill()
+        driver.wait()
+        for pid in _with_marker(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
