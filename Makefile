@@ -41,6 +41,7 @@ help:
 	@echo "             TABLE=ns.t MIRROR=name: one mirror). Both run the iceberg-cdc command (docs/operating.md),"
 	@echo "             whose exit code (0 done, 1 left, 2 error) make reports as 'Error 1' / 'Error 2'"
 	@echo "make airflow Airflow on the demo config at http://127.0.0.1:8080 (PORT=...), with the CDC view"
+	@echo "             (CONFIG=path.yaml: that config's tables instead, no demo servers)"
 	@echo "make airflow-stop   stop the make airflow running in another shell (as Ctrl-C there would)"
 	@echo "make demo-engine   only the shuffle engine, on one generated snapshot (seconds)"
 	@echo "make test    install into .venv/ when missing, lint, run the test suite"
@@ -142,7 +143,7 @@ verify: setup
 	  $(if $(TABLE),--table "$(TABLE)",) $(if $(MIRROR),--mirror "$(MIRROR)",)
 
 airflow: setup
-	$(BIN)/python scripts/airflow_ui.py $(if $(PORT),--port $(PORT),)
+	$(BIN)/python scripts/airflow_ui.py $(if $(PORT),--port $(PORT),) $(if $(CONFIG),--config "$(CONFIG)",)
 
 # The running make airflow's pid is in .cdc/airflow-ui.pid; SIGTERM takes its Ctrl-C path.
 airflow-stop:

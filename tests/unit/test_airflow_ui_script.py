@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -113,7 +114,7 @@ def test_the_pid_file_lives_as_long_as_the_block(tmp_path):
 def test_ctrl_c_while_make_airflow_starts_is_one_line_and_leaves_no_pid_file(tmp_path, monkeypatch, capsys):
     airflow_ui = _airflow_ui()
 
-    def interrupted(port: int) -> int:
+    def interrupted(port: int, config_path: Path | None = None) -> int:
         assert airflow_ui.PID_FILE.exists()
         raise KeyboardInterrupt
 
@@ -163,6 +164,53 @@ def test_make_airflow_runs_with_the_small_snapshot_settings(tmp_path):
     airflow_ui = _airflow_ui()
     env = airflow_ui.ui_env(tmp_path, tmp_path / "cdc.yaml", 8080, tmp_path / "passwords.json")
     assert {name: env[name] for name in LOW_LATENCY} == LOW_LATENCY
+
+
+def _config(tmp_path: Path) -> Path:
+    path = tmp_path / "team.yaml"
+    raw = {
+        "catalog": {"name": "team", "type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db"},
+        "shuffle": {"uri": f"file://{tmp_path}/shuffle"},
+        "tables": [{"source": "sales.invoices", "sink": "sales.invoices_changes"}],
+    }
+    path.write_text(json.dumps(raw))  # JSON is YAML
+    return path
+
+
+def test_make_airflow_config_serves_that_config_and_sets_up_no_demo(tmp_path, monkeypatch):
+    airflow_ui = _airflow_ui()
+    config = _config(tmp_path)
+    served = {}
+
+    def no_demo(servers, work):
+        raise AssertionError("the demo's servers and table were set up for CONFIG=")
+
+    def run_airflow(env, port, config):
+        served.update(cdc_config=env["CDC_CONFIG"], dags=[t.dag_id for t in config.tables], port=port)
+        return 0
+
+    monkeypatch.setattr(airflow_ui, "WORK", tmp_path / "work")
+    monkeypatch.setattr(airflow_ui, "PASSWORDS_FILE", tmp_path / "passwords.json")
+    monkeypatch.setattr(airflow_ui, "start_servers", no_demo)
+    monkeypatch.setattr(airflow_ui, "ensure_airflow_db", lambda env: None)
+    monkeypatch.setattr(airflow_ui, "run_airflow", run_airflow)
+    port = _free_base()
+    assert airflow_ui._start(port, config) == 0
+    assert served == {"cdc_config": str(config.resolve()), "dags": ["cdc__sales__invoices"], "port": port}
+
+
+def test_make_airflow_with_a_bad_config_says_so_and_starts_nothing(tmp_path, monkeypatch, capsys):
+    airflow_ui = _airflow_ui()
+    missing = tmp_path / "missing.yaml"
+    monkeypatch.setattr(airflow_ui, "_start", lambda *args: pytest.fail("started with a bad config"))
+    monkeypatch.setattr(sys, "argv", ["airflow_ui.py", "--config", str(missing)])
+    sigint, sigterm = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        assert airflow_ui.main() == 2
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+        signal.signal(signal.SIGTERM, sigterm)
+    assert f"make airflow CONFIG={missing}: config file {missing} does not exist" in capsys.readouterr().err
 
 
 # An Airflow component stand-in: a worker of its own that only SIGKILL stops (as a component's workers
