@@ -35,7 +35,7 @@ help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
 	@echo "             (WRITE_MODE=merge-on-read: the source written with position and equality deletes;"
 	@echo "              WRITE_MODE=merge-on-read-v3: a format-v3 source whose MERGE writes deletion vectors)"
-	@echo "make sync CONFIG=path.yaml   run each table's DAG until its sink has caught up"
+	@echo "make sync CONFIG=path.yaml   run each table's DAG until its sink has caught up (SNAPSHOTS=N: at most N runs per table)"
 	@echo "make status CONFIG=path.yaml   each table's sink watermark against its source's current snapshot, and its mirrors'"
 	@echo "make verify CONFIG=path.yaml   prove every mirror equals its source; repair drift (REPAIR=0: only report;"
 	@echo "             TABLE=ns.t MIRROR=name: one mirror). Both run the iceberg-cdc command (docs/operating.md),"
@@ -126,7 +126,8 @@ demo-engine: setup
 
 sync: setup
 	@test -n "$(CONFIG)" || { echo "usage: make sync CONFIG=path/to/config.yaml"; exit 2; }
-	$(BIN)/python -m cdc_devtools.sync --config "$(CONFIG)" --home "$(or $(AIRFLOW_HOME_DIR),.cdc/airflow)"
+	$(BIN)/python -m cdc_devtools.sync --config "$(CONFIG)" --home "$(or $(AIRFLOW_HOME_DIR),.cdc/airflow)" \
+	  $(if $(SNAPSHOTS),--snapshots $(SNAPSHOTS),)
 
 # The iceberg-cdc command (iceberg_cdc/cli.py) as a module: a venv made before it was declared has no script.
 # make's own exit code is 2 for any failure; the command's (1 drift left or pending, 2 error) is in
