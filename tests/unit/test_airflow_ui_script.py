@@ -240,7 +240,7 @@ airflow_ui.components = lambda env, port: {n: [sys.executable, "-c", component, 
 airflow_ui.healthy = lambda url: False
 airflow_ui.PID_FILE = Path(work) / "airflow-ui.pid"
 env = {"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(Path(work) / "passwords.json")}
-airflow_ui._start = lambda port: airflow_ui.run_airflow(env, port)
+airflow_ui._start = lambda port, config_path=None: airflow_ui.run_airflow(env, port)
 real_popen, started = subprocess.Popen, []
 
 def popen(*args, **kwargs):
@@ -294,7 +294,9 @@ def test_sigterm_while_make_airflow_starts_its_children_stops_every_one(tmp_path
         with contextlib.suppress(ProcessLookupError):
             driver.send_signal(signal.SIGTERM)
         out, err = driver.communicate(timeout=90)
-        assert driver.returncode == 0, (out, err)
+        # 0, or killed by the second SIGTERM when it came after the stop had finished, while Python exited
+        # (its handlers are gone then): either way the stop ran whole, which the rest checks.
+        assert driver.returncode in (0, -signal.SIGTERM), (out, err)
         assert "stopping Airflow" in out and "interrupted while starting" not in err, (out, err)
         deadline = time.monotonic() + 3
         while _with_marker(marker) and time.monotonic() < deadline:
