@@ -29,16 +29,19 @@ TEST_WORKERS ?= 2
 # Random histories per property test in make test-fast (make test runs 200; CDC_HISTORIES sets both).
 FAST_HISTORIES ?= 20
 
-.PHONY: help prereqs setup java-setup test-java test test-fast test-compat demo demo-engine sync verify airflow airflow-stop lint format bench bench-scale bench-tables wheel clean
+.PHONY: help prereqs setup java-setup test-java test test-fast test-compat demo demo-engine sync status verify airflow airflow-stop lint format bench bench-scale bench-tables wheel clean
 
 help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
 	@echo "             (WRITE_MODE=merge-on-read: the source written with position and equality deletes;"
 	@echo "              WRITE_MODE=merge-on-read-v3: a format-v3 source whose MERGE writes deletion vectors)"
-	@echo "make sync CONFIG=path.yaml   run each table's DAG until its sink has caught up"
+	@echo "make sync CONFIG=path.yaml   run each table's DAG until its sink has caught up (SNAPSHOTS=N: at most N runs per table)"
+	@echo "make status CONFIG=path.yaml   each table's sink watermark against its source's current snapshot, and its mirrors'"
 	@echo "make verify CONFIG=path.yaml   prove every mirror equals its source; repair drift (REPAIR=0: only report;"
-	@echo "             TABLE=ns.t MIRROR=name: one mirror). Exit 1 while drift is left"
+	@echo "             TABLE=ns.t MIRROR=name: one mirror). Both run the iceberg-cdc command (docs/operating.md),"
+	@echo "             whose exit code (0 done, 1 left, 2 error) make reports as 'Error 1' / 'Error 2'"
 	@echo "make airflow Airflow on the demo config at http://127.0.0.1:8080 (PORT=...), with the CDC view"
+	@echo "             (CONFIG=path.yaml: that config's tables instead, no demo servers)"
 	@echo "make airflow-stop   stop the make airflow running in another shell (as Ctrl-C there would)"
 	@echo "make demo-engine   only the shuffle engine, on one generated snapshot (seconds)"
 	@echo "make test    install into .venv/ when missing, lint, run the test suite"
@@ -123,15 +126,25 @@ demo-engine: setup
 
 sync: setup
 	@test -n "$(CONFIG)" || { echo "usage: make sync CONFIG=path/to/config.yaml"; exit 2; }
-	$(BIN)/python -m cdc_devtools.sync --config "$(CONFIG)" --home "$(or $(AIRFLOW_HOME_DIR),.cdc/airflow)"
+	$(BIN)/python -m cdc_devtools.sync --config "$(CONFIG)" --home "$(or $(AIRFLOW_HOME_DIR),.cdc/airflow)" \
+	  $(if $(SNAPSHOTS),--snapshots $(SNAPSHOTS),)
+
+# The iceberg-cdc command (iceberg_cdc/cli.py) as a module: a venv made before it was declared has no script.
+# make's own exit code is 2 for any failure; the command's (1 drift left or pending, 2 error) is in
+# make's "Error N" line.
+CLI := $(BIN)/python -m iceberg_cdc.cli
+
+status: setup
+	@test -n "$(CONFIG)" || { echo "usage: make status CONFIG=path/to/config.yaml [TABLE=ns.t]"; exit 2; }
+	$(CLI) status --config "$(CONFIG)" $(if $(TABLE),--table "$(TABLE)",)
 
 verify: setup
 	@test -n "$(CONFIG)" || { echo "usage: make verify CONFIG=path/to/config.yaml [REPAIR=0] [TABLE=ns.t] [MIRROR=name]"; exit 2; }
-	$(BIN)/python -m iceberg_cdc.mirror.verify --config "$(CONFIG)" $(if $(filter 0,$(REPAIR)),--no-repair,) \
+	$(CLI) verify --config "$(CONFIG)" $(if $(filter 0,$(REPAIR)),--no-repair,) \
 	  $(if $(TABLE),--table "$(TABLE)",) $(if $(MIRROR),--mirror "$(MIRROR)",)
 
 airflow: setup
-	$(BIN)/python scripts/airflow_ui.py $(if $(PORT),--port $(PORT),)
+	$(BIN)/python scripts/airflow_ui.py $(if $(PORT),--port $(PORT),) $(if $(CONFIG),--config "$(CONFIG)",)
 
 # The running make airflow's pid is in .cdc/airflow-ui.pid; SIGTERM takes its Ctrl-C path.
 airflow-stop:

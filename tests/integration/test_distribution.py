@@ -104,6 +104,8 @@ def test_the_wheel_holds_iceberg_cdc_and_declares_its_dependencies_and_entry_poi
     assert "iceberg_cdc.airflow.provider_info:get_provider_info" in entry_points
     assert "[airflow.plugins]" in entry_points
     assert "iceberg_cdc.airflow.plugin:CdcUiPlugin" in entry_points
+    assert "[console_scripts]" in entry_points  # the operator's command where the wheel is installed
+    assert "iceberg-cdc = iceberg_cdc.cli:main" in entry_points
 
 
 def test_a_fresh_airflow_with_the_wheel_lists_the_provider_plugin_and_dags(wheel, tmp_path):
@@ -174,4 +176,14 @@ def test_a_fresh_airflow_with_the_wheel_lists_the_provider_plugin_and_dags(wheel
     )
     location, tooling_absent = _run([str(python), "-c", probe], airflow_env, where).split()
     assert Path(location).is_relative_to(venv) and tooling_absent == "True", (location, tooling_absent)
+    # The operator's command is on the venv's PATH; no source table yet: a table it cannot read, exit 2.
+    status = subprocess.run(
+        [str(venv / "bin" / "iceberg-cdc"), "status"],
+        env=airflow_env,
+        cwd=where,
+        capture_output=True,
+        text=True,
+    )
+    assert status.returncode == 2, (status.stdout, status.stderr)
+    assert "error: source table shop.orders does not exist in the catalog" in status.stdout, status.stdout
     print(f"whole test (build, fresh venv, airflow commands): {time.monotonic() - started:.0f} s")

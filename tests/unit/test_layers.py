@@ -27,6 +27,7 @@ RANKS: list[set[str]] = [
         "libc",
         "pyiceberg_internals",
         "verify_status",
+        "command_exit",
     },
     {"config", "storage", "lineage", "lineage_events"},
     {"coordination", "shuffle"},
@@ -35,6 +36,7 @@ RANKS: list[set[str]] = [
     {"pipeline"},
     {"run", "mirror"},
     {"ui"},
+    {"cli"},
     {"airflow"},
 ]
 RANK = {name: rank for rank, names in enumerate(RANKS) for name in names}

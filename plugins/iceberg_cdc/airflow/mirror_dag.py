@@ -64,7 +64,7 @@ watermark ({atomic}).
 * **cleanup** — teardown: staged objects, the lease
 
 Rebuild from the changelog or the source's state:
-`python -m iceberg_cdc.mirror.rebuild --table {source} --mirror {name} [--from source]`.
+`iceberg-cdc rebuild --table {source} --mirror {name} [--from source]`.
 """
 
 

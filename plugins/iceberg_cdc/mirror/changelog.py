@@ -86,7 +86,7 @@ class Pending:
 
 def rebuild_hint(source: str, mirror_name: str) -> str:
     return (
-        f"rebuild the mirror: python -m iceberg_cdc.mirror.rebuild --config <cdc.yaml> --table {source} "
+        f"rebuild the mirror: iceberg-cdc rebuild --config <cdc.yaml> --table {source} "
         f"--mirror {mirror_name} (from the changelog, or --from source)"
     )
 

@@ -1,7 +1,9 @@
 """Rebuild a mirror: replace all its rows, from the changelog or from the source's state.
 
-    python -m iceberg_cdc.mirror.rebuild --config cdc.yaml --table shop.orders --mirror public__orders
-    python -m iceberg_cdc.mirror.rebuild ... --from source
+    iceberg-cdc rebuild --config cdc.yaml --table shop.orders --mirror public__orders
+    iceberg-cdc rebuild ... --from source
+
+(``python -m iceberg_cdc.mirror.rebuild`` is the same command.)
 
 * ``--from changelog`` (default): the net changes of the whole changelog up to
   its current watermark -- every key's last version.
@@ -21,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from typing import Any
 
 import pyarrow as pa
 
+from iceberg_cdc.command_exit import DONE, run_command
 from iceberg_cdc.config import MirrorConfig, load_config
 from iceberg_cdc.errors import CdcError, MirrorKeyError
 from iceberg_cdc.mirror.changelog import Pending, changelog_mark, read_net_changes
@@ -118,10 +120,8 @@ def rebuild(
     return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``rebuild``'s options (here and under ``iceberg-cdc rebuild``)."""
     parser.add_argument("--config", help="the CDC config (default: $CDC_CONFIG)")
     parser.add_argument("--table", required=True, help="the source table, e.g. shop.orders")
     parser.add_argument(
@@ -130,21 +130,29 @@ def main(argv: list[str] | None = None) -> int:
         help="the mirror's name (tables[].mirrors[].name, or its table with . as __)",
     )
     parser.add_argument("--from", dest="origin", choices=("changelog", "source"), default="changelog")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Rebuild the mirror; raises on an error (:func:`~iceberg_cdc.command_exit.run_command`: exit 2)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        config = load_config(args.config)
-        ctx = Context.of(config, args.table)
-        figures = rebuild(ctx, ctx.table.mirror(args.mirror), origin=args.origin)
-    except CdcError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = load_config(args.config)
+    ctx = Context.of(config, args.table)
+    figures = rebuild(ctx, ctx.table.mirror(args.mirror), origin=args.origin)
     print(
         f"{args.table} -> {args.mirror}: rebuilt from the {args.origin}, {figures['rows']:,} rows, at source "
         f"snapshot {figures['through']['source_snapshot_id']}"
     )
-    return 0
+    return DONE
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run_command(lambda: run(args))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

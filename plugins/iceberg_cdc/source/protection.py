@@ -32,8 +32,8 @@ tags), or when the table leaves the config: every table whose tags the
 pipeline ever set is recorded in the shuffle store (``_protection/``), and
 detect of any table of the config sweeps the records of tables no longer
 configured with ``protect_pending`` (:func:`sweep_unconfigured`), removing
-their tags. ``python -m iceberg_cdc.run.protection_cli release --config ...
---source ns.t --sink ns.t_changes`` does the same by hand.
+their tags. ``iceberg-cdc protection release --config ... --source ns.t
+--sink ns.t_changes`` does the same by hand.
 """
 
 from __future__ import annotations

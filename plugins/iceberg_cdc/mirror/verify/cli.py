@@ -1,12 +1,14 @@
-"""``make verify``: verify every mirror of the config (or one), repairing drift unless told not to.
+"""``iceberg-cdc verify`` (``make verify``): verify every mirror of the config (or one), repairing drift.
 
-    python -m iceberg_cdc.mirror.verify --config cdc.yaml [--table shop.orders] [--mirror public__orders]
+    iceberg-cdc verify --config cdc.yaml [--table shop.orders] [--mirror public__orders]
         [--no-repair] [--limit 20]
 
-Each mirror is verified under its own lease (no mirror run overlaps). One
-line per mirror; exit 0 when every mirror equals its source (after repair),
-1 when drift is left (always with ``--no-repair`` and drift, which changes
-nothing), 2 on an error (named, with the fix).
+(``python -m iceberg_cdc.mirror.verify`` is the same command.) Each mirror is
+verified under its own lease (no mirror run overlaps). One line per mirror;
+exit 0 when every mirror equals its source (after repair), 1 when drift is
+left (always with ``--no-repair`` and drift, which changes nothing), 2 on an
+error -- a bad config, an unreachable catalog or target
+(:mod:`iceberg_cdc.command_exit`).
 
 With an OpenLineage transport configured (``OPENLINEAGE_URL``,
 ``OPENLINEAGE_CONFIG``, ...: :mod:`iceberg_cdc.lineage_events`), each
@@ -19,10 +21,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from datetime import UTC, datetime
 
+from iceberg_cdc.command_exit import DONE, LEFT, run_command
 from iceberg_cdc.config import MirrorConfig, load_config
 from iceberg_cdc.errors import CdcError
 from iceberg_cdc.lineage import verify_datasets
@@ -34,41 +36,49 @@ from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.lease import lease_ttl_seconds
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``verify``'s options (here and under ``iceberg-cdc verify``)."""
     parser.add_argument("--config", help="the CDC config (default: $CDC_CONFIG)")
     parser.add_argument("--table", help="only this source table")
     parser.add_argument("--mirror", help="only this mirror (its name, or its table with . as __)")
     parser.add_argument("--no-repair", action="store_true", help="only report drift; change nothing")
     parser.add_argument("--limit", type=int, default=KEY_LIMIT, help="drifted keys named per mirror")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Verify the mirrors ``args`` select: :data:`DONE` when all are equal, :data:`LEFT` when drift is left.
+
+    Raises on an error (:func:`~iceberg_cdc.command_exit.run_command` makes it exit 2).
+    """
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    left = 0
-    try:
-        config = load_config(args.config)
-        tables = [t for t in config.tables if args.table in (None, t.source)]
-        if args.table and not tables:
-            raise CdcError(
-                f"--table {args.table}: no such table in the config ({[t.source for t in config.tables]})"
-            )
-        checked = 0
-        for table in tables:
-            ctx = Context.of(config, table.source)
-            mirrors = table.mirrors if args.mirror is None else [table.mirror(args.mirror)]
-            for mirror in mirrors:
-                result = _verify(ctx, mirror, repair=not args.no_repair, limit=args.limit)
-                checked += 1
-                print(f"{table.source} -> {result.line()} ({result.seconds.get('total', 0):.1f} s)")
-                if not result.equal:
-                    left += 1
-        if not checked:
-            print("no mirrors are configured: nothing to verify")
-    except CdcError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 1 if left else 0
+    config = load_config(args.config)
+    tables = [t for t in config.tables if args.table in (None, t.source)]
+    if args.table and not tables:
+        raise CdcError(
+            f"--table {args.table}: no such table in the config ({[t.source for t in config.tables]})"
+        )
+    checked = left = 0
+    for table in tables:
+        ctx = Context.of(config, table.source)
+        mirrors = table.mirrors if args.mirror is None else [table.mirror(args.mirror)]
+        for mirror in mirrors:
+            result = _verify(ctx, mirror, repair=not args.no_repair, limit=args.limit)
+            checked += 1
+            print(f"{table.source} -> {result.line()} ({result.seconds.get('total', 0):.1f} s)", flush=True)
+            if not result.equal:
+                left += 1
+    if not checked:
+        print("no mirrors are configured: nothing to verify")
+    return LEFT if left else DONE
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run_command(lambda: run(args))
 
 
 def _verify(ctx: Context, mirror, *, repair: bool, limit: int) -> Verification:
@@ -95,4 +105,4 @@ def report_lineage(ctx: Context, mirror: MirrorConfig, result: Verification, sta
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
