@@ -52,25 +52,27 @@ def test_protection_keeps_every_needed_snapshot_through_pyicebergs_expiry(tmp_pa
     ids = _backlog(pipeline)
     first, mark, *pending = ids
     assert pipeline.watermark().snapshot_id == mark
-    # detect of the last run tagged the then watermark (first) and everything after it
-    assert set(own_tags(pipeline.source, SINK).values()) == set(ids)
+    # the last run's watermark step moved the tags past what it committed: mark and everything after it
+    assert set(own_tags(pipeline.source, SINK).values()) == set(ids[1:])
 
     removed = _expire_everything_unprotected(pipeline)
-    assert removed == set(), f"expiry removed snapshots the sink needs: {removed}"
+    assert removed == {first}, f"expiry removed snapshots the sink needs: {removed - {first}}"
 
     runs = pipeline.catch_up()
     assert [r.snapshot_id for r in runs] == pending
     for snapshot_id in pending:
         assert_replay(pipeline.source, pipeline.sink, snapshot_id, ["id"])
-    # passed by the watermark: first's base tag, and mark's pending tag (mark keeps its base tag)
-    assert set(runs[0].detected.protection["removed"]) == {str(first), str(mark)}
+    # the watermark steps move the tags as they commit: detect finds nothing to move
+    assert (
+        runs[0].detected.protection["removed"] == [] and first not in own_tags(pipeline.source, SINK).values()
+    )
     assert runs[0].detected.retention_warning is None
 
     # Caught up: only the watermark's snapshot (the head) stays tagged; the rest may now expire.
     idle = run_snapshot(pipeline.config, SOURCE)
     assert idle.action == "caught_up"
     assert set(own_tags(pipeline.source, SINK).values()) == {ids[-1]}
-    assert _expire_everything_unprotected(pipeline) == set(ids[:-1])
+    assert _expire_everything_unprotected(pipeline) == set(ids[1:-1])  # first went at the first expiry
 
 
 def test_an_idle_run_writes_nothing_to_the_source(tmp_path):
@@ -161,3 +163,35 @@ def test_the_release_command_removes_one_tables_tags_and_its_record(tmp_path):
     assert main(["release", "--config", str(path), "--source", SOURCE, "--sink", SINK]) == 0
     assert not own_tags(pipeline.source, SINK)
     assert recorded(runtime_from_config(pipeline.config).store()) == []
+
+
+def test_snapshots_committed_while_paused_are_protected_from_first_sight(tmp_path):
+    """The every-minute check tags what is pending with no run active; catch-up leaves only the base tag."""
+    from cdc_devtools.replay import assert_changelog_replays
+    from iceberg_cdc.airflow.freshness_dag import build_freshness_dag
+    from iceberg_cdc.run import steps
+    from iceberg_cdc.run.retention_guard import protect
+
+    pipeline = InlinePipeline(tmp_path, table={"protect_pending": True})
+    source = pipeline.create_source(SCHEMA)
+    source.append(rows(range(0, 10)))
+    pipeline.catch_up()
+    base = pipeline.watermark().snapshot_id
+    assert list(own_tags(pipeline.source, SINK)) == [base_tag_name(SINK, base)], "caught up: the base only"
+    paused = []
+    for start in (10, 20, 30):  # the table's DAG is paused: no run sees these
+        pipeline.source.append(rows(range(start, start + 5)))
+        paused.append(pipeline.source.current_snapshot().snapshot_id)
+    dag = build_freshness_dag(pipeline.config)
+    assert dag is not None and "protect__cdc__shop__orders" in dag.task_ids
+    change = protect(steps.Context.of(pipeline.config, SOURCE))
+    assert {int(s) for s in change["added"]} == set(paused)  # and the next one a base tag too
+
+    assert _expire_everything_unprotected(pipeline) == set(), "every pending snapshot survived the expiry"
+    runs = [pipeline.run() for _ in paused]  # no idle run after them: the committing runs clean up
+    assert [r.snapshot_id for r in runs] == paused and not any(r.detected.bridge for r in runs)
+    for snapshot_id in paused:
+        assert_replay(pipeline.source, pipeline.sink, snapshot_id, ["id"])
+    assert assert_changelog_replays(pipeline.source, pipeline.sink) == 4
+    assert list(own_tags(pipeline.source, SINK)) == [base_tag_name(SINK, paused[-1])], "no pending tag left"
+    assert pipeline.run().action == "caught_up"

@@ -20,6 +20,12 @@ it: one task per table with ``freshness_slo``, which
 * returns the measurement as its XCom (the mirrors' under ``mirrors``),
   which the CDC view reads for the table's red state.
 
+Tables with ``protect_pending`` get a task here too (``protect__<dag id>``):
+it tags every snapshot pending after the sink's watermark, so a snapshot
+committed while the table's DAG is paused or down is protected from expiry
+within a minute of its commit -- protection from first sight, not only from
+the next run's detect (``run/retention_guard.py``).
+
 A check that fails -- a mirror whose target cannot be read, a callback that
 raises -- fails the task after the other checks ran (the changelog's and the
 other mirrors' alerts still fire).
@@ -143,9 +149,10 @@ def run_checks(ctx: Context, context: dict[str, Any], stats: StatsBackend | None
 
 
 def build_freshness_dag(config: CdcConfig) -> DAG | None:
-    """The checks' DAG, or None when no table has a ``freshness_slo``."""
+    """The checks' DAG, or None when no table has a ``freshness_slo`` or ``protect_pending``."""
     tables: list[TableConfig] = [t for t in config.tables if t.freshness_slo is not None]
-    if not tables:
+    protected: list[TableConfig] = [t for t in config.tables if t.protect_pending]
+    if not tables and not protected:
         return None
     with DAG(
         dag_id=FRESHNESS_DAG_ID,
@@ -166,6 +173,20 @@ def build_freshness_dag(config: CdcConfig) -> DAG | None:
                 return run_checks(CdcHook(load_config()).context(source), context)
 
             check_table()
+        for table in protected:
+
+            @task(task_id=f"protect__{table.dag_id}", retries=0)
+            def protect_table(source: str = table.source) -> dict[str, Any]:
+                """Tags on the snapshots pending now, whether or not the table's DAG runs (paused, down)."""
+                from iceberg_cdc.airflow.hooks.cdc import CdcHook
+                from iceberg_cdc.run.retention_guard import protect
+
+                result = protect(CdcHook(load_config()).context(source))
+                if "error" in result:
+                    raise ConfigError(f"protect_pending of {source}: {result['error']}")
+                return result
+
+            protect_table()
     return dag
 
 

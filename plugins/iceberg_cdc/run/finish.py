@@ -19,6 +19,7 @@ from iceberg_cdc.coordination.commit_in_flight import describe as describe_marke
 from iceberg_cdc.errors import CdcError
 from iceberg_cdc.run import lease as run_lease
 from iceberg_cdc.run.context import Context
+from iceberg_cdc.run.retention_guard import sync_protection
 from iceberg_cdc.run.shuffle_steps import attempt_paths
 from iceberg_cdc.run.state import Detected
 from iceberg_cdc.sink.staging import delete_uncommitted_staged
@@ -44,6 +45,8 @@ def watermark(ctx: Context, detected: Detected | Mapping[str, Any]) -> dict[str,
             f"{mark and mark.snapshot_id}, not at snapshot {detected.snapshot_id} after commit"
         )
     source = load_source_table(catalog, ctx.table)
+    if ctx.table.protect_pending:  # the committed snapshot's pending tag goes now, not at the next run
+        sync_protection(ctx, source, mark)
     after = next_snapshot(source, mark, ctx.table.start, bridge=ctx.table.on_history_gap == "bridge")
     remaining = 0 if after is None else after.remaining + 1
     log.info(

@@ -42,24 +42,7 @@ def guard(ctx: Context, source: Table, watermark: Watermark | None, *, catalog: 
     needed = needed_snapshots(source, watermark, table.start)
     result: dict[str, Any] = {}
     if table.protect_pending or table.protect_base:
-        try:
-            protection.record(store, table.source, table.sink)
-            pending, bases = protected_ids(table, source, watermark, needed)
-            change = protection.sync_tags(source, table.sink, pending, bases)
-            result["protection"] = change.to_dict()
-            if change.committed:
-                log.info(
-                    "protection: %s tags now %d snapshot(s) for %s (+%d -%d, one metadata commit)",
-                    table.source,
-                    change.kept + len(change.added),
-                    table.sink,
-                    len(change.added),
-                    len(change.removed),
-                )
-        except Exception as exc:  # the capture goes on; the note says protection failed
-            line = line_of(exc)
-            result["protection"] = {"error": line}
-            log.warning("protection: could not move the tags on %s: %s", table.source, line)
+        result["protection"] = sync_protection(ctx, source, watermark, needed)
     elif protection.own_tags(source, table.sink):
         change = protection.release_tags(source, table.sink)
         protection.forget(store, table.source, table.sink)
@@ -85,6 +68,51 @@ def guard(ctx: Context, source: Table, watermark: Watermark | None, *, catalog: 
         result["retention_warning"] = warning
         log.warning("%s: %s", table.source, warning)
     return result
+
+
+def sync_protection(
+    ctx: Context, source: Table, watermark: Watermark | None, needed: Any = None
+) -> dict[str, Any]:
+    """Move the sink's tags on ``source`` to what it needs now; never raises (the error is in the result).
+
+    Detect calls it at the start of a run, the watermark step after a commit
+    (``protect_pending``: the committed snapshot's pending tag goes at once,
+    so a caught-up table keeps only its base tag) and the every-minute check
+    (:func:`protect`: snapshots committed while no run is active get their tag
+    within a minute of being committed, a paused DAG included).
+    """
+    table = ctx.table
+    needed = needed_snapshots(source, watermark, table.start) if needed is None else needed
+    try:
+        protection.record(ctx.runtime.store(), table.source, table.sink)
+        pending, bases = protected_ids(table, source, watermark, needed)
+        change = protection.sync_tags(source, table.sink, pending, bases)
+    except Exception as exc:  # the capture goes on; the note says protection failed
+        line = line_of(exc)
+        log.warning("protection: could not move the tags on %s: %s", table.source, line)
+        return {"error": line}
+    if change.committed:
+        log.info(
+            "protection: %s tags now %d snapshot(s) for %s (+%d -%d, one metadata commit)",
+            table.source,
+            change.kept + len(change.added),
+            table.sink,
+            len(change.added),
+            len(change.removed),
+        )
+    return change.to_dict()
+
+
+def protect(ctx: Context) -> dict[str, Any]:
+    """The every-minute check of a ``protect_pending`` table: tags on what is pending now, whatever runs."""
+    from iceberg_cdc.sink.table import read_watermark
+    from iceberg_cdc.source.tables import load_source_table
+
+    catalog = ctx.catalog()
+    source = load_source_table(catalog, ctx.table)
+    sink = catalog.load_table(ctx.table.sink) if catalog.table_exists(ctx.table.sink) else None
+    watermark = read_watermark(sink, ctx.table.source) if sink is not None else None
+    return sync_protection(ctx, source, watermark)
 
 
 def protected_ids(
