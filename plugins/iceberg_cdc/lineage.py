@@ -46,6 +46,9 @@ class DatasetRef:
     # The snapshots an input's changes were read across: (after, through], ``after`` exclusive (None:
     # from the table's first snapshot), ``through`` = ``version``. OpenLineage's ``version`` holds one.
     snapshot_range: tuple[str | None, str] | None = None
+    # The range is a bridge over a gap in the source's history (expired, rolled back): its changes are
+    # the net change from the range's start to its end, the snapshots between were not read one by one.
+    bridge: str | None = None
     # Data-quality assertions on an input (name, success, actual), e.g. a mirror's verification.
     assertions: tuple[tuple[str, bool, str], ...] = ()
 
@@ -138,16 +141,17 @@ def iceberg_dataset(
     )
 
 
-def read_range(ref: DatasetRef, after: int | str | None) -> DatasetRef:
+def read_range(ref: DatasetRef, after: int | str | None, bridge: str | None = None) -> DatasetRef:
     """``ref`` as an input whose changes were read after ``after`` (exclusive; None: from the first snapshot).
 
     Through its ``version``: a run reads the changes between two snapshots,
     and the end alone does not say which (a mirror apply over three changelog
     snapshots, a changelog commit of one source snapshot after its parent).
+    ``bridge``: the reason, when the range is a bridge over a gap in the history.
     """
     if ref.version is None:
         return ref
-    return replace(ref, snapshot_range=(None if after is None else str(after), ref.version))
+    return replace(ref, snapshot_range=(None if after is None else str(after), ref.version), bridge=bridge)
 
 
 def mirror_dataset(mirror: dict[str, Any], catalog: CatalogConfig, location: str | None = None) -> DatasetRef:

@@ -45,6 +45,7 @@ def _snapshot_range_facet() -> type:
 
         toSnapshotId: str  # the spec's camelCase
         fromSnapshotId: str | None = attr.field(default=None)
+        bridge: str | None = attr.field(default=None)  # a bridge over a gap: expired | rolled back
 
         @staticmethod
         def _get_schema() -> str:
@@ -85,7 +86,9 @@ def input_dataset(ref: DatasetRef) -> Any:
         extra["dataQualityAssertions"] = quality.DataQualityAssertionsDatasetFacet(assertions=checks)
     if ref.snapshot_range is not None:
         after, through = ref.snapshot_range
-        extra[SNAPSHOT_RANGE_FACET] = _snapshot_range_facet()(toSnapshotId=through, fromSnapshotId=after)
+        extra[SNAPSHOT_RANGE_FACET] = _snapshot_range_facet()(
+            toSnapshotId=through, fromSnapshotId=after, bridge=ref.bridge
+        )
     return InputDataset(namespace=ref.namespace, name=ref.name, facets=_facets(ref), inputFacets=extra)
 
 

@@ -34,3 +34,30 @@ def test_each_run_names_the_source_range_it_read(tmp_path, monkeypatch):
         ranges.append(read.snapshot_range)
         assert written.snapshot_range is None
     assert ranges == [(None, str(first)), (str(first), str(second))]
+
+
+def test_a_bridge_names_the_watermarks_snapshot_as_its_start_and_says_it_is_a_bridge(tmp_path, monkeypatch):
+    from datetime import UTC, datetime, timedelta
+
+    from openlineage.client.serde import Serde
+
+    from cdc_devtools.cow import cow_merge
+    from iceberg_cdc.airflow.operators.lineage import operator_lineage
+
+    pipeline = InlinePipeline(tmp_path)
+    pipeline.create_source(SCHEMA).append(rows(range(10)))
+    config = tmp_path / "cdc.yaml"
+    config.write_text(yaml.safe_dump(pipeline.raw))
+    monkeypatch.setenv("CDC_CONFIG", str(config))
+    pipeline.catch_up()
+    base = pipeline.watermark().snapshot_id
+    cow_merge(pipeline.source, upserts=rows([1], "us", "x"))
+    last = cow_merge(pipeline.source, upserts=rows([2], "us", "y"))
+    pipeline.source.maintenance.expire_snapshots().older_than(
+        datetime.now(UTC) + timedelta(seconds=1)
+    ).commit()
+    [run] = [r for r in pipeline.catch_up() if r.snapshot_id is not None]
+    (read,), _ = changelog_datasets(run.detected.to_xcom(), run.committed)
+    assert (read.snapshot_range, read.bridge) == ((str(base), str(last)), "expired")
+    facet = Serde.to_dict(operator_lineage([read], []).inputs[0])["inputFacets"]["icebergCdc_snapshotRange"]
+    assert facet["bridge"] == "expired" and facet["fromSnapshotId"] == str(base)

@@ -82,6 +82,15 @@ def test_snapshots_expired_while_nothing_ran_are_bridged_on_the_same_sink(pipeli
     assert record.bridge.reason == "expired" and record.bridge.from_snapshot_id == base.snapshot_id
     assert record.change_ordinal == base.ordinal + 1
     assert pipeline.watermark().snapshot_id == last
+    # The CDC view shows the commit as a bridge, in its page and its JSON.
+    from iceberg_cdc.ui.page import PageModel, render_page
+    from iceberg_cdc.ui.status import collect_status
+
+    [status] = collect_status(pipeline.config)
+    shown = status.to_dict()["recent"][0]
+    assert shown["operation"] == "bridge" and shown["bridge"]["from"] == str(base.snapshot_id)
+    page = render_page(PageModel(generated_at=datetime.now(UTC), statuses=[status]))
+    assert f"bridge from {base.snapshot_id} over expired snapshots" in page and 'data-field="bridge"' in page
     assert set(own_tags(pipeline.source, SINK).values()) == {last}, "the base moved on; the old one is free"
 
     # Per-snapshot commits resume after the bridge.

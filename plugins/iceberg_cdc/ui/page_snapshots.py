@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from iceberg_cdc.run.story import bridge_label
 from iceberg_cdc.ui.page_format import esc, fmt_bytes, fmt_int, fmt_seconds, time_tag
 from iceberg_cdc.ui.sink_history import ProcessedSnapshot
 from iceberg_cdc.ui.table_status import TableStatus
@@ -22,6 +23,11 @@ def _kind(snapshot: ProcessedSnapshot, now: datetime) -> str:
     if snapshot.reprocess:
         parts.append("reprocess")
     kind = esc(" · ".join(parts) or "—")
+    if snapshot.bridge:
+        kind += (
+            f'<div class="bridge-mark" data-field="bridge" title="one commit of the net change over a gap '
+            f"in the source's history\">{esc(bridge_label(snapshot.bridge))}</div>"
+        )
     if snapshot.replaced:
         kind += (
             f'<div class="replaced-mark" data-field="replaced" title="its rows were deleted by sink commit '

@@ -56,6 +56,8 @@ class ProcessedSnapshot:
     # A later commit of the same source snapshot (a reprocess) deleted this one's rows.
     replaced_by: int | None = None  # that commit's sink snapshot id
     replaced_at: datetime | None = None
+    # A bridge over a gap in the source's history: reason, from, common_ancestor (ids as strings).
+    bridge: dict[str, str | None] | None = None
 
     @property
     def replaced(self) -> bool:
@@ -151,6 +153,15 @@ def processed_snapshot(snapshot: Any, summary: Mapping[str, str]) -> ProcessedSn
         seconds=dict(sorted(record.seconds.items(), key=lambda item: _phase_key(item[0]))),
         rows=rows,
         skew=skew_warnings(summary),
+        bridge=None
+        if record.bridge is None
+        else {
+            "reason": record.bridge.reason,
+            "from": str(record.bridge.from_snapshot_id),
+            "common_ancestor": None
+            if record.bridge.common_ancestor is None
+            else str(record.bridge.common_ancestor),
+        },
     )
 
 

@@ -133,7 +133,8 @@ def changelog_datasets(
     source = iceberg_dataset(
         catalog, detected["source"], detected["source_location"], version=detected["snapshot_id"]
     )
-    inputs = [read_range(source, detected.get("base_snapshot_id"))]
+    bridge = (detected.get("bridge") or {}).get("reason")  # a bridge over a gap: from the watermark's
+    inputs = [read_range(source, detected.get("base_snapshot_id"), bridge)]
     outputs = []
     if committed is not None:
         rows = (committed.get("conservation") or {}).get("change_rows") if committed.get("committed") else 0
