@@ -170,6 +170,31 @@ def test_the_warning_names_the_snapshot_and_the_fixes_only_below_the_threshold()
     assert "may be expired now" in result.warning(T0 + 11 * HOUR, threshold_seconds=60)
 
 
+def test_without_expiry_settings_the_warning_follows_the_evidence_and_says_the_limit_is_unknown():
+    """pyiceberg's older_than ignores the table's properties: with none set, the 5-day default says little."""
+    unset = metadata([T0, T0 + HOUR])  # no history.expire.* on the table
+    result = outlook(unset, NeededSnapshots(1, (2,)))
+    assert result.settings_known is False
+    assert result.warning(T0 + 20 * HOUR, threshold_seconds=24 * 3600) is None  # younger than the threshold
+    text = result.warning(T0 + 26 * HOUR, threshold_seconds=24 * 3600)
+    assert text is not None and "snapshot 1, needed by the sink, is 1 d 2 h old and no tag holds it" in text
+    assert "cannot be known" in text and "older_than" in text and "bridge commit" in text
+    # The same age with the table's own setting far away: the setting is known, no warning.
+    known = outlook(
+        metadata([T0, T0 + HOUR], {MAX_SNAPSHOT_AGE_PROPERTY: str(100 * HOUR)}), NeededSnapshots(1, (2,))
+    )
+    assert known.settings_known and known.warning(T0 + 26 * HOUR, threshold_seconds=24 * 3600) is None
+    # Held by the pipeline's tags: nothing unheld to warn about.
+    tags = {
+        f"cdc-pending-s-{i}": SnapshotRef(snapshot_id=i, snapshot_ref_type=SnapshotRefType.TAG)
+        for i in (1, 2)
+    }
+    held = outlook(
+        metadata([T0, T0 + HOUR], refs=tags), NeededSnapshots(1, (2,)), protection_prefix="cdc-pending-s-"
+    )
+    assert held.warning(T0 + 26 * HOUR, threshold_seconds=24 * 3600) is None
+
+
 @st.composite
 def histories(draw):
     count = draw(st.integers(2, 8))

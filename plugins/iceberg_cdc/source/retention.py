@@ -94,6 +94,13 @@ class RetentionOutlook:
     needed: int  # snapshots the sink needs (watermark's + pending)
     first: SnapshotExposure | None  # the one that may go first; None when nothing needed is exposed
     protected: bool  # every needed snapshot heads a ref without an age limit (protect_pending)
+    # Whether the table says how old its snapshots may get (history.expire.max-snapshot-age-ms, or
+    # main's own): without it the estimate is Iceberg's default, and an expiry job with its own limit
+    # (pyiceberg's older_than, a platform's nightly job) is invisible from the table.
+    settings_known: bool = True
+    # The oldest needed snapshot no pipeline tag holds: its id and commit time (the evidence that
+    # holds whatever the settings: how long it has been exposed).
+    oldest_unheld: tuple[int, int] | None = None
 
     def seconds_left(self, now_ms: int) -> float | None:
         """Seconds until the first needed snapshot may be expired (<= 0: it may be already); None: no limit."""
@@ -102,17 +109,29 @@ class RetentionOutlook:
         return (self.first.kept_until_ms - now_ms) / 1000
 
     def warning(self, now_ms: int, threshold_seconds: float) -> str | None:
-        """A warning when the first needed snapshot may be expired within ``threshold_seconds``."""
+        """A warning when a needed snapshot may be expired within ``threshold_seconds``.
+
+        From the table's settings when it has them. Without them the settings'
+        estimate means little (any expiry job may use its own age limit), so
+        the evidence decides: a needed snapshot no tag holds that is already
+        older than the threshold is warned about, saying the limit is unknown.
+        """
         left = self.seconds_left(now_ms)
-        if left is None or left > threshold_seconds or self.first is None:
+        if left is not None and left <= threshold_seconds and self.first is not None:
+            first = self.first
+            what = "the watermark's snapshot" if first.role == "watermark" else "pending snapshot"
+            when = "may be expired now" if left <= 0 else f"may be expired in {format_duration(left)}"
+            unknown = "" if self.settings_known else f" -- {UNKNOWN_SETTINGS}"
+            return f"{what} {first.snapshot_id} {when} ({first.kept_by}{unknown}); {WAYS_OUT}"
+        if self.settings_known or self.oldest_unheld is None:
             return None
-        first = self.first
-        what = "the watermark's snapshot" if first.role == "watermark" else "pending snapshot"
-        when = "may be expired now" if left <= 0 else f"may be expired in {format_duration(left)}"
+        snapshot_id, committed_at_ms = self.oldest_unheld
+        age = (now_ms - committed_at_ms) / 1000
+        if age < threshold_seconds:
+            return None
         return (
-            f"{what} {first.snapshot_id} {when} ({first.kept_by}); if it goes, the table can only restart "
-            "from its current state. Process the backlog, raise the source's snapshot retention, or set "
-            "protect_pending: true"
+            f"snapshot {snapshot_id}, needed by the sink, is {format_duration(age)} old and no tag holds it; "
+            f"when it may be expired cannot be known: {UNKNOWN_SETTINGS}; {WAYS_OUT}"
         )
 
     def to_dict(self, now_ms: int) -> dict[str, Any]:
@@ -127,7 +146,19 @@ class RetentionOutlook:
             "protected": self.protected,
             "seconds_left": self.seconds_left(now_ms),
             "first": first,
+            "settings_known": self.settings_known,
         }
+
+
+UNKNOWN_SETTINGS = (
+    "the table sets no history.expire.max-snapshot-age-ms, so an expiry job's own age limit (pyiceberg's "
+    "older_than, Spark's expire_snapshots(older_than => ...)) is not visible here"
+)
+WAYS_OUT = (
+    "if it goes before it is processed, its changes reach the changelog only inside a bridge commit "
+    "(or, with on_history_gap: fail, the table stops). Process the backlog, raise the source's snapshot "
+    "retention, or set protect_pending: true"
+)
 
 
 def _int_property(properties: Mapping[str, str], key: str, default: int) -> int:
@@ -216,7 +247,23 @@ def outlook(
             key=lambda e: (e.newer_needed, e.committed_at_ms),
             default=None,
         )
-    return RetentionOutlook(main_age, main_min, len(roles), first, protected)
+    known = MAX_SNAPSHOT_AGE_PROPERTY in properties or bool(main and main.max_snapshot_age_ms)
+    unheld = [
+        e
+        for e in exposures
+        if protection_prefix is None
+        or not _own_tag_holds(metadata, e.snapshot_id, protection_prefix, table_ref_age)
+    ]
+    oldest = min(unheld, key=lambda e: e.committed_at_ms, default=None)
+    return RetentionOutlook(
+        main_age,
+        main_min,
+        len(roles),
+        first,
+        protected,
+        settings_known=known,
+        oldest_unheld=None if oldest is None else (oldest.snapshot_id, oldest.committed_at_ms),
+    )
 
 
 def _own_tag_holds(
