@@ -162,6 +162,12 @@ def test_the_page_shows_the_block_in_red_with_its_fix_and_marks_each_failed_run(
         'data-field="blocked-fix">Fix: Restore the file, or roll the source back past snapshot 3011' in page
     )
     assert "duplicated). Then clear that run (or trigger the DAG)." in page
+    # The fix is said once: the error line on the card stops before it, and no status error repeats it.
+    card = page.split('data-field="blocked">')[1].split("</p>")[0]
+    assert card.count("Restore the file, or roll the source back past snapshot 3011") == 1
+    repeated = _status(blocked=found.blocked, errors=[f"the watermark check failed: {found.blocked.error}"])
+    page = render_page(PageModel(generated_at=status.checked_at, statuses=[repeated], runs={DAG_ID: runs}))
+    assert 'data-field="error"' not in page.split('data-source="shop.orders"')[1]
     assert '<span class="failure blocking">(1 blocking)</span>' in page  # the overview's failed runs
     assert 'data-kind="blocking">blocking: no retry can fix this' in page
     assert 'data-kind="marked">harmless: marked failed by a person' in page

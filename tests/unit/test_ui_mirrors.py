@@ -277,3 +277,36 @@ def test_the_iceberg_mirrors_last_apply_is_its_newest_apply_snapshot_not_a_repai
         "rows": {"upserted": 40, "replaced": 3},
         "seconds": {"mirror_join": 1.5, "commit": 0.25},
     }
+
+
+def test_a_mirror_caught_up_with_a_blocked_changelog_says_it_waits_on_the_table():
+    """Not "0 changelog snapshot(s) behind" in amber: the lag is the changelog's own, and why."""
+    mirror = mirror_statuses(
+        CONFIG.tables[0], reader=reader, changelog_ordinal=7, source_pending=1, source_table=None
+    )[0]
+    assert (mirror.behind_changelog, mirror.behind_source) == (0, 1)
+    blocked = mirror_section([mirror], {}, datetime.now(UTC), table_blocked=True)
+    assert "0 changelog snapshot(s) behind" not in blocked
+    assert "caught up with the changelog" in blocked and "waits on the blocked table" in blocked
+    assert "1 source snapshot(s) not in the changelog yet" in blocked
+    running = mirror_section([mirror], {}, datetime.now(UTC))
+    assert "waits for the changelog's next commit" in running and "blocked" not in running
+
+
+def test_a_verification_older_than_the_mirrors_position_says_so():
+    now = datetime.now(UTC)
+    older = {
+        "status": "equal",
+        "verified_at": now.timestamp() - 60,
+        "at": {"source_snapshot_id": "40", "ordinal": 1},
+    }
+    current = {**older, "at": {"source_snapshot_id": "42", "ordinal": 7}}
+    for found, marked in ((older, True), (current, False)):
+        [pg] = mirror_statuses(
+            CONFIG.tables[0], reader=reader, changelog_ordinal=7, source_pending=0, source_table=None,
+            verifications=lambda t, m, found=found: found if m.name == "pg" else None,
+        )[:1]  # fmt: skip
+        html = mirror_section([pg], {}, now)
+        assert ('data-field="mirror-verified-older"' in html) is marked, html
+        if marked:
+            assert "#1: older than the mirror's #7" in html

@@ -93,6 +93,13 @@ class Blocked:
     def error_name(self) -> str:
         return error_name(self.error) or self.error.split(":", 1)[0]
 
+    @property
+    def cause(self) -> str:
+        """The error without its fix (shown apart), so the card does not say the fix twice."""
+        if self.fix and self.error.rstrip().endswith(self.fix):
+            return self.error.rstrip()[: -len(self.fix)].rstrip()
+        return self.error
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "since": None if self.since is None else self.since.isoformat().replace("+00:00", "Z"),

@@ -183,7 +183,9 @@ def _section(status: TableStatus, all_runs: Mapping[str, Any], now: datetime) ->
         if runs is not None
         else f'<span class="dag-link">DAG {esc(status.dag_id)}</span>'
     )
-    errors = "".join(f'<p class="error" data-field="error">{esc(e)}</p>' for e in status.errors)
+    # The block's error is on its own line, with its fix: a status error that repeats it is left out.
+    shown = [e for e in status.errors if not (status.blocked and status.blocked.cause in e)]
+    errors = "".join(f'<p class="error" data-field="error">{esc(e)}</p>' for e in shown)
     errors += "".join(f'<p class="warn" data-field="warning">⚠ {esc(w)}</p>' for w in status.warnings)
     errors = blocked_line(status.blocked, now) + errors
     notes = "".join(f'<p class="note">{esc(n)}</p>' for n in status.notes)
@@ -192,7 +194,7 @@ def _section(status: TableStatus, all_runs: Mapping[str, Any], now: datetime) ->
         f'<h2><span class="mono">{esc(status.source)}</span> → <span class="mono">{esc(status.sink)}</span> '
         f"{_badge(status, now)} {dag_link}</h2>"
         f"{errors}{notes}{_facts(status, runs, now)}"
-        f"{mirror_section(status.mirrors, all_runs, now)}"
+        f"{mirror_section(status.mirrors, all_runs, now, table_blocked=status.blocked is not None)}"
         f"<h3>Last processed snapshots</h3>{recent_table(status, now)}"
         f"{recent_runs(runs, now)}"
         f"<h3>Failed runs</h3>{failed_runs(runs, now)}"

@@ -20,15 +20,21 @@ from iceberg_cdc.ui.page_runs import run_badge
 from iceberg_cdc.verify_status import VerifyStatus
 
 
-def mirror_section(mirrors: list[Any], runs: Mapping[str, Any], now: datetime) -> str:
-    """The ``Mirrors`` heading and table ('' for a table without mirrors)."""
+def mirror_section(
+    mirrors: list[Any], runs: Mapping[str, Any], now: datetime, *, table_blocked: bool = False
+) -> str:
+    """The ``Mirrors`` heading and table ('' for a table without mirrors).
+
+    ``table_blocked``: the table's own DAG is blocked, so a mirror caught up with
+    the changelog waits on it (its lag is the changelog's, not its own).
+    """
     if not mirrors:
         return ""
     head = (
         "<tr><th>Mirror</th><th>Reached</th><th>Lag</th><th>Last apply</th>"
         "<th>Last failure</th><th>Verified</th><th>DAG</th></tr>"
     )
-    body = "".join(_row(m, runs.get(m.dag_id), now) for m in mirrors)
+    body = "".join(_row(m, runs.get(m.dag_id), now, table_blocked) for m in mirrors)
     return (
         '<h3>Mirrors</h3><div class="scroll"><table class="grid mirrors" data-field="mirrors">'
         f"<thead>{head}</thead><tbody>{body}</tbody></table></div>"
@@ -39,7 +45,7 @@ def mirror_section(mirrors: list[Any], runs: Mapping[str, Any], now: datetime) -
     )
 
 
-def _row(mirror: Any, runs: Any, now: datetime) -> str:
+def _row(mirror: Any, runs: Any, now: datetime, table_blocked: bool = False) -> str:
     where = f'{esc(mirror.type)} <span class="mono">{esc(mirror.table)}</span>'
     cells = [f'<td><b>{esc(mirror.name)}</b><div class="muted">{where}</div></td>']
     if mirror.error:
@@ -49,7 +55,7 @@ def _row(mirror: Any, runs: Any, now: datetime) -> str:
     else:
         cells += [
             f"<td>{_reached(mirror, now)}</td>",
-            f"<td>{_lag(mirror)}</td>",
+            f"<td>{_lag(mirror, table_blocked)}</td>",
             f"<td>{_applied(mirror, now)}</td>",
         ]
     cells += [
@@ -76,11 +82,22 @@ def _reached(mirror: Any, now: datetime) -> str:
     )
 
 
-def _lag(mirror: Any) -> str:
+def _lag(mirror: Any, table_blocked: bool = False) -> str:
     if mirror.behind_changelog is None:
         return '<span class="muted" data-field="mirror-lag">unknown</span>'
     if not (mirror.behind_changelog or mirror.behind_source):
         return '<span data-field="mirror-lag">caught up</span>'
+    if not mirror.behind_changelog:  # it holds the whole changelog: the lag is the changelog's own
+        why = (
+            "waits on the blocked table (see its error above)"
+            if table_blocked
+            else "waits for the changelog's next commit"
+        )
+        return (
+            f'<span data-field="mirror-lag">caught up with the changelog</span>; <span class="muted" '
+            f'data-field="mirror-lag-source">{why}: {esc(mirror.behind_source)} source snapshot(s) not in '
+            "the changelog yet</span>"
+        )
     age = mirror.lag_seconds
     waiting = (
         f'<div>oldest change waiting <span data-field="mirror-lag-age">{esc(fmt_age(age))}</span></div>'
@@ -165,6 +182,12 @@ def verified(mirror: Any, now: datetime) -> str:
     when = time_tag(datetime.fromtimestamp(float(found["verified_at"]), tz=UTC), now)
     at = (found.get("at") or {}).get("source_snapshot_id")
     where = f' at snapshot <span class="mono">{esc(at)}</span>' if at else ""
+    verified_ordinal = (found.get("at") or {}).get("ordinal")
+    if verified_ordinal is not None and mirror.ordinal is not None and int(verified_ordinal) < mirror.ordinal:
+        where += (
+            f' <span class="warn" data-field="mirror-verified-older">(#{esc(verified_ordinal)}: older than '
+            f"the mirror's #{esc(mirror.ordinal)}; it says nothing of what was applied since)</span>"
+        )
     status = found.get("status")
     if status == VerifyStatus.EQUAL:
         verdict = "equal"

@@ -39,7 +39,7 @@ def blocked_line(blocked: Blocked | None, now: datetime) -> str:
     return (
         f'<p class="blocked-line" data-field="blocked">Blocked{since} by {esc(blocked.error_name)}{where} '
         f'in run <a href="{esc(blocked.run_url)}" target="_top" class="mono">{esc(blocked.run_id)}</a>: '
-        f'<code class="error-line">{esc(blocked.error)}</code><br><span class="fix" data-field="blocked-fix">'
+        f'<code class="error-line">{esc(blocked.cause)}</code><br><span class="fix" data-field="blocked-fix">'
         f"{fix} that run (or trigger the DAG). No retry fixes it on its own; the table stays blocked until "
         "a run succeeds.</span></p>"
     )
