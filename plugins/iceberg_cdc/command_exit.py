@@ -14,6 +14,7 @@ and Python's own exit code for an uncaught exception (1) would read as drift.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 
@@ -37,4 +38,19 @@ def run_command(body: Callable[[], int]) -> int:
     return ERROR
 
 
-__all__ = ["DONE", "ERROR", "LEFT", "run_command"]
+def command_main(
+    description: str | None,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], int],
+    argv: list[str] | None = None,
+) -> int:
+    """A command module's ``main`` (its ``python -m`` path): its options, then :func:`run_command`."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run_command(lambda: run(args))
+
+
+__all__ = ["DONE", "ERROR", "LEFT", "command_main", "run_command"]

@@ -28,7 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from iceberg_cdc.command_exit import DONE, run_command
+from iceberg_cdc.command_exit import DONE, command_main
 from iceberg_cdc.config import MirrorConfig, load_config
 from iceberg_cdc.errors import CdcError, MirrorKeyError
 from iceberg_cdc.mirror.changelog import Pending, changelog_mark, read_net_changes
@@ -146,12 +146,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return run_command(lambda: run(args))
+    return command_main(__doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -171,6 +171,29 @@ def _used_refs(refs: Iterable[DataFileRef], *indexes: DeleteIndex) -> dict[str, 
     return used
 
 
+def _kept_file(
+    old: ManifestEntry,
+    new: ManifestEntry,
+    before: DeleteIndex,
+    after: DeleteIndex,
+    lineages: tuple[_Lineage, _Lineage],
+    specs: Mapping[int, PartitionSpec],
+    key_field: NestedField | None,
+    deleted: list[DataFileRef],
+    added: list[DataFileRef],
+) -> None:
+    """A data file live in both states whose delete files differ: the rows the new deletes delete are
+    removed (read with the old deletes, ``require`` the new), the rows the old deletes deleted and the
+    new do not are added back."""
+    deletes_before, deletes_after = before.for_data_file(old), after.for_data_file(new)
+    if deletes_after - deletes_before:
+        deleted.append(
+            _ref(old, specs, deletes_before, deletes_after - deletes_before, lineages[0], key_field)
+        )
+    if deletes_before - deletes_after:
+        added.append(_ref(new, specs, deletes_after, deletes_before - deletes_after, lineages[1], key_field))
+
+
 def snapshot_changes(table: Table, snapshot_id: int, key_field_id: int | None = None) -> SnapshotChanges:
     """The live rows ``snapshot_id`` removed and added, as files (and delete files) to read.
 
@@ -228,15 +251,7 @@ def snapshot_changes(table: Table, snapshot_id: int, key_field_id: int | None = 
         for entry in _live_entries(table, snapshot, ManifestContent.DATA, may_hold, lineage):
             if entry.data_file.file_path in added_paths:
                 continue
-            deletes_before, deletes_after = before.for_data_file(entry), after.for_data_file(entry)
-            if deletes_after - deletes_before:
-                deleted.append(
-                    _ref(entry, specs, deletes_before, deletes_after - deletes_before, lineage, key_field)
-                )
-            if deletes_before - deletes_after:
-                added.append(
-                    _ref(entry, specs, deletes_after, deletes_before - deletes_after, lineage, key_field)
-                )
+            _kept_file(entry, entry, before, after, (lineage, lineage), specs, key_field, deleted, added)
     return SnapshotChanges(
         **header,
         added=_by_path(added),
@@ -292,16 +307,8 @@ def bridge_changes(
         if path not in in_base
     ]
     for path in in_base.keys() & in_target.keys():
-        old, new = in_base[path], in_target[path]
-        deletes_before, deletes_after = before.for_data_file(old), after.for_data_file(new)
-        if deletes_after - deletes_before:
-            deleted.append(
-                _ref(old, specs, deletes_before, deletes_after - deletes_before, base_lineage, key_field)
-            )
-        if deletes_before - deletes_after:
-            added.append(
-                _ref(new, specs, deletes_after, deletes_before - deletes_after, target_lineage, key_field)
-            )
+        lineages = (base_lineage, target_lineage)
+        _kept_file(in_base[path], in_target[path], before, after, lineages, specs, key_field, deleted, added)
     return SnapshotChanges(
         **header,
         added=_by_path(added),

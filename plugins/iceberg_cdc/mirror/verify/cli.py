@@ -24,7 +24,7 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from iceberg_cdc.command_exit import DONE, LEFT, run_command
+from iceberg_cdc.command_exit import DONE, LEFT, command_main
 from iceberg_cdc.config import MirrorConfig, load_config
 from iceberg_cdc.errors import CdcError
 from iceberg_cdc.lineage import verify_datasets
@@ -73,12 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return run_command(lambda: run(args))
+    return command_main(__doc__, add_arguments, run, argv)
 
 
 def _verify(ctx: Context, mirror, *, repair: bool, limit: int) -> Verification:
