@@ -39,18 +39,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 import yaml  # noqa: E402
+from percentiles import nearest_rank  # noqa: E402
 
 from cdc_devtools.airflow_env import airflow_env  # noqa: E402
 from iceberg_cdc.sink.table import find_commit, read_watermark  # noqa: E402
 
 _POLL_LINE = re.compile(r"calls in (\d+) s for (\d+) table\(s\): ([\d.]+) calls per minute per table")
-
-
-def _percentile(values: list[float], fraction: float) -> float:
-    """Nearest-rank percentile (p50 of 10 values: the 5th smallest)."""
-    ordered = sorted(values)
-    rank = max(1, -(-int(fraction * 100) * len(ordered) // 100))
-    return ordered[rank - 1]
 
 
 def _wait_caught_up(catalog, source: str, sink: str, airflow, dag_id: str, timeout: float) -> None:
@@ -168,8 +162,8 @@ def freshness_figures(
         made = source_table.metadata.snapshot_by_id(snapshot_id).timestamp_ms
         entry["freshness_seconds"] = round((committed.timestamp_ms - made) / 1000, 2)
     seconds = [e["freshness_seconds"] for e in results["snapshots"]]
-    results["p50"] = _percentile(seconds, 0.50)
-    results["p95"] = _percentile(seconds, 0.95)
+    results["p50"] = nearest_rank(seconds, 0.50)
+    results["p95"] = nearest_rank(seconds, 0.95)
     results["mean"] = round(statistics.fmean(seconds), 2)
     reports = _poll_reports(component_logs) + _poll_reports(work / "airflow-freshness" / "logs")
     results["poll_reports"] = reports
