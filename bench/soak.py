@@ -66,7 +66,7 @@ REWRITE = "rewrite"
 NO_CHANGE_KINDS = frozenset({REWRITE})
 APPENDED_ROWS = 3  # rows per append
 CATCH_UP_TIMEOUT = 900.0  # seconds after the last commit before the soak reports "not caught up"
-MIRROR_TIMEOUT = 300.0  # further seconds the mirrors get once the changelog is caught up (or given up)
+MIRROR_TIMEOUT = 300.0  # seconds more for the mirrors and the last runs, once the changelog is done
 
 
 # --- the writer's plan and commits ---------------------------------------------------------------
@@ -386,6 +386,28 @@ def _idle(airflow, dag_ids: Iterable[str], timeout: float) -> bool:
     return True
 
 
+def _no_task_running(airflow, dag_ids: Iterable[str], timeout: float) -> None:
+    """Wait (bounded) until no task of the (paused) DAGs' runs is running.
+
+    A paused DAG's runs stay ``running`` for ever (the scheduler leaves them), so their tasks, not
+    the runs, say when nothing of this table is left to load the host.
+    """
+    dag_ids = list(dag_ids)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = [
+            task
+            for dag in dag_ids
+            for run in airflow.runs(dag)
+            if run["state"] == "running"
+            for task, state in airflow.task_states(dag, run["dag_run_id"]).items()
+            if state == "running"
+        ]
+        if not busy:
+            return
+        time.sleep(2.0)
+
+
 def soak_one(
     catalog,
     airflow,
@@ -415,11 +437,15 @@ def soak_one(
     )
     given_up = time.time()
     target = source_table.current_snapshot().snapshot_id
-    mirror_caught_up = _mirrors_catch_up(ctx, mirrors, target, last, MIRROR_TIMEOUT)
-    if not _idle(airflow, dags.values(), MIRROR_TIMEOUT):
-        for dag in dags.values():  # do not let this table's backlog run into the next soak
+    deadline = time.monotonic() + MIRROR_TIMEOUT
+    if caught_up is None:  # the mirrors follow the changelog: they cannot reach the source either
+        mirror_caught_up: dict[str, float | None] = dict.fromkeys((m.mirror_name for m in mirrors), None)
+    else:
+        mirror_caught_up = _mirrors_catch_up(ctx, mirrors, target, last, MIRROR_TIMEOUT)
+    if caught_up is None or not _idle(airflow, dags.values(), max(1.0, deadline - time.monotonic())):
+        for dag in dags.values():  # the backlog left must not run into the next soak's figures
             airflow.set_paused(dag, True)
-        _idle(airflow, dags.values(), MIRROR_TIMEOUT)
+        _no_task_running(airflow, dags.values(), MIRROR_TIMEOUT)
     return {
         "source": source,
         "interval": interval,
@@ -491,6 +517,9 @@ def soak_figures(
     log: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
     """Every cadence in one deployment (tables soaked one after another), then the checks."""
+    most = max(commit_count(duration, interval) for interval in intervals)
+    if 2 * most >= rows:  # updates take ids from the bottom, deletes from the top: they must not meet
+        raise ValueError(f"--rows {rows} is too few for {most} commits: give at least {2 * most + 1}")
     import workload as wl
 
     from cdc_devtools.connect_server import LocalSparkConnectServer

@@ -121,3 +121,10 @@ def test_a_failed_run_or_a_verdict_other_than_exact_fails_the_bench():
     assert not soak.failed({"soaks": [clean]})
     assert soak.failed({"soaks": [clean, {**clean, "verdict": "NOT exact: x"}]})
     assert soak.failed({"soaks": [{**clean, "runs": {"pg": {"failed": ["r1"]}}}]})
+
+
+def test_too_few_rows_for_the_commits_is_refused_before_anything_starts(tmp_path):
+    # 120 commits: updates take ids 1..120 from the bottom, deletes from the top; 240 rows would meet.
+    with pytest.raises(ValueError, match=r"--rows 240 is too few for 120 commits: give at least 241"):
+        soak.soak_figures(tmp_path, None, tmp_path / "logs", intervals=(5.0, 10.0), duration=600, rows=240)
+    assert not (tmp_path / "catalog.db").exists()
