@@ -39,6 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 import yaml  # noqa: E402
+from percentiles import nearest_rank  # noqa: E402
 
 from cdc_devtools.airflow_env import airflow_env  # noqa: E402
 from iceberg_cdc.sink.table import find_commit, read_watermark  # noqa: E402
@@ -46,14 +47,8 @@ from iceberg_cdc.sink.table import find_commit, read_watermark  # noqa: E402
 _POLL_LINE = re.compile(r"calls in (\d+) s for (\d+) table\(s\): ([\d.]+) calls per minute per table")
 
 
-def _percentile(values: list[float], fraction: float) -> float:
-    """Nearest-rank percentile (p50 of 10 values: the 5th smallest)."""
-    ordered = sorted(values)
-    rank = max(1, -(-int(fraction * 100) * len(ordered) // 100))
-    return ordered[rank - 1]
-
-
-def _wait_caught_up(catalog, source: str, sink: str, airflow, dag_id: str, timeout: float) -> None:
+def wait_caught_up(catalog, source: str, sink: str, airflow, dag_id: str, timeout: float) -> None:
+    """Until the sink's watermark is the source's current snapshot; a failed run or the timeout raises."""
     deadline = time.monotonic() + timeout
     while True:
         airflow.check_running()
@@ -140,7 +135,7 @@ def freshness_figures(
                 airflow.wait_for_dag(dag)
                 airflow.unpause(dag)  # the first poll reports each table's current snapshot
             for source, dag in ((measured.table, dag_id), (idle.table, idle_dag)):
-                _wait_caught_up(catalog, source, f"{source}_changes", airflow, dag, timeout=600)
+                wait_caught_up(catalog, source, f"{source}_changes", airflow, dag, timeout=600)
             airflow.wait_until_idle(dag_id, timeout=600)
             before = {r["dag_run_id"] for r in airflow.runs(dag_id)}
             table = catalog.load_table(measured.table)
@@ -149,7 +144,7 @@ def freshness_figures(
                 time.sleep(rng.uniform(*gaps))
                 snapshot_id = _one_row_update(table, 1 + index, f"fresh{index}")
                 results["snapshots"].append({"snapshot_id": str(snapshot_id)})
-            _wait_caught_up(catalog, measured.table, sink, airflow, dag_id, timeout=900)
+            wait_caught_up(catalog, measured.table, sink, airflow, dag_id, timeout=900)
             runs = [r for r in airflow.wait_until_idle(dag_id, timeout=900) if r["dag_run_id"] not in before]
             results["seconds"] = round(time.time() - started, 1)
             results["runs"] = {
@@ -168,8 +163,8 @@ def freshness_figures(
         made = source_table.metadata.snapshot_by_id(snapshot_id).timestamp_ms
         entry["freshness_seconds"] = round((committed.timestamp_ms - made) / 1000, 2)
     seconds = [e["freshness_seconds"] for e in results["snapshots"]]
-    results["p50"] = _percentile(seconds, 0.50)
-    results["p95"] = _percentile(seconds, 0.95)
+    results["p50"] = nearest_rank(seconds, 0.50)
+    results["p95"] = nearest_rank(seconds, 0.95)
     results["mean"] = round(statistics.fmean(seconds), 2)
     reports = _poll_reports(component_logs) + _poll_reports(work / "airflow-freshness" / "logs")
     results["poll_reports"] = reports

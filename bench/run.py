@@ -30,6 +30,10 @@ Runs, in this one invocation, all on Spark ``local[2]``:
 * under the scheduler with the event trigger (``freshness.py``): 10 one-row
   commits at random intervals, nobody triggering: ``freshness: p50 X s, p95 Y s``
   (source commit to sink commit) and the catalog poll's calls per minute per table;
+* the streaming-writer soak (``soak.py``), the same deployment with both mirrors on:
+  a writer committing every 5 s, then every 10 s, for 10 minutes each (1 minute
+  with ``--quick``), then the catch-up: ``soak: a commit every 5 s for 600 s: lag
+  p50 A s, p95 B s, max C s; caught up D s after the last commit; exact``;
 * the engine-only figures of ``engine_bench.py``;
 * mirrors (``mirror_bench.py``): 1 M changed rows applied to PostgreSQL against
   ``executemany``, and a mirror 30 changelog snapshots behind caught up in one
@@ -105,6 +109,8 @@ from pipeline_run import sink_changes  # noqa: E402
 from point_update import point_update_line, run_point_update  # noqa: E402
 from probes import probe  # noqa: E402
 from s3log import RequestLog  # noqa: E402
+from soak import failed as soak_failed  # noqa: E402
+from soak import soak_figures, soak_lines  # noqa: E402
 
 from cdc_devtools.iceberg_java import missing as java_missing  # noqa: E402
 from cdc_devtools.local_s3 import LocalS3Server  # noqa: E402
@@ -291,8 +297,8 @@ def main() -> None:
         "--scheduler",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="one-row latency and a 30-snapshot backlog under Airflow's scheduler (default: on, "
-        "also with --quick; about 15 minutes)",
+        help="one-row latency, a 30-snapshot backlog, freshness by event and the streaming-writer soak "
+        "under Airflow's scheduler (default: on, also with --quick; about 50 minutes, 15 with --quick)",
     )
     args = parser.parse_args()
     rows = args.rows or (100_000 if args.quick else 5_000_000)
@@ -367,6 +373,11 @@ def main() -> None:
                 "under the scheduler with the event trigger: freshness of 10 one-row commits, no manual trigger"
             )
             results["freshness"] = freshness_figures(work / "freshness", bench.s3, bench.logs)
+            log("the streaming-writer soak, mirrors on: a commit every 5 s, then every 10 s (soak.py)")
+            results["soak"] = soak_figures(
+                work / "soak", bench.s3, bench.logs, duration=60.0 if args.quick else 600.0, log=log
+            )
+            results["checks"]["soak"] = {"equal": not soak_failed(results["soak"])}
     finally:
         bench.s3.stop()
     # A quick run must not overwrite the committed figures of a full one.
@@ -437,6 +448,11 @@ def main() -> None:
         (out_dir / "freshness.json").write_text(json.dumps(results["freshness"], indent=2) + "\n")
         (out_dir / "freshness.txt").write_text("\n".join(["# make bench", *freshness]) + "\n")
         print("\n".join(freshness))
+    if "soak" in results:
+        soak = soak_lines(results["soak"])
+        (out_dir / "soak.json").write_text(json.dumps(results["soak"], indent=2) + "\n")
+        (out_dir / "soak.txt").write_text("\n".join(["# make bench", *soak]) + "\n")
+        print("\n".join(soak))
     if "mirror" in results:
         print((out_dir / "mirror.txt").read_text().rstrip())
     if "verify" in results:

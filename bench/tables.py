@@ -64,6 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import yaml  # noqa: E402
+from percentiles import nearest_rank  # noqa: E402
 
 from cdc_devtools.airflow_env import VENV_BIN, airflow_env  # noqa: E402
 
@@ -284,12 +285,6 @@ def _create_tables(work: Path, tables: int):
     return catalog
 
 
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    rank = max(1, -(-int(fraction * 100) * len(ordered) // 100))
-    return ordered[rank - 1]
-
-
 def _epoch(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
@@ -393,8 +388,8 @@ def scheduler_figures(
         results["commit_to_run_start"] = delays
         results["runs_not_started"] = sorted(set(commits) - set(delays))
         if delays:
-            results["p50"] = _percentile(list(delays.values()), 0.50)
-            results["p95"] = _percentile(list(delays.values()), 0.95)
+            results["p50"] = nearest_rank(list(delays.values()), 0.50)
+            results["p95"] = nearest_rank(list(delays.values()), 0.95)
         time.sleep(max(0.0, 65 - (time.monotonic() - wall0)))  # at least one poll report (every 60 s)
     reports = _poll_counts(logs, work)
     results["poll_reports"] = reports
