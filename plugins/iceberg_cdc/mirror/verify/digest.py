@@ -2,34 +2,41 @@
 
 Each compared column is first put in its canonical form (:mod:`.canonical`):
 fixed-width values as int64 (floats as their bits, NaN made one NaN),
-everything else as bytes. A fixed-width value enters the row's hash as its own
-64 bits (the fold, SplitMix64 of ``acc * 31 + value``, is a bijection in the
-value, so changing one fixed-width value always changes the row's hash) and, for bytes, two independent 31-bit Murmur3 hashes (Iceberg's own,
-``pyiceberg-core``, in Rust) of the value and of the value with a salt
-appended (:func:`_bytes_hash`); a decimal is its two 64-bit halves. A row's hash folds its columns' hashes
-in column order.
+everything else as bytes. Every value becomes one 64-bit word
+(:func:`value_hashes`): a fixed-width value is its own 64 bits, a decimal its
+two 64-bit halves combined, and a bytes value the word hash of
+:func:`bytes_hashes` (its 8-byte words, each mixed with its position, summed,
+then mixed with the length). A row's hash folds its columns' words in column
+order with SplitMix64 of ``acc * 31 + word``, a bijection in the word: changing
+one fixed-width value, or one 8-byte word of a bytes value, always changes
+the row's hash.
+
+Every step is a NumPy ufunc or an Arrow kernel over whole columns, which
+release the GIL: the two sides of a verification hash in two threads at once
+(``pyiceberg-core``'s Murmur3, which this replaced, held the GIL for most of
+the work, so the sides took turns).
 
 A bucket's digest is the count of its rows and the sum of their hashes modulo
 2^64, so it does not depend on the order rows are read in, and two sides
 whose digests agree in every bucket hold the same multiset of rows except
-with probability about 2^-60 per differing row. The bucket of a row is a hash
-of its key columns only, so a row that moved or changed stays in one bucket
-on both sides and the buckets that differ name where to look.
+with probability about 2^-60 per differing row (64-bit row hashes, with
+margin for a non-cryptographic hash not being ideal). The bucket
+of a row is a hash of its key columns only, so a row that moved or changed
+stays in one bucket on both sides and the buckets that differ name where to
+look. Digests are compared only within one verification, between two sides
+hashed by the same code: the definition may change between versions.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-from pyiceberg_core.transform import bucket
 
-_HASH_SPACE = 2**31 - 1
 _NULL = np.uint64(0x9AE16A3B2F90404F)
-_SALT = b"\x00cdc-verify"
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _SEED = np.uint64(0x243F6A8885A308D3)
 
@@ -54,18 +61,60 @@ def splitmix64(values: np.ndarray) -> np.ndarray:
     return z
 
 
-def _bytes_hash(array: pa.Array) -> np.ndarray:
-    """Two independent 31-bit Murmur3 hashes of each value (Iceberg's own, in Rust): of it and of it salted.
+_MASKS = np.array([0] + [(1 << (8 * r)) - 1 for r in range(1, 8)] + [2**64 - 1], dtype=np.uint64)
+_CHUNK_BYTES = 8 << 20  # the bytes hashed at once: the per-word temporaries stay a few times this
 
-    One call covers every bytes column of a batch (:func:`fold` concatenates
-    them): ``pyiceberg-core``'s ``bucket`` costs a fixed overhead per call, and
-    per value about 0.1 µs -- half of what a NumPy tabulation hash of the bytes
-    cost here.
+
+def _position_keys(words: int) -> np.ndarray:
+    """The key each word position is mixed with (SplitMix64 of the position): a word moved is a word changed."""
+    return splitmix64(np.arange(words, dtype=np.uint64) ^ _SEED)
+
+
+def bytes_hashes(array: pa.Array) -> np.ndarray:
+    """One 64-bit hash per value of a binary column: its words, each mixed with its position, summed; then its length.
+
+    A value of ``L`` bytes is read as ``ceil(L / 8)`` little-endian 8-byte
+    words ``w_k`` (the last one zero-padded); its hash is
+    ``splitmix64(splitmix64(S) + L)`` with ``S`` the sum modulo 2^64 of
+    ``splitmix64(w_k ^ key_k)``. Each term is a bijection of its word, so
+    values of one length differing in one word always hash apart; the sum
+    needs no loop over a value's words, so every step is a NumPy ufunc over
+    all words of the column (no GIL held), however long the values.
+    Nulls hash like their (ignored) bytes; :func:`value_hashes` replaces them.
     """
-    salted = pc.binary_join_element_wise(array, pa.scalar(_SALT, array.type), pa.scalar(b"", array.type))
-    high = bucket(array, _HASH_SPACE).fill_null(0).to_numpy().astype(np.uint64)
-    low = bucket(salted, _HASH_SPACE).fill_null(0).to_numpy().astype(np.uint64)
-    return splitmix64((high << np.uint64(32)) | low)
+    n = len(array)
+    if not n:
+        return np.empty(0, dtype=np.uint64)
+    offsets = np.frombuffer(
+        array.buffers()[1], dtype=np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    )[array.offset : array.offset + n + 1].astype(np.int64)
+    if offsets[-1] - offsets[0] > _CHUNK_BYTES:  # long values: a few rows at a time
+        cuts = np.searchsorted(offsets, np.arange(offsets[0], offsets[-1], _CHUNK_BYTES), side="right") - 1
+        bounds = sorted({0, n, *(int(c) for c in cuts if 0 < c < n)})
+        if len(bounds) > 2:
+            return np.concatenate(
+                [bytes_hashes(array.slice(a, b - a)) for a, b in itertools.pairwise(bounds)]
+            )
+    low, high = int(offsets[0]), int(offsets[-1])
+    data = np.zeros(high - low + 8, dtype=np.uint8)  # zeros past the end: every 8-byte read stays inside
+    if high > low:
+        data[: high - low] = np.frombuffer(array.buffers()[2], dtype=np.uint8)[low:high]
+    starts = offsets[:-1] - low
+    lengths = np.diff(offsets)
+    counts = (lengths + 7) >> 3  # words per value
+    firsts = np.cumsum(counts) - counts  # each value's first word among all
+    total = int(counts.sum())
+    every = np.arange(total, dtype=np.int64)
+    position = every - np.repeat(firsts, counts)  # a word's position in its value
+    unaligned = np.ndarray((high - low + 1,), dtype="<u8", buffer=data, strides=(1,))
+    words = unaligned[np.repeat(starts, counts) + 8 * position]
+    nonempty = counts > 0
+    words[(firsts + counts - 1)[nonempty]] &= _MASKS[(lengths - 8 * (counts - 1))[nonempty]]
+    terms = splitmix64(words ^ _position_keys(int(counts.max()))[position])
+    sums = np.zeros(total + 1, dtype=np.uint64)
+    np.cumsum(terms, out=sums[1:])  # uint64: wraps modulo 2^64, and empty values sum to 0
+    with np.errstate(over="ignore"):
+        return splitmix64(splitmix64(sums[firsts + counts] - sums[firsts]) + lengths.view(np.uint64))
 
 
 def value_hashes(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -85,8 +134,8 @@ def value_hashes(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
             words = splitmix64(halves[0::2]) + halves[1::2]
     elif pa.types.is_int64(array.type):
         words = array.fill_null(0).to_numpy(zero_copy_only=False).view(np.uint64).copy()
-    elif pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
-        words = _bytes_hash(array)
+    elif _is_bytes(array):
+        words = bytes_hashes(array)
     elif pa.types.is_null(array.type):
         return np.full(len(array), _NULL, dtype=np.uint64)
     else:
@@ -100,38 +149,18 @@ def _is_bytes(array: pa.Array) -> bool:
     return pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)
 
 
-def _lengths(array: pa.Array) -> np.ndarray:
-    """Each value's byte length, -1 for null: with them a row's values joined end to end are unambiguous."""
-    lengths = pc.binary_length(array).fill_null(-1).to_numpy().astype(np.int64)
-    return lengths
+def fold_words(words: Sequence[np.ndarray], rows: int) -> np.ndarray:
+    """One 64-bit hash per row over columns' :func:`value_hashes`, in order (position matters: (a, b) != (b, a))."""
+    acc = np.full(rows, _SEED, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for column in words:
+            acc = splitmix64(acc * np.uint64(31) + column)
+    return acc
 
 
 def fold(columns: Sequence[pa.Array | pa.ChunkedArray], rows: int) -> np.ndarray:
-    """One 64-bit hash per row over ``columns`` in order (position matters: (a, b) != (b, a)).
-
-    A row's bytes values are joined end to end and hashed once (two Murmur3
-    calls per batch, not two per column: the per-value cost dominates), and
-    their lengths (-1 for null) folded in with the fixed-width columns, which
-    makes the join unambiguous.
-    """
-    arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
-    texts = [a.cast(pa.large_binary()) for a in arrays if _is_bytes(a)]
-    acc = np.full(rows, _SEED, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for array in arrays:
-            if _is_bytes(array):
-                acc = splitmix64(acc * np.uint64(31) + _lengths(array).view(np.uint64))
-            else:
-                acc = splitmix64(acc * np.uint64(31) + value_hashes(array))
-        if texts:
-            empty = pa.scalar(b"", pa.large_binary())
-            joined = (
-                pc.binary_join_element_wise(*texts, empty, null_handling="replace", null_replacement=b"")
-                if len(texts) > 1
-                else texts[0].fill_null(empty)
-            )
-            acc = splitmix64(acc * np.uint64(31) + _bytes_hash(joined))
-    return acc
+    """One 64-bit hash per row over canonical ``columns`` in order."""
+    return fold_words([value_hashes(c) for c in columns], rows)
 
 
 def bucket_of(key_hashes: np.ndarray, buckets: int) -> np.ndarray:
