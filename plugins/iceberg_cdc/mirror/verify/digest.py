@@ -70,6 +70,19 @@ def _position_keys(words: int) -> np.ndarray:
     return splitmix64(np.arange(words, dtype=np.uint64) ^ _SEED)
 
 
+def _per_word(values: np.ndarray, nonempty: np.ndarray, firsts: np.ndarray, total: int) -> np.ndarray:
+    """Each value's ``values`` entry repeated for each of its words: ``np.repeat``, which holds the GIL, as a cumsum.
+
+    The steps between successive non-empty values are scattered at their
+    first words and summed up (int64: exact).
+    """
+    kept = values[nonempty]
+    steps = np.zeros(total, dtype=np.int64)
+    if len(kept):
+        steps[firsts[nonempty]] = np.diff(kept, prepend=0)
+    return np.cumsum(steps, out=steps)
+
+
 def bytes_hashes(array: pa.Array) -> np.ndarray:
     """One 64-bit hash per value of a binary column: its words, each mixed with its position, summed; then its length.
 
@@ -105,10 +118,10 @@ def bytes_hashes(array: pa.Array) -> np.ndarray:
     firsts = np.cumsum(counts) - counts  # each value's first word among all
     total = int(counts.sum())
     every = np.arange(total, dtype=np.int64)
-    position = every - np.repeat(firsts, counts)  # a word's position in its value
-    unaligned = np.ndarray((high - low + 1,), dtype="<u8", buffer=data, strides=(1,))
-    words = unaligned[np.repeat(starts, counts) + 8 * position]
     nonempty = counts > 0
+    position = every - _per_word(firsts, nonempty, firsts, total)  # a word's position in its value
+    unaligned = np.ndarray((high - low + 1,), dtype="<u8", buffer=data, strides=(1,))
+    words = unaligned[_per_word(starts - 8 * firsts, nonempty, firsts, total) + 8 * every]
     words[(firsts + counts - 1)[nonempty]] &= _MASKS[(lengths - 8 * (counts - 1))[nonempty]]
     terms = splitmix64(words ^ _position_keys(int(counts.max()))[position])
     sums = np.zeros(total + 1, dtype=np.uint64)
