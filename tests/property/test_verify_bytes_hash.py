@@ -41,6 +41,19 @@ def test_chunked_long_columns_hash_alike(items, chunk):
         assert bytes_hashes(pa.array(items, pa.binary())).tolist() == whole
 
 
+@settings(max_examples=100, deadline=None)
+@given(values, st.sampled_from([pa.binary(), pa.large_binary()]))
+def test_short_and_long_value_paths_agree(items, typ):
+    """Short values are hashed a pass per word position, long ones all words at once: one hash either way."""
+    array = pa.array(items, typ)
+    hashes = []
+    for loop_words in (0, 2, 100):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(digest, "_LOOP_WORDS", loop_words)
+            hashes.append(bytes_hashes(array).tolist())
+    assert hashes[0] == hashes[1] == hashes[2]
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.binary(min_size=1, max_size=40), st.data())
 def test_one_changed_byte_changes_the_hash(value, data):

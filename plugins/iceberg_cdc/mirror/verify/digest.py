@@ -42,11 +42,12 @@ _SEED = np.uint64(0x243F6A8885A308D3)
 
 
 def splitmix64(values: np.ndarray) -> np.ndarray:
-    """SplitMix64's finalizer over uint64 values: a bijection whose every input bit moves every output bit.
+    """SplitMix64's finalizer over uint64 values: a bijection whose every input bit moves every output bit."""
+    return _mix(values.astype(np.uint64, copy=True))
 
-    In place on one copy (one temporary): at 5 M rows a pass per operation is what it costs.
-    """
-    z = values.astype(np.uint64, copy=True)
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """:func:`splitmix64` in place (one temporary): at 5 M rows a pass per operation is what it costs."""
     t = np.empty_like(z)
     with np.errstate(over="ignore"):
         z += _GOLDEN
@@ -63,6 +64,7 @@ def splitmix64(values: np.ndarray) -> np.ndarray:
 
 _MASKS = np.array([0] + [(1 << (8 * r)) - 1 for r in range(1, 8)] + [2**64 - 1], dtype=np.uint64)
 _CHUNK_BYTES = 8 << 20  # the bytes hashed at once: the per-word temporaries stay a few times this
+_LOOP_WORDS = 4  # up to this many words per value, a pass per word position; beyond, all words at once
 
 
 def _position_keys(words: int) -> np.ndarray:
@@ -83,6 +85,41 @@ def _per_word(values: np.ndarray, nonempty: np.ndarray, firsts: np.ndarray, tota
     return np.cumsum(steps, out=steps)
 
 
+def _sums_by_position(
+    unaligned: np.ndarray, starts: np.ndarray, lengths: np.ndarray, words: int
+) -> np.ndarray:
+    """The sums of :func:`bytes_hashes` for short values: one pass over all values per word position."""
+    keys = _position_keys(words)
+    sums = np.zeros(len(starts), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k in range(words):
+            word = unaligned[starts + 8 * k]
+            word &= _MASKS[np.clip(lengths - 8 * k, 0, 8)]
+            word ^= keys[k]
+            term = _mix(word)
+            term *= (lengths > 8 * k).view(np.uint8)  # values this short have no word k
+            sums += term
+    return sums
+
+
+def _sums_by_word(
+    unaligned: np.ndarray, starts: np.ndarray, lengths: np.ndarray, counts: np.ndarray
+) -> np.ndarray:
+    """The sums of :func:`bytes_hashes` over all words of all values at once (no loop however long the values)."""
+    firsts = np.cumsum(counts) - counts  # each value's first word among all
+    total = int(counts.sum())
+    every = np.arange(total, dtype=np.int64)
+    nonempty = counts > 0
+    position = every - _per_word(firsts, nonempty, firsts, total)  # a word's position in its value
+    words = unaligned[_per_word(starts - 8 * firsts, nonempty, firsts, total) + 8 * every]
+    words[(firsts + counts - 1)[nonempty]] &= _MASKS[(lengths - 8 * (counts - 1))[nonempty]]
+    words ^= _position_keys(int(counts.max()))[position]
+    terms = _mix(words)
+    sums = np.zeros(total + 1, dtype=np.uint64)
+    np.cumsum(terms, out=sums[1:])  # uint64: wraps modulo 2^64, and empty values sum to 0
+    return sums[firsts + counts] - sums[firsts]
+
+
 def bytes_hashes(array: pa.Array) -> np.ndarray:
     """One 64-bit hash per value of a binary column: its words, each mixed with its position, summed; then its length.
 
@@ -90,9 +127,10 @@ def bytes_hashes(array: pa.Array) -> np.ndarray:
     words ``w_k`` (the last one zero-padded); its hash is
     ``splitmix64(splitmix64(S) + L)`` with ``S`` the sum modulo 2^64 of
     ``splitmix64(w_k ^ key_k)``. Each term is a bijection of its word, so
-    values of one length differing in one word always hash apart; the sum
-    needs no loop over a value's words, so every step is a NumPy ufunc over
-    all words of the column (no GIL held), however long the values.
+    values of one length differing in one word always hash apart. The sum
+    is the same whatever order it is taken in: short values a pass per word
+    position, long ones all words at once -- NumPy ufuncs over whole columns
+    (no GIL held) either way, and no loop over a long value's words.
     Nulls hash like their (ignored) bytes; :func:`value_hashes` replaces them.
     """
     n = len(array)
@@ -109,25 +147,23 @@ def bytes_hashes(array: pa.Array) -> np.ndarray:
                 [bytes_hashes(array.slice(a, b - a)) for a, b in itertools.pairwise(bounds)]
             )
     low, high = int(offsets[0]), int(offsets[-1])
-    data = np.zeros(high - low + 8, dtype=np.uint8)  # zeros past the end: every 8-byte read stays inside
-    if high > low:
-        data[: high - low] = np.frombuffer(array.buffers()[2], dtype=np.uint8)[low:high]
-    starts = offsets[:-1] - low
     lengths = np.diff(offsets)
     counts = (lengths + 7) >> 3  # words per value
-    firsts = np.cumsum(counts) - counts  # each value's first word among all
-    total = int(counts.sum())
-    every = np.arange(total, dtype=np.int64)
-    nonempty = counts > 0
-    position = every - _per_word(firsts, nonempty, firsts, total)  # a word's position in its value
-    unaligned = np.ndarray((high - low + 1,), dtype="<u8", buffer=data, strides=(1,))
-    words = unaligned[_per_word(starts - 8 * firsts, nonempty, firsts, total) + 8 * every]
-    words[(firsts + counts - 1)[nonempty]] &= _MASKS[(lengths - 8 * (counts - 1))[nonempty]]
-    terms = splitmix64(words ^ _position_keys(int(counts.max()))[position])
-    sums = np.zeros(total + 1, dtype=np.uint64)
-    np.cumsum(terms, out=sums[1:])  # uint64: wraps modulo 2^64, and empty values sum to 0
+    most = int(counts.max())
+    # Zeros past the end: every 8-byte read stays inside, a pass per position reads past short values.
+    data = np.zeros(high - low + 8 * (min(most, _LOOP_WORDS) + 1), dtype=np.uint8)
+    if high > low:
+        data[: high - low] = np.frombuffer(array.buffers()[2], dtype=np.uint8)[low:high]
+    unaligned = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
+    starts = offsets[:-1] - low
+    if most <= _LOOP_WORDS:
+        sums = _sums_by_position(unaligned, starts, lengths, most)
+    else:
+        sums = _sums_by_word(unaligned, starts, lengths, counts)
     with np.errstate(over="ignore"):
-        return splitmix64(splitmix64(sums[firsts + counts] - sums[firsts]) + lengths.view(np.uint64))
+        sums = _mix(sums)
+        sums += lengths.view(np.uint64)
+        return _mix(sums)
 
 
 def value_hashes(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
