@@ -86,19 +86,26 @@ def _per_word(values: np.ndarray, nonempty: np.ndarray, firsts: np.ndarray, tota
 
 
 def _sums_by_position(
-    unaligned: np.ndarray, starts: np.ndarray, lengths: np.ndarray, words: int
+    unaligned: np.ndarray, starts: np.ndarray, lengths: np.ndarray, counts: np.ndarray, words: int
 ) -> np.ndarray:
-    """The sums of :func:`bytes_hashes` for short values: one pass over all values per word position."""
+    """The sums of :func:`bytes_hashes` for short values: one pass over all values per word position.
+
+    A value with no word ``k`` reads it as zero (its mask), and the terms of
+    the zero words it does not have are taken off at the end, at once.
+    """
     keys = _position_keys(words)
+    # The mask of word k of a value of L bytes is _MASKS[clip(L - 8k, 0, 8)]: one lookup at L - 8k + 8 * words.
+    masks = np.concatenate([np.zeros(8 * words, dtype=np.uint64), _MASKS, np.full(8 * words, _MASKS[8])])
     sums = np.zeros(len(starts), dtype=np.uint64)
     with np.errstate(over="ignore"):
+        absent = _mix(keys.copy())  # the term of a zero word at each position
         for k in range(words):
             word = unaligned[starts + 8 * k]
-            word &= _MASKS[np.clip(lengths - 8 * k, 0, 8)]
+            word &= masks[lengths + (8 * words - 8 * k)]
             word ^= keys[k]
-            term = _mix(word)
-            term *= (lengths > 8 * k).view(np.uint8)  # values this short have no word k
-            sums += term
+            sums += _mix(word)
+        beyond = np.concatenate([np.cumsum(absent[::-1])[::-1], np.zeros(1, dtype=np.uint64)])
+        sums -= beyond[counts]  # the zero words past each value's end
     return sums
 
 
@@ -157,7 +164,7 @@ def bytes_hashes(array: pa.Array) -> np.ndarray:
     unaligned = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
     starts = offsets[:-1] - low
     if most <= _LOOP_WORDS:
-        sums = _sums_by_position(unaligned, starts, lengths, most)
+        sums = _sums_by_position(unaligned, starts, lengths, counts, most)
     else:
         sums = _sums_by_word(unaligned, starts, lengths, counts)
     with np.errstate(over="ignore"):
