@@ -23,7 +23,7 @@ With ``--before DIR`` (a checkout of another version, e.g. ``git archive
 HEAD~3 | tar -x -C DIR``), each mirror's equal verification is also timed
 with that tree's code, in a child process over the same tables, right before
 this tree's: a before/after from one run on the same data and the same load.
-The ``before:`` lines go to stdout and ``verify.json``, not ``verify.txt``.
+The ``before:`` lines go to stdout (figures in ``verify.json``), not ``verify.txt``.
 
 Writes ``bench/results/verify.json`` and ``verify.txt`` with one line per mirror:
 ``verify: N rows in X s (digest Y MB/s); a 1-row drift found and repaired in Z s``.
@@ -179,8 +179,7 @@ def run(rows: int, out: Path = RESULTS, before: Path | None = None) -> list[str]
     out.mkdir(parents=True, exist_ok=True)
     (out / "verify.json").write_text(json.dumps(figures, indent=1) + "\n")
     text = lines(figures)
-    if before is None:
-        (out / "verify.txt").write_text("\n".join(text) + "\n")
+    (out / "verify.txt").write_text("\n".join(text) + "\n")
     return text + before_lines(figures)
 
 
