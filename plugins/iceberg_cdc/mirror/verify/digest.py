@@ -189,7 +189,8 @@ def value_hashes(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
         with np.errstate(over="ignore"):
             words = splitmix64(halves[0::2]) + halves[1::2]
     elif pa.types.is_int64(array.type):
-        words = array.fill_null(0).to_numpy(zero_copy_only=False).view(np.uint64).copy()
+        words = array.fill_null(0).to_numpy(zero_copy_only=False).view(np.uint64)
+        words = words.copy() if array.null_count else words  # read-only: nulls are written below
     elif _is_bytes(array):
         words = bytes_hashes(array)
     elif pa.types.is_null(array.type):
@@ -210,7 +211,9 @@ def fold_words(words: Sequence[np.ndarray], rows: int) -> np.ndarray:
     acc = np.full(rows, _SEED, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for column in words:
-            acc = splitmix64(acc * np.uint64(31) + column)
+            acc *= np.uint64(31)
+            acc += column
+            _mix(acc)
     return acc
 
 
