@@ -115,12 +115,10 @@ def sink_state(pipeline: InlinePipeline) -> SinkState:
 
 def shuffle_leftovers(pipeline: InlinePipeline) -> list[str]:
     """Shuffle objects other than leases and the base tags' record (a failed run's cleanup must remove them)."""
-    from iceberg_cdc.source.protection import REGISTRY_PREFIX
+    from tests.support.bookkeeping import is_bookkeeping
 
     store = steps.Context.of(pipeline.config, SOURCE).runtime.store()
-    return sorted(
-        info.key for info in store.list("") if not info.key.startswith(("_leases/", REGISTRY_PREFIX))
-    )
+    return sorted(info.key for info in store.list("") if not is_bookkeeping(info.key))
 
 
 def fails_cleanly(

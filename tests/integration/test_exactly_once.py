@@ -52,6 +52,7 @@ from iceberg_cdc.shuffle.partitioner import HashPartitioner
 from iceberg_cdc.shuffle.writer import MapOutputWriter
 from iceberg_cdc.sink.staging import list_staged
 from iceberg_cdc.source.reading import output_schema
+from tests.support.bookkeeping import is_bookkeeping
 from tests.support.fault_report import CaseOutcome, FaultReport
 from tests.support.fault_runs import (
     POINTS,
@@ -127,7 +128,7 @@ def finish(p: InlinePipeline, case: str, *, blocked: float = 0.0) -> None:
 def leftovers(p: InlinePipeline) -> tuple[list[str], int]:
     """Shuffle objects other than leases, and staged files no commit references."""
     store = steps.Context.of(p.config, SOURCE).runtime.store()
-    objects = [i.key for i in store.list("") if not i.key.startswith("_leases/")]
+    objects = [i.key for i in store.list("") if not is_bookkeeping(i.key)]
     sink = p.sink
     live = {t.file.file_path for t in sink.scan().plan_files()}
     staged = 0
