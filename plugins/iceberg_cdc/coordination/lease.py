@@ -76,9 +76,9 @@ from iceberg_cdc.coordination.lease_record import (
     utc,
 )
 from iceberg_cdc.coordination.store_probe import probe_conditional_writes
+from iceberg_cdc.coordination.takeover import takeover_reason
 from iceberg_cdc.errors import LeaseHeldError, LeaseLostError
 from iceberg_cdc.storage import ObjectStore, open_store
-from iceberg_cdc.units import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +90,6 @@ def _is_ours(current: LeaseInfo | None, owner: str, epoch: int | None) -> bool:
         and current.owner == owner
         and (epoch is None or current.epoch == epoch)
     )
-
-
-def _ask(holder_state: Callable[[LeaseInfo], HolderState] | None, current: LeaseInfo) -> HolderState:
-    if holder_state is None:
-        return "unknown"
-    try:
-        return holder_state(current)
-    except Exception as exc:  # Airflow unreachable: fall back to expiry alone
-        log.warning("could not ask Airflow about the lease holder %s: %s", current.holder(), exc)
-        return "unknown"
 
 
 def _check(owner: str, ttl_seconds: float) -> None:
@@ -226,7 +216,7 @@ class TableLease:
             if current is not None and current.token in mine:
                 return current
             if current is not None:
-                reason = self._takeover_reason(owner, current, now, ttl_seconds, holder_state)
+                reason = takeover_reason(owner, current, now, ttl_seconds, holder_state)
                 if reason is None:
                     raise LeaseHeldError(held_message(self.table, owner, current, now))
             new = dataclasses.replace(
@@ -270,36 +260,6 @@ class TableLease:
         raise LeaseHeldError(
             f"run {owner!r} could not take the lease of table {self.table!r} in {self.max_attempts} "
             f"attempts: it kept changing under us ({self.uri}); another run is starting now; retry later"
-        )
-
-    def _takeover_reason(
-        self,
-        owner: str,
-        current: LeaseInfo,
-        now: datetime,
-        ttl_seconds: float,
-        holder_state: Callable[[LeaseInfo], HolderState] | None,
-    ) -> str | None:
-        """Why ``owner`` may replace ``current`` (a phrase for the log), or None when it may not."""
-        if current.released:
-            return "free"
-        if current.owner == owner:
-            return "own"
-        state = _ask(holder_state, current)
-        if state == "finished":
-            return f"Airflow reports its run {current.owner!r} finished"
-        if not current.expired(now):
-            return None
-        if state == "working":
-            return (
-                f"its lease expired at {iso(current.expires_at)} ({format_duration((now - current.expires_at).total_seconds())} ago) "
-                "while Airflow shows a task of its run running: that task stopped renewing (dead or hung)"
-            )
-        if state == "running" and now < current.expires_at + timedelta(seconds=ttl_seconds):
-            return None  # between tasks in Airflow's eyes: one more TTL before it is presumed stuck
-        return (
-            f"its lease expired at {iso(current.expires_at)} ({format_duration((now - current.expires_at).total_seconds())} ago) "
-            "without renewal"
         )
 
     def renew(self, owner: str, epoch: int | None, ttl_seconds: float) -> LeaseInfo:
