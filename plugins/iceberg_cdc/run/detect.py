@@ -3,7 +3,7 @@
 The first step of every DAG run. It takes the table's lease with a new epoch
 (the run's fencing token), so everything it plans lives in the epoch's own
 namespace of the shuffle store and the sink's staging directory. Holding the
-lease, it also repairs what dead or overtaken runs left behind: their shuffle
+lease, it also repairs what dead or overtaken runs left behind (:mod:`.sweep`): their shuffle
 namespaces and their staged files that no sink commit references.
 """
 
@@ -14,21 +14,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from iceberg_cdc.coordination.commit_in_flight import describe as describe_marker
-from iceberg_cdc.coordination.commit_in_flight import may_sweep, read_marker
 from iceberg_cdc.coordination.lease import HolderState, LeaseInfo
 from iceberg_cdc.errors import SourceHistoryError
 from iceberg_cdc.pipeline.groups import record_phase
-from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name, attempt_of_key, table_prefix
+from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name
 from iceberg_cdc.pipeline.plan import SnapshotPlan, group_tasks
 from iceberg_cdc.run import lease as run_lease
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.retention_guard import guard
 from iceberg_cdc.run.state import Detected
+from iceberg_cdc.run.sweep import sweep_leftovers
 from iceberg_cdc.sink import field_ids
 from iceberg_cdc.sink.foreign import foreign_commits_warning
 from iceberg_cdc.sink.schema import evolve_sink_schema
-from iceberg_cdc.sink.staging import delete_uncommitted_staged
 from iceberg_cdc.sink.table import ensure_sink_table, loaded_in_full, read_watermark
 from iceberg_cdc.source.changes import (
     bridge_changes,
@@ -155,54 +153,6 @@ def chain_deferral(
     if live:
         return f"left to the chain: run {live} processes snapshot {pending} and those after it"
     return None
-
-
-def sweep_leftovers(ctx: Context, sink, keep_attempt: str) -> dict[str, int]:
-    """Delete what earlier runs of this table left behind; only ever called while holding the lease.
-
-    Every shuffle namespace of the table except ``keep_attempt`` (the
-    caller's) belongs to a finished, dead or overtaken run, none of which may
-    use it any more (an overtaken run fails its next lease check). For each:
-    first the staged files of that attempt that no sink commit references
-    (committed ones are referenced and kept), then the namespace itself -- in
-    that order, so a sweep cut short leaves the namespace that leads the next
-    sweep back to the files. The cost follows the leftovers, not the sink's
-    history: committed files stay in the staging directory, so listing all of
-    it would grow with every commit. ``retain_files`` keeps the namespaces.
-    """
-    store = ctx.runtime.store()
-    table = ctx.table.source
-    keys: dict[tuple[int, str], list[str]] = {}
-    for info in store.list(table_prefix(table)):
-        found = attempt_of_key(table, info.key)
-        if found is not None and found[1] != keep_attempt:
-            keys.setdefault(found, []).append(info.key)
-    attempts = set(keys)
-    removed = staged = 0
-    for snapshot_id, attempt in sorted(attempts):
-        paths = SnapshotPaths(table, snapshot_id, attempt)
-        if paths.commit_pending in keys[(snapshot_id, attempt)]:
-            marker = read_marker(store, paths.commit_pending)
-            if not may_sweep(marker, run_lease.lease_ttl_seconds(ctx.table)):
-                log.warning("%s: keeping %s: %s", table, paths.prefix, describe_marker(marker))
-                continue
-        staged += len(
-            delete_uncommitted_staged(
-                sink, snapshot_id, properties=ctx.runtime.io_properties, attempt=attempt
-            )
-        )
-        if not ctx.config.shuffle.retain_files:
-            removed += store.delete_prefix(paths.prefix)
-    if removed or staged:
-        log.warning(
-            "%s: swept leftovers of earlier runs: %d shuffle objects in %d namespace(s), %d uncommitted "
-            "staged file(s)",
-            table,
-            removed,
-            len(attempts),
-            staged,
-        )
-    return {"namespaces": len(attempts), "shuffle_objects": removed, "staged_files": staged}
 
 
 def _detect(
