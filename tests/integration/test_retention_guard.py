@@ -3,9 +3,10 @@
 With ``protect_pending`` on, ``table.maintenance.expire_snapshots().older_than(<now>)``
 -- which removes every snapshot that heads no ref -- leaves the watermark's
 and every pending snapshot in place, and the pipeline then catches up with
-every snapshot replaying exactly. With it off, the same expiry breaks the
-table (``SourceHistoryError``), and detect warned beforehand: the run's story
-(its note) says which snapshot may go and how to avoid it. Tags follow the
+every snapshot replaying exactly. With it off (and without the base tag), the
+same expiry takes even the watermark's snapshot: detect warned beforehand (the
+run's story says which snapshot may go and how to avoid it), and the changelog
+goes on with one bridge from its own replay. Tags follow the
 watermark, an idle run writes nothing to the source, and tables that leave
 the config (or turn protection off) lose their tags.
 """
@@ -14,14 +15,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
 from cdc_devtools.inline_pipeline import SINK, SOURCE, InlinePipeline
 from cdc_devtools.inline_run import run_snapshot
 from cdc_devtools.orders import SCHEMA, rows
-from cdc_devtools.replay import assert_replay
+from cdc_devtools.replay import assert_changelog_replays, assert_replay
 from iceberg_cdc.config import parse_config
-from iceberg_cdc.errors import SourceHistoryError
 from iceberg_cdc.run.story import story
 from iceberg_cdc.source.protection import base_tag_name, own_tags, recorded, tag_name
 from iceberg_cdc.source.retention import MAX_SNAPSHOT_AGE_PROPERTY
@@ -86,7 +84,7 @@ def test_an_idle_run_writes_nothing_to_the_source(tmp_path):
     assert pipeline.source.metadata_location == location
 
 
-def test_without_protection_detect_warns_first_and_expiry_then_breaks_the_table(tmp_path):
+def test_without_protection_detect_warns_first_and_after_expiry_bridges_from_the_changelog(tmp_path):
     pipeline = InlinePipeline(tmp_path, table={"retention_warning": "1h", "protect_base": False})
     source = pipeline.create_source(SCHEMA, properties={MAX_SNAPSHOT_AGE_PROPERTY: str(30 * 60 * 1000)})
     source.append(rows(range(0, 10)))
@@ -106,8 +104,11 @@ def test_without_protection_detect_warns_first_and_expiry_then_breaks_the_table(
     assert not own_tags(pipeline.source, SINK)
 
     assert _expire_everything_unprotected(pipeline)
-    with pytest.raises(SourceHistoryError, match="expired"):
-        pipeline.run()
+    # Nothing held the watermark's snapshot: the changelog's own replay is the bridge's base.
+    bridged = pipeline.run()
+    assert bridged.detected.bridge["base"] == "changelog replay"
+    assert bridged.snapshot_id == pipeline.source.current_snapshot().snapshot_id
+    assert assert_changelog_replays(pipeline.source, pipeline.sink) == 3
 
 
 def test_tags_go_when_protection_is_turned_off_or_the_table_leaves_the_config(tmp_path):

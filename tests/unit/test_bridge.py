@@ -10,15 +10,18 @@ changelog's replay against the source's current rows, the commit's
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from pyiceberg.schema import Schema
 
 from cdc_devtools.cow import cow_merge
 from cdc_devtools.inline_pipeline import InlinePipeline
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
-from cdc_devtools.replay import assert_changelog_replays, assert_replay
+from cdc_devtools.replay import assert_changelog_replays, assert_replay, changes_of
 from iceberg_cdc.errors import SourceHistoryError
 from iceberg_cdc.run.story import story
 from iceberg_cdc.sink.summary import CommitSummary
@@ -72,6 +75,7 @@ def test_snapshots_expired_while_nothing_ran_are_bridged_on_the_same_sink(pipeli
         "from": str(base.snapshot_id),
         "to": str(last),
         "common_ancestor": None,
+        "base": "snapshot",
     }
     assert story(bridge.detected, bridge.committed).startswith(
         f"snapshot {last} (bridge from {base.snapshot_id} over expired snapshots, #2)"
@@ -172,8 +176,8 @@ def test_a_bridge_above_bridge_max_rows_stops_with_its_size(tmp_path):
     assert pipeline.watermark() == base
 
 
-def test_without_protect_base_the_base_expires_and_the_error_says_how_to_avoid_it(tmp_path):
-    pipeline = InlinePipeline(tmp_path, table={"protect_base": False})
+def test_without_protect_base_on_history_gap_fail_says_how_to_avoid_it(tmp_path):
+    pipeline = InlinePipeline(tmp_path, table={"protect_base": False, "on_history_gap": "fail"})
     pipeline.create_source(SCHEMA, partition_spec=BY_REGION).append(rows(range(10), "us"))
     pipeline.catch_up()
     assert not own_tags(pipeline.source, SINK), "the pipeline never writes the source"
@@ -182,6 +186,65 @@ def test_without_protect_base_the_base_expires_and_the_error_says_how_to_avoid_i
     expire_all(pipeline.source)
     with pytest.raises(SourceHistoryError, match="protect_base on"):
         pipeline.run()
+
+
+def staged_left(pipeline: InlinePipeline) -> list[str]:
+    root = Path(pipeline.sink.location().removeprefix("file://")) / "data" / "_staged"
+    return sorted(p.name for p in root.rglob("bridge-base-*.parquet")) if root.exists() else []
+
+
+def change_counts(pipeline: InlinePipeline, snapshot_id: int) -> Counter:
+    """The commit's change types (its base state is gone from the source: the whole replay judges it)."""
+    return Counter(changes_of(pipeline.sink, snapshot_id).column("_change_type").to_pylist())
+
+
+def test_when_the_base_snapshot_expired_too_the_bridge_starts_from_the_changelogs_replay(tmp_path):
+    """A sink configured before the base tag: its watermark's snapshot expired with the rest."""
+    pipeline = InlinePipeline(tmp_path, table={"protect_base": False})
+    source = pipeline.create_source(SCHEMA, partition_spec=BY_REGION)
+    source.append(pa.concat_tables([rows(range(0, 30), "us"), rows(range(30, 50), "eu")]))
+    cow_merge(source, upserts=rows([3, 31], "eu", "seen"), delete_keys=[7])  # in the changelog
+    pipeline.catch_up()
+    base = pipeline.watermark()
+    cow_merge(source, upserts=rows(range(0, 5), "eu", "moved"), delete_keys=[40])
+    cow_merge(source, upserts=rows([100, 3], "us", "back"), delete_keys=[31])
+    last = cow_merge(source, upserts=rows([1], "eu", "again"), delete_keys=[45])
+    expire_all(source)
+    assert source.metadata.snapshot_by_id(base.snapshot_id) is None, "nothing holds the base"
+
+    runs = pipeline.catch_up()
+    assert [r.snapshot_id for r in runs] == [last] and runs[0].detected.bridge["base"] == "changelog replay"
+    record = bridge_commit(pipeline, last)
+    assert record.bridge.base == "changelog replay" and record.bridge.from_snapshot_id == base.snapshot_id
+    assert "from the changelog's replay" in story(runs[0].detected)
+    counts = change_counts(pipeline, last)
+    # 0-4 moved (3 again), 1 again, 100 in, 31, 40, 45 gone: the net change, carryover cancelled.
+    assert counts == {"UPDATE_BEFORE": 5, "UPDATE_AFTER": 5, "DELETE": 3, "INSERT": 1}
+    assert assert_changelog_replays(pipeline.source, pipeline.sink) == 3
+    assert staged_left(pipeline) == [], "the staged base is deleted with the run's uncommitted files"
+    after = cow_merge(pipeline.source, upserts=rows([2], "us", "later"), delete_keys=[])
+    assert [r.snapshot_id for r in pipeline.catch_up()] == [after], "per-snapshot commits resume"
+    assert assert_changelog_replays(pipeline.source, pipeline.sink) == 4
+
+
+def test_a_keyless_table_is_replayed_by_multiplicity(tmp_path):
+    """Without identifier columns a duplicated row is two rows of the state, and stays two."""
+    keyless = Schema(*SCHEMA.fields)
+    pipeline = InlinePipeline(tmp_path, table={"protect_base": False})
+    source = pipeline.create_source(keyless, partition_spec=BY_REGION)
+    source.append(pa.concat_tables([rows([1, 1, 2, 3], "us"), rows([4], "eu")]))
+    pipeline.catch_up()
+    base = pipeline.watermark()
+    source.overwrite(pa.concat_tables([rows([1, 1, 1, 2], "us"), rows([4, 5], "eu")]))
+    source.append(rows([6], "us"))
+    last = source.current_snapshot().snapshot_id
+    expire_all(source)
+    assert source.metadata.snapshot_by_id(base.snapshot_id) is None
+    runs = pipeline.catch_up()
+    assert runs[0].detected.bridge["base"] == "changelog replay"
+    counts = change_counts(pipeline, last)
+    assert counts == {"INSERT": 3, "DELETE": 1}  # one more (1), 5 and 6 in; 3 gone
+    assert assert_changelog_replays(pipeline.source, pipeline.sink) == 2
 
 
 def test_write_audit_publish_by_fast_forward_is_processed_snapshot_by_snapshot(pipeline):

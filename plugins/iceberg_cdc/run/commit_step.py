@@ -192,6 +192,7 @@ def _bridge(plan: SnapshotPlan) -> Bridge | None:
         reason=str(plan.bridge["reason"]),
         from_snapshot_id=int(plan.bridge["from"]),
         common_ancestor=None if ancestor is None else int(ancestor),
+        base=str(plan.bridge.get("base") or "snapshot"),
     )
 
 

@@ -20,6 +20,7 @@ from iceberg_cdc.pipeline.groups import record_phase
 from iceberg_cdc.pipeline.paths import SnapshotPaths, attempt_name
 from iceberg_cdc.pipeline.plan import SnapshotPlan, group_tasks
 from iceberg_cdc.run import lease as run_lease
+from iceberg_cdc.run.bridge import bridge_plan_changes, bridge_record, refuse_large_bridge
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.retention_guard import guard
 from iceberg_cdc.run.state import Detected
@@ -29,12 +30,11 @@ from iceberg_cdc.sink.foreign import foreign_commits_warning
 from iceberg_cdc.sink.schema import evolve_sink_schema
 from iceberg_cdc.sink.table import ensure_sink_table, loaded_in_full, read_watermark
 from iceberg_cdc.source.changes import (
-    bridge_changes,
     initial_load_changes,
     require_supported,
     snapshot_changes,
 )
-from iceberg_cdc.source.history import HistoryGap, history_gap, next_snapshot
+from iceberg_cdc.source.history import history_gap, next_snapshot
 from iceberg_cdc.source.key_ranges import key_field_id
 from iceberg_cdc.source.planning import CancelPlanning, plan_write_tasks
 from iceberg_cdc.source.reading import table_name_mapping_json
@@ -106,29 +106,6 @@ def left_to_run_ahead(ctx: Context, run_id: str, reason: str) -> Detected:
         epoch=run_lease.NO_EPOCH,
         lease_ttl=run_lease.lease_ttl_seconds(ctx.table),
         reason=reason,
-    )
-
-
-def bridge_record(gap: HistoryGap) -> dict[str, Any]:
-    """A bridge as detect's XCom and the plan carry it (ids as strings: browsers round 19 digits)."""
-    return {
-        "reason": gap.reason,
-        "from": str(gap.base),
-        "to": str(gap.target),
-        "common_ancestor": None if gap.common_ancestor is None else str(gap.common_ancestor),
-    }
-
-
-def refuse_large_bridge(ctx: Context, gap: HistoryGap, input_rows: int) -> None:
-    """Stop a bridge that reads more rows than ``tables[].bridge_max_rows``, saying its size and the way on."""
-    bound = ctx.table.bridge_max_rows
-    if bound is None or input_rows <= bound:
-        return
-    raise SourceHistoryError(
-        f"{ctx.table.source}: {gap.describe()}; the bridge from snapshot {gap.base} to {gap.target} would "
-        f"read {input_rows:,} rows, above tables[].bridge_max_rows ({bound:,}). Nothing was committed. "
-        "To go on, raise or remove bridge_max_rows (the bridge is one commit of the net change), or set "
-        "on_history_gap: fail and restart the sink from the current state (start: latest)."
     )
 
 
@@ -238,7 +215,7 @@ def _detect(
     if pending.is_initial_load:
         changes = initial_load_changes(source, pending.snapshot_id)
     elif gap is not None:
-        changes = bridge_changes(source, gap.base, pending.snapshot_id, key_id)
+        changes = bridge_plan_changes(ctx, source, sink, gap, attempt, key_id)
         base["bridge"] = bridge_record(gap)
         log.warning(
             "%s: %s; bridging: one commit of the net change from snapshot %s to %s, then per-snapshot "

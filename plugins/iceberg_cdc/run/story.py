@@ -72,6 +72,8 @@ def bridge_label(bridge: Mapping[str, Any]) -> str:
     else:
         ancestor = bridge.get("common_ancestor")
         why = "after a rollback" + (f" (common ancestor {ancestor})" if ancestor else "")
+    if bridge.get("base") == "changelog replay":
+        why += ", from the changelog's replay"
     return f"bridge from {bridge.get('from')} {why}"
 
 

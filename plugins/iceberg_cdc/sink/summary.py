@@ -60,6 +60,7 @@ SKEW_PARTITIONS_KEY = "cdc.skew.partitions"
 BRIDGE_REASON_KEY = "cdc.bridge.reason"  # expired | rolled back
 BRIDGE_FROM_KEY = "cdc.bridge.from-snapshot-id"  # the watermark's snapshot the bridge starts from
 BRIDGE_ANCESTOR_KEY = "cdc.bridge.common-ancestor"  # a rollback's common ancestor, when there is one
+BRIDGE_BASE_KEY = "cdc.bridge.base"  # where the base state came from: snapshot | changelog replay
 
 SKEW_LISTED = 20  # partitions named in ``cdc.skew.partitions``; the count says how many there are
 
@@ -172,9 +173,15 @@ class Bridge:
     reason: str
     from_snapshot_id: int
     common_ancestor: int | None = None
+    # ``snapshot``: the from-snapshot's files; ``changelog replay``: it was gone, the changelog's rows.
+    base: str = "snapshot"
 
     def to_summary(self) -> dict[str, str]:
-        out = {BRIDGE_REASON_KEY: self.reason, BRIDGE_FROM_KEY: str(self.from_snapshot_id)}
+        out = {
+            BRIDGE_REASON_KEY: self.reason,
+            BRIDGE_FROM_KEY: str(self.from_snapshot_id),
+            BRIDGE_BASE_KEY: self.base,
+        }
         if self.common_ancestor is not None:
             out[BRIDGE_ANCESTOR_KEY] = str(self.common_ancestor)
         return out
@@ -188,6 +195,7 @@ class Bridge:
             reason=summary.get(BRIDGE_REASON_KEY, "?"),
             from_snapshot_id=start,
             common_ancestor=int_value(summary.get(BRIDGE_ANCESTOR_KEY)),
+            base=summary.get(BRIDGE_BASE_KEY, "snapshot"),
         )
 
 

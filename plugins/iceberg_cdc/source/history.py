@@ -71,8 +71,16 @@ class HistoryGap:
     base: int
     target: int | None  # None: main ends at the common ancestor; the bridge waits for main's next snapshot
     common_ancestor: int | None = None
+    # The watermark's snapshot itself is gone too (no base tag held it): the base state is the
+    # changelog's own replay (:mod:`iceberg_cdc.sink.replay`), not a snapshot's files.
+    base_gone: bool = False
 
     def describe(self) -> str:
+        if self.base_gone:
+            return (
+                f"the sink's last processed snapshot {self.base} expired with what followed it; the bridge "
+                f"to {self.target} starts from the changelog's own replay"
+            )
         if self.reason == "expired":
             return f"the snapshots between {self.base} and {self.target} expired"
         fork = f" (common ancestor {self.common_ancestor})" if self.common_ancestor is not None else ""
@@ -195,9 +203,11 @@ def watermark_position(table: Table, watermark: Watermark, ancestry: list[Snapsh
         after = f"snapshot {children[0]} that follows it" if children else "the snapshots that follow it"
         raise SourceHistoryError(
             f"The sink's last processed snapshot {watermark.snapshot_id} of table {name} has expired "
-            f"(it is no longer in the table metadata), so {after} cannot be diffed against it, and no "
-            f"bridge can start from it: the state the changelog describes is gone. The oldest snapshot "
-            f"left in the current history is {oldest}. Nothing was committed. To recover, {_RESTART}. "
+            f"(it is no longer in the table metadata), so {after} cannot be diffed against it. The "
+            f"oldest snapshot left in the current history is {oldest}. Nothing was committed "
+            "(tables[].on_history_gap is fail). To go on with this sink, set on_history_gap: bridge: one "
+            f"commit then holds the net change from the changelog's own replay to {oldest} (it reads "
+            f"every row of the changelog once). Or, to restart, {_RESTART}. "
             "To avoid it, keep tables[].protect_base on (the default: a tag holds the watermark's "
             "snapshot) or keep snapshots longer than the sink's lag (expire_snapshots retention)."
         )
@@ -241,10 +251,14 @@ def history_gap(
 ) -> HistoryGap | None:
     """The gap between the watermark and ``main``'s line that a bridge can cross, or None.
 
-    Only when the watermark's own snapshot is still in the metadata (held by
-    the pipeline's base tag, ``protect_base``) and the table is the same table
-    (uuid): the bridge's changes are the difference between that state and
-    the target's. Expired: the target is the oldest snapshot on the line.
+    Only for the same table (uuid). The bridge's changes are the difference
+    between the watermark's state and the target's: read from the watermark's
+    snapshot while it is in the metadata (held by the pipeline's base tag,
+    ``protect_base``); when it is gone too (a sink configured before that tag),
+    from the changelog's replay (``base_gone``), to the oldest snapshot on the
+    line -- whether it expired or was rolled back first can no longer be told,
+    and the net change to the oldest state left is exact either way.
+    Expired: the target is the oldest snapshot on the line.
     Rolled back: the first snapshot after the common ancestor on the line (the
     line's oldest when there is none). When main ends at the common ancestor
     there is no target yet: its own commit already holds the ancestor's
@@ -257,7 +271,7 @@ def history_gap(
         return None
     mark = table.metadata.snapshot_by_id(watermark.snapshot_id)
     if mark is None:
-        return None
+        return HistoryGap("expired", watermark.snapshot_id, ancestry[0].snapshot_id, base_gone=True)
     if _expired_between(table, mark, ancestry):
         return HistoryGap("expired", mark.snapshot_id, ancestry[0].snapshot_id)
     common = _common_ancestor(table, watermark.snapshot_id, ancestry)
