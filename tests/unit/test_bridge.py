@@ -5,7 +5,9 @@ tasks' functions in process (:mod:`cdc_devtools.inline_pipeline`). Each test
 makes a gap after the sink's watermark, catches up, and checks the bridge's
 own replay (``state(base) - removed + added == state(target)``), the whole
 changelog's replay against the source's current rows, the commit's
-``cdc.bridge.*`` marks, and that per-snapshot commits resume after it.
+``cdc.bridge.*`` marks, and that per-snapshot commits resume after it; an
+Iceberg mirror applies each bridge like any changelog snapshot and verifies
+equal to the source.
 """
 
 from __future__ import annotations
@@ -19,10 +21,14 @@ import pytest
 from pyiceberg.schema import Schema
 
 from cdc_devtools.cow import cow_merge
-from cdc_devtools.inline_pipeline import InlinePipeline
+from cdc_devtools.inline_mirror import run_mirror
+from cdc_devtools.inline_pipeline import SOURCE, InlinePipeline
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
 from cdc_devtools.replay import assert_changelog_replays, assert_replay, changes_of
 from iceberg_cdc.errors import SourceHistoryError
+from iceberg_cdc.mirror.steps import mirror_lease
+from iceberg_cdc.mirror.verify.check import verify_mirror
+from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.story import story
 from iceberg_cdc.sink.summary import CommitSummary
 from iceberg_cdc.source.protection import own_tags
@@ -44,13 +50,27 @@ def bridge_commit(pipeline: InlinePipeline, snapshot_id: int) -> CommitSummary:
     raise AssertionError(f"no bridge commit for {snapshot_id}")
 
 
+MIRROR = {"type": "iceberg", "table": "shop.orders_mirror", "name": "ice", "verify": False}
+
+
+def assert_mirror_follows(pipeline: InlinePipeline) -> None:
+    """The Iceberg mirror applies the changelog, bridges too, and verifies equal to the source."""
+    run_mirror(pipeline.config, SOURCE, MIRROR["name"])
+    ctx = Context.of(pipeline.config, SOURCE)
+    mirror = ctx.table.mirror(MIRROR["name"])
+    with mirror_lease(ctx, mirror).hold("t", 60) as held:
+        result = verify_mirror(ctx, mirror, repair=False, run_id="t", epoch=held.epoch)
+    assert result.status == "equal", result
+
+
 @pytest.fixture
 def pipeline(tmp_path) -> InlinePipeline:
-    pipeline = InlinePipeline(tmp_path)
+    pipeline = InlinePipeline(tmp_path, table={"mirrors": [MIRROR]})
     pipeline.create_source(SCHEMA, partition_spec=BY_REGION).append(
         pa.concat_tables([rows(range(0, 30), "us"), rows(range(30, 50), "eu")])
     )
     assert [r.action for r in pipeline.catch_up()] == ["insert"]
+    assert_mirror_follows(pipeline)
     return pipeline
 
 
@@ -107,6 +127,7 @@ def test_snapshots_expired_while_nothing_ran_are_bridged_on_the_same_sink(pipeli
     }
     assert assert_changelog_replays(pipeline.source, pipeline.sink) == 3
     assert set(own_tags(pipeline.source, SINK).values()) == {after}, "one base tag left when caught up"
+    assert_mirror_follows(pipeline)
 
 
 def test_a_rollback_after_processing_is_bridged_back_to_the_current_line(pipeline):
@@ -126,6 +147,7 @@ def test_a_rollback_after_processing_is_bridged_back_to_the_current_line(pipelin
     assert counts == {"UPDATE_BEFORE": 4, "UPDATE_AFTER": 4, "INSERT": 1}
     assert assert_changelog_replays(pipeline.source, pipeline.sink) == 3
     assert bridge_commit(pipeline, new).bridge.common_ancestor == first
+    assert_mirror_follows(pipeline)
 
 
 def test_a_rollback_with_nothing_after_it_waits_for_mains_next_snapshot(pipeline):
@@ -200,11 +222,12 @@ def change_counts(pipeline: InlinePipeline, snapshot_id: int) -> Counter:
 
 def test_when_the_base_snapshot_expired_too_the_bridge_starts_from_the_changelogs_replay(tmp_path):
     """A sink configured before the base tag: its watermark's snapshot expired with the rest."""
-    pipeline = InlinePipeline(tmp_path, table={"protect_base": False})
+    pipeline = InlinePipeline(tmp_path, table={"protect_base": False, "mirrors": [MIRROR]})
     source = pipeline.create_source(SCHEMA, partition_spec=BY_REGION)
     source.append(pa.concat_tables([rows(range(0, 30), "us"), rows(range(30, 50), "eu")]))
     cow_merge(source, upserts=rows([3, 31], "eu", "seen"), delete_keys=[7])  # in the changelog
     pipeline.catch_up()
+    assert_mirror_follows(pipeline)
     base = pipeline.watermark()
     cow_merge(source, upserts=rows(range(0, 5), "eu", "moved"), delete_keys=[40])
     cow_merge(source, upserts=rows([100, 3], "us", "back"), delete_keys=[31])
@@ -225,6 +248,32 @@ def test_when_the_base_snapshot_expired_too_the_bridge_starts_from_the_changelog
     after = cow_merge(pipeline.source, upserts=rows([2], "us", "later"), delete_keys=[])
     assert [r.snapshot_id for r in pipeline.catch_up()] == [after], "per-snapshot commits resume"
     assert assert_changelog_replays(pipeline.source, pipeline.sink) == 4
+    assert_mirror_follows(pipeline)
+
+
+def test_a_snapshot_whose_parent_expired_is_bridged_from_the_watermark(pipeline):
+    """One snapshot in the middle of what is pending expired (by id): its child has no parent."""
+    base = pipeline.watermark()
+    first = cow_merge(pipeline.source, upserts=rows([1, 2], "eu", "m1"), delete_keys=[33])
+    middle = cow_merge(pipeline.source, upserts=rows([2], "us", "m2"), delete_keys=[34])
+    child = cow_merge(pipeline.source, upserts=rows([300], "us"), delete_keys=[])
+    last = cow_merge(pipeline.source, upserts=rows([1], "us", "m4"), delete_keys=[])
+    pipeline.source.maintenance.expire_snapshots().by_id(middle).commit()
+    assert pipeline.source.metadata.snapshot_by_id(middle) is None
+
+    runs = pipeline.catch_up()
+    # first is off the line now (the walk from main stops at child): one bridge to child, then last.
+    assert [r.snapshot_id for r in runs] == [child, last] and runs[0].detected.bridge["reason"] == "expired"
+    assert runs[0].detected.bridge["from"] == str(base.snapshot_id) and not runs[1].detected.bridge
+    counts = assert_replay(pipeline.source, pipeline.sink, child, ["id"], base_snapshot_id=base.snapshot_id)
+    assert counts == {"UPDATE_BEFORE": 2, "UPDATE_AFTER": 2, "DELETE": 2, "INSERT": 1}
+    assert first not in {r.snapshot_id for r in runs}
+    assert assert_replay(pipeline.source, pipeline.sink, last, ["id"]) == {
+        "UPDATE_BEFORE": 1,
+        "UPDATE_AFTER": 1,
+    }
+    assert assert_changelog_replays(pipeline.source, pipeline.sink) == 3
+    assert_mirror_follows(pipeline)
 
 
 def test_a_keyless_table_is_replayed_by_multiplicity(tmp_path):
@@ -277,6 +326,7 @@ def test_a_branch_published_over_main_is_bridged_from_mains_processed_state(pipe
     counts = assert_replay(pipeline.source, pipeline.sink, first_audit, ["id"], base_snapshot_id=on_main)
     assert counts == {"UPDATE_BEFORE": 1, "UPDATE_AFTER": 1, "INSERT": 2}  # 5 back, 6 back, 300 in
     assert assert_changelog_replays(pipeline.source, pipeline.sink) == 4
+    assert_mirror_follows(pipeline)
 
 
 def test_a_merge_on_read_history_expired_while_nothing_ran_is_bridged(tmp_path):
