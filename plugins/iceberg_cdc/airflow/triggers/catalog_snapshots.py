@@ -21,8 +21,12 @@ provider`` (:func:`iceberg_cdc.airflow.events.source_asset`).
 
 **Duplicates and replays are harmless by design.** The last reported
 snapshot is kept in the asset's state store, so a triggerer restart does
-not fire again for it; where no state is kept (first start, an older
-Airflow), the first poll fires once for the current snapshot. Any event only
+not fire again for it -- unless a sink of the table has not processed it:
+Airflow drops events for a paused DAG and runs no watcher for it, so the
+trigger that restarts when the table is unpaused fires once more for the
+current snapshot if a sink is behind it, and the table catches up without
+waiting for the next commit or the clock. Where no state is kept (first
+start, an older Airflow), the first poll fires once for the current snapshot. Any event only
 starts a DAG run, and a run with nothing pending ends at once, committing
 nothing.
 
@@ -153,6 +157,7 @@ class CatalogSnapshotTrigger(BaseEventTrigger):
         last_snapshot = await self._load(store)
         last_location: str | None = None
         file_io_for = None
+        first_look = True
         async for raw in shared_stream:
             location = raw["locations"].get(self.table)
             if location is None or location == last_location:
@@ -167,6 +172,17 @@ class CatalogSnapshotTrigger(BaseEventTrigger):
                 )
                 continue
             last_location = location
+            # Reported before this trigger (re)started -- but an event that reached a paused DAG
+            # was dropped by Airflow, so the cursor alone would leave an unpaused table waiting
+            # for the next commit or the clock. Fire once more if a sink is behind it.
+            if (
+                first_look
+                and snapshot_id is not None
+                and snapshot_id == last_snapshot
+                and await asyncio.to_thread(_sinks_behind, self.config_path, self.table, snapshot_id)
+            ):
+                last_snapshot = None
+            first_look = False
             if snapshot_id is None or snapshot_id == last_snapshot:
                 continue
             previous, last_snapshot = last_snapshot, snapshot_id
@@ -269,6 +285,28 @@ def _file_io_for(config_path: str):
             _FILE_IOS.clear()
             _FILE_IOS[key] = runtime_from_config(load_config(config_path)).file_io
         return _FILE_IOS[key]
+
+
+def _sinks_behind(config_path: str, source: str, snapshot_id: int) -> bool:
+    """Whether any sink of ``source`` has not processed ``snapshot_id`` (False when it cannot be told)."""
+    from iceberg_cdc.config import load_config
+    from iceberg_cdc.pipeline.runtime import load_catalog_from_config
+    from iceberg_cdc.sink.table import read_watermark
+
+    try:
+        config = load_config(config_path)
+        catalog = load_catalog_from_config(config)
+        for table in config.tables:
+            if table.source != source:
+                continue
+            if not catalog.table_exists(table.sink):
+                return True
+            mark = read_watermark(catalog.load_table(table.sink), source)
+            if mark is None or mark.snapshot_id != snapshot_id:
+                return True
+    except Exception as exc:  # the clock and the next commit stay the fallback
+        log.warning("%s: could not read its sinks' watermarks (%s: %s)", source, type(exc).__name__, exc)
+    return False
 
 
 def _main_snapshot_id(file_io_for, location: str) -> int | None:
