@@ -334,3 +334,71 @@ def test_the_hook_resolves_aws_connections_for_the_catalog_and_the_shuffle(monke
     assert "s3cret" not in repr(runtime)
     with pytest.raises(ConfigError, match=r"catalog.airflow_conn_id: 'cdc_aws' names an Airflow connection"):
         runtime_from_config(config)
+
+
+START_DATES = """
+import json, sys
+from iceberg_cdc.airflow.dags import dags_from_config
+print(json.dumps({d.dag_id: [d.start_date.isoformat(), str(d.timezone)] for d in dags_from_config(sys.argv[1]).values()}))
+"""
+
+
+def test_every_dag_starts_at_a_utc_date_whatever_the_deployments_default_timezone(tmp_path):
+    """A naive start_date is read in [core] default_timezone: the DAGs' start and clock would move with it."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    path = tmp_path / "cdc.yaml"
+    raw = {**MIRRORED, "tables": [{**MIRRORED["tables"][0], "freshness_slo": 600}, MIRRORED["tables"][1]]}
+    path.write_text(yaml.safe_dump(raw))
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{repo / 'plugins'}:{repo}",
+        "AIRFLOW__CORE__DEFAULT_TIMEZONE": "America/New_York",  # read once, when Airflow is imported
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", START_DATES, str(path)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"cdc__shop__orders", "cdc_mirror__shop__orders__public__orders", "cdc_freshness"} <= set(found)
+    assert found == {dag_id: ["2024-01-01T00:00:00+00:00", "UTC"] for dag_id in found}
+
+
+def test_params_and_default_args_reach_every_task_as_airflow_documents():
+    """The DAG's Params under each task's (none) and the run's conf, by Airflow's own merge; default_args
+    given to the DAG; the failure callback on each task and not in the DAG's default_args (serialized)."""
+    from datetime import timedelta
+
+    from airflow.sdk.definitions.param import process_params
+
+    from iceberg_cdc.airflow.mirror_dag import build_mirror_dags
+    from iceberg_cdc.airflow.policy import record_error, task_retries
+
+    config = parse_config(MIRRORED)
+
+    def table_dag():
+        return build_dags(config)["cdc__shop__orders"]
+
+    dag = table_dag()
+    defaults = {"snapshot_id": None, "trigger_next": "auto", "through_snapshot_id": None}
+    conf = {"snapshot_id": "5200992516889735211", "trigger_next": "no"}
+    for task in dag.tasks:
+        assert process_params(dag, task, None, suppress_exception=False) == defaults, task.task_id
+    # A DAG of its own for each: Airflow's merge sets the conf's values in the DAG's own Params.
+    for task_id in dag.task_ids:
+        fresh = table_dag()
+        merged = process_params(fresh, fresh.get_task(task_id), conf, suppress_exception=False)
+        assert merged == {**defaults, **conf}, task_id
+    assert dag.default_args == {"retries": task_retries(), "retry_delay": timedelta(seconds=15)}
+    for built in [dag, *build_mirror_dags(config).values()]:
+        for task in built.tasks:
+            given = task.partial_kwargs if task.is_mapped else vars(task)
+            found = (given.get("retries"), given.get("retry_delay"))
+            assert found == (task_retries(), timedelta(seconds=15)), (built.dag_id, task.task_id)
+            callbacks = task.on_failure_callback
+            assert record_error in (callbacks if isinstance(callbacks, list) else [callbacks]), task.task_id

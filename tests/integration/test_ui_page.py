@@ -18,7 +18,7 @@ its own file. Checked:
   the nav entry frames the page;
 * the failed reprocess is bad input to that run, not a block; a run triggered
   with an old logical date and never started comes first, "queued since";
-* the snapshots table fits its card at 1,400 px (the page alone, in Chromium).
+* the snapshots table fits its card at 1,400 px, the page alone and framed by Airflow's UI (Chromium).
 
 Chromium comes from Debian's package ``chromium`` (``apt-get install -y
 chromium``); without it the browser tests skip. (The screenshots of
@@ -279,17 +279,12 @@ def test_a_queued_run_comes_first_and_says_since_when_it_is_queued(server):
     assert status == 200 and 'data-field="queued">queued since <time' in page
 
 
-@needs_chromium
-def test_the_snapshots_table_fits_its_card_at_1400_px(tmp_path):
-    """Twelve columns with real-sized figures and skew warnings: the Warnings column stays inside the card.
-
-    The page alone (no Airflow needed): rendered here, measured in Chromium at
-    1,400 px; the screenshot goes to ``$CDC_UI_SCREENSHOTS`` when set.
-    """
-    import os
+def _wide_snapshots() -> tuple:
+    """A table's status with real-sized figures in its snapshots table, and its ``now``: skew warnings, a bridge
+    over a rollback (two snapshot ids in its Kind) and a commit a reprocess replaced ("replaced by a reprocess
+    ... ago" in its Kind), as a demo's reprocess leaves."""
     from datetime import UTC, datetime, timedelta
 
-    from iceberg_cdc.ui.page import PageModel, render_page
     from iceberg_cdc.ui.sink_history import ProcessedSnapshot
     from iceberg_cdc.ui.table_status import TableStatus
 
@@ -297,6 +292,7 @@ def test_the_snapshots_table_fits_its_card_at_1400_px(tmp_path):
     skew = ["3 skewed partitions, largest 342x the median (12.4 MiB): partitions 17, 4, 9"]
     seconds = {"detect": 0.12, "write": 0.61, "barrier": 1.2, "coalesce": 0.05, "read": 0.44, "commit": 0.9}
     rows = {"input": 1_000_000, "cancelled": 12_000, "shuffled": 988_000, "read": 988_000}
+    bridge = {"reason": "rollback", "from": "7278462163692909560", "common_ancestor": "7278462163692909559"}
     recent = [
         ProcessedSnapshot(
             7278462163692909566 - i,
@@ -315,6 +311,9 @@ def test_the_snapshots_table_fits_its_card_at_1400_px(tmp_path):
             seconds,
             {**rows, "carryover": 944_000, "changes": 44_000},
             skew if i % 2 == 0 else [],
+            replaced_by=5200992516889735211 if i == 3 else None,
+            replaced_at=now - timedelta(minutes=12) if i == 3 else None,
+            bridge=bridge if i == 1 else None,
         )
         for i in range(4)
     ]
@@ -329,19 +328,69 @@ def test_the_snapshots_table_fits_its_card_at_1400_px(tmp_path):
         watermark_snapshot_id=recent[0].source_snapshot_id,
         watermark_ordinal=9,
     )
+    return status, now
+
+
+# The snapshots table against the element that holds it (its .scroll box) and the card around it.
+MEASURE_RECENT = (
+    "(() => { const t = DOC.querySelector('table.recent'), card = t.closest('section.card');"
+    " const warnings = t.querySelector('th:last-child').getBoundingClientRect();"
+    " return {table: t.scrollWidth, box: t.parentElement.clientWidth, right: warnings.right,"
+    " card: card.getBoundingClientRect().right, page: DOC.documentElement.clientWidth}; })()"
+)
+
+
+@needs_chromium
+def test_the_snapshots_table_fits_its_card_at_1400_px(tmp_path):
+    """Twelve columns with real-sized figures and skew warnings: the Warnings column stays inside the card.
+
+    The page alone (no Airflow needed): rendered here, measured in Chromium at
+    1,400 px; the screenshot goes to ``$CDC_UI_SCREENSHOTS`` when set.
+    """
+    import os
+
+    from iceberg_cdc.ui.page import PageModel, render_page
+
+    status, now = _wide_snapshots()
     page = tmp_path / "page.html"
     page.write_text(render_page(PageModel(generated_at=now, statuses=[status])))
     browser = Chromium(tmp_path, width=1400)
     try:
         browser.open(page.as_uri())
-        fit = browser.evaluate(
-            "(() => { const t = document.querySelector('table.recent'), card = t.closest('section.card');"
-            " const warnings = t.querySelector('th:last-child').getBoundingClientRect();"
-            " return {table: t.scrollWidth, box: t.parentElement.clientWidth, right: warnings.right,"
-            " card: card.getBoundingClientRect().right}; })()"
-        )
+        fit = browser.evaluate(MEASURE_RECENT.replace("DOC", "document"))
         if os.environ.get("CDC_UI_SCREENSHOTS"):
             browser.screenshot(Path(os.environ["CDC_UI_SCREENSHOTS"]) / "cdc-snapshots-1400.png", height=900)
     finally:
         browser.close()
+    assert fit["table"] <= fit["box"] and fit["right"] <= fit["card"], fit
+
+
+@needs_chromium
+def test_the_snapshots_table_fits_inside_airflows_ui_at_1400_px(server):
+    """Framed by Airflow's UI (its nav and margins take ~200 px of the 1,400): the Warnings column needs no
+    sideways scroll. The framed page's snapshots table gets the wide rows of :func:`_wide_snapshots` (the
+    page's own markup, :func:`~iceberg_cdc.ui.page_snapshots.recent_table`); the screenshot of Airflow's UI
+    goes to ``$CDC_UI_SCREENSHOTS`` (else the test's directory)."""
+    import os
+
+    from iceberg_cdc.ui.page_snapshots import recent_table
+
+    status, now = _wide_snapshots()
+    frame = "document.querySelector('iframe').contentDocument"
+    browser = Chromium(server.tmp, width=1400, height=900)
+    try:
+        browser.set_cookie("_token", server.token, server.base + "/")
+        browser.open(f"{server.base}/plugin/cdc", ready=f"{frame}.querySelector('table.recent')", timeout=90)
+        browser.evaluate(
+            f"(() => {{ const doc = {frame}, box = doc.querySelector('table.recent').closest('.scroll');"
+            " box.nextElementSibling.remove();"  # the hint under the table: recent_table writes it again
+            f" box.outerHTML = {json.dumps(recent_table(status, now))};"
+            " doc.querySelector('table.recent').scrollIntoView({block: 'start'}); return true; })()"
+        )
+        fit = browser.evaluate(MEASURE_RECENT.replace("DOC", frame))
+        shots = Path(os.environ.get("CDC_UI_SCREENSHOTS") or server.tmp)
+        browser.screenshot(shots / "cdc-snapshots-airflow-1400.png")
+    finally:
+        browser.close()
+    assert fit["page"] < 1400 - 50, fit  # framed: narrower than the window
     assert fit["table"] <= fit["box"] and fit["right"] <= fit["card"], fit

@@ -63,3 +63,18 @@ def test_the_two_ends_differ_where_the_range_says_they_do():
     assert oldest["apache-airflow-providers-apache-spark"].major < 6  # 6.x pulls pyspark-client 4
     assert "pyspark-client" not in oldest
     assert newest["apache-airflow"] > oldest["apache-airflow"] and newest["pyspark"] > oldest["pyspark"]
+
+
+def test_the_newest_set_pins_a_pandas_its_pyspark_supports():
+    """pyspark 4's client warns on every run that it "does not yet fully support pandas >= 3.0.0"."""
+    newest = pins("constraints.txt")
+    # pyspark-client 4.2 asks for pandas>=2.2.0
+    assert Version("2.2.0") <= newest["pandas"] < Version("3"), newest["pandas"]
+    assert "pytz" in newest  # pandas 2 depends on it (pandas 3 does not): a clean install has it
+
+
+def test_the_pyspark_range_stops_below_the_untested_4_3():
+    """pyspark 4.3.0 is released; nothing here tests it until constraints.txt moves to it."""
+    [pyspark] = [r for r in requirements("requirements.txt") if canonicalize_name(r.name) == "pyspark"]
+    newest = pins("constraints.txt")["pyspark"]
+    assert pyspark.specifier.contains(newest) and not pyspark.specifier.contains("4.3.0"), pyspark

@@ -50,3 +50,24 @@ def test_the_apply_summary_names_every_figure_under_the_prefix():
         "cdc.mirror.mode": "merge-on-read",
     }
     assert parse_mark(summary, MARKER_PREFIX) is None  # figures alone are no marker
+
+
+def test_the_last_apply_property_reads_back_and_a_repair_records_none():
+    from iceberg_cdc.mirror.iceberg.summary import (
+        LAST_APPLY_PROPERTY,
+        REPAIR_KEY,
+        last_apply_property,
+        parse_last_apply,
+    )
+
+    marker = {**marker_summary(THROUGH, "shop.orders"), **apply_summary({"rows.upserted": 0}, {"plan": 0.5},
+              keys=0, files_scanned=0, mode="merge-on-read")}  # fmt: skip
+    recorded = last_apply_property(marker, 1_700_000_000_123)
+    assert parse_last_apply(recorded) == {
+        "at_ms": 1_700_000_000_123,
+        "ordinal": 3,
+        "rows": {"upserted": 0},
+        "seconds": {"plan": 0.5},
+    }
+    assert last_apply_property({**marker, REPAIR_KEY: "r1"}, 1) == {}  # a repair is no apply
+    assert parse_last_apply({}) is None and parse_last_apply({LAST_APPLY_PROPERTY: "{not json"}) is None

@@ -279,6 +279,56 @@ def test_the_iceberg_mirrors_last_apply_is_its_newest_apply_snapshot_not_a_repai
     }
 
 
+def test_the_iceberg_mirrors_last_apply_is_its_latest_apply_run_a_no_op_too(tmp_path):
+    """As the PostgreSQL target's state row: an apply that changed no row (no snapshot) is the last apply."""
+    from iceberg_cdc.mirror.iceberg.commit import Delta, commit_delta
+    from iceberg_cdc.mirror.iceberg.plan import ApplyPlan
+    from iceberg_cdc.mirror.iceberg.summary import watermark_properties
+    from iceberg_cdc.mirror.targets import read_last_apply
+
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path / 'c.db'}", warehouse=f"file://{tmp_path}")
+    catalog.create_namespace("shop")
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    mirror = catalog.create_table("shop.orders_mirror", schema=schema)
+
+    def summary(upserted: int, seconds: float) -> dict[str, str]:
+        figures = {"rows.upserted": upserted, "rows.replaced": 0, "rows.live-change": upserted}
+        return apply_summary(figures, {"plan": seconds}, keys=upserted, files_scanned=0, mode="merge-on-read")
+
+    # An apply with rows, as an older writer left it: its snapshot's summary and the watermark only.
+    earlier = Through(5, 50, 2)
+    rows = {**marker_summary(earlier, "shop.orders"), **summary(40, 1.5)}
+    mirror.append(pa.table({"id": [1]}, schema=schema), snapshot_properties=rows)
+    with mirror.transaction() as tx:
+        tx.set_properties(watermark_properties(earlier, "shop.orders"))
+    applied_ms = mirror.current_snapshot().timestamp_ms
+    assert iceberg_last_apply(mirror)["rows"] == {"upserted": 40, "replaced": 0}
+
+    latest = Through(6, 51, 3)  # the next changelog snapshot's net changes cancel out: no row changes
+    plan = ApplyPlan(
+        mirror="shop.orders_mirror", source="shop.orders", lease_name="l", run_id="r", epoch=1,
+        lease_ttl_seconds=60.0, through=latest.to_dict(), key_columns=["id"], mode="merge-on-read",
+        format_version=2, base_snapshot_id=mirror.current_snapshot().snapshot_id, metadata_json="{}",
+        location=mirror.location(), staging_dir=str(tmp_path), key_count=0, upsert_rows=0, delete_rows=0,
+        units=[], groups=[],
+    )  # fmt: skip
+    result = commit_delta(mirror, plan, Delta(add=[], remove={}), summary(0, 0.25))
+    assert not result.committed and "only the watermark moved" in result.reason
+    mirror.refresh()
+    assert mirror.current_snapshot().timestamp_ms == applied_ms  # no snapshot: no summary to read
+    found = iceberg_last_apply(mirror)
+    assert found is not None and found["at_ms"] >= applied_ms
+    assert (found["rows"], found["seconds"]) == ({"upserted": 0, "replaced": 0}, {"plan": 0.25})
+
+    class Ctx:
+        @staticmethod
+        def catalog():
+            return catalog
+
+    last = read_last_apply(Ctx, CONFIG.tables[0].mirrors[2])
+    assert last is not None and last.rows == {"upserted": 0, "replaced": 0} and last.seconds == 0.25
+
+
 def test_a_mirror_caught_up_with_a_blocked_changelog_says_it_waits_on_the_table():
     """Not "0 changelog snapshot(s) behind" in amber: the lag is the changelog's own, and why."""
     mirror = mirror_statuses(

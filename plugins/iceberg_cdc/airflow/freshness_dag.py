@@ -36,11 +36,12 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import DAG, task
 
+from iceberg_cdc.airflow.dag_factory import START_DATE
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.config import CdcConfig, MirrorConfig, TableConfig, load_config
 from iceberg_cdc.errors import ConfigError
@@ -157,7 +158,7 @@ def build_freshness_dag(config: CdcConfig) -> DAG | None:
     with DAG(
         dag_id=FRESHNESS_DAG_ID,
         schedule=CHECK_EVERY,
-        start_date=datetime(2024, 1, 1),
+        start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
         is_paused_upon_creation=False,  # a promise must be watched from the start

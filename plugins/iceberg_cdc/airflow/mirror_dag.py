@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import DAG, TriggerRule, task
 
-from iceberg_cdc.airflow.dag_factory import sink_asset
+from iceberg_cdc.airflow.dag_factory import START_DATE, sink_asset
 from iceberg_cdc.airflow.hooks.cdc import CdcHook
 from iceberg_cdc.airflow.metrics import emit_safely
 from iceberg_cdc.airflow.operators.detect import lease_wait_seconds, sensor_mode
@@ -82,7 +82,7 @@ def build_mirror_dag(config: CdcConfig, table: TableConfig, mirror: MirrorConfig
     with DAG(
         dag_id=table.mirror_dag_id(mirror),
         schedule=[sink_asset(config, table)],
-        start_date=datetime(2024, 1, 1),
+        start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
         tags=["cdc", "cdc-mirror", source],

@@ -13,10 +13,13 @@ and in time: the age of the oldest source snapshot after the mirror's (the
 oldest change the mirror does not hold yet), as the table's own lag is the
 age of its oldest pending snapshot.
 
-The **last apply** (time, rows, seconds) comes from where the target records
-it in the apply's own transaction or commit -- the PostgreSQL state row, the
-Iceberg apply snapshot's summary (:func:`~iceberg_cdc.mirror.targets.read_last_apply`)
--- so it outlives Airflow's database, as the watermark does. The mirror DAG's
+The **last apply** (time, rows, seconds) is the latest apply run, one that
+changed no row included, for both targets alike; it comes from where the
+target records it in the apply's own transaction or commit -- the PostgreSQL
+state row, the Iceberg mirror's ``cdc.mirror.last-apply`` property (older
+mirrors: the apply snapshot's summary;
+:func:`~iceberg_cdc.mirror.targets.read_last_apply`) -- so it outlives
+Airflow's database, as the watermark does. The mirror DAG's
 last failure is Airflow's to tell (:mod:`iceberg_cdc.airflow.views.app` adds it).
 
 A mirror whose target cannot be read (server down, wrong DSN, the Iceberg

@@ -80,8 +80,12 @@ header p { margin: 0 0 14px; color: var(--muted); }
 .run-state { font-weight: 600; } .run-state.success { color: var(--ok); } .run-state.failed { color: var(--bad); }
 .run-state.running, .run-state.queued { color: var(--warn); }
 .run-note { font-size: 0.9em; margin-top: 2px; }
-/* The snapshots table fits its card at 1,400 px: its headers wrap, and the warnings share the width. */
+/* The snapshots table fits its card at 1,400 px, framed by Airflow's UI too (its nav takes ~70 px): a smaller
+   font and padding, its headers and Kind's marks wrap (snapshot ids stay whole), the warnings share the
+   width; ~1,180 px wide at the least, with a bridge's two ids (the .scroll box scrolls below that). */
+.grid.recent { font-size: 13px; } .grid.recent th, .grid.recent td { padding: 4px 6px; }
 .grid.recent th { white-space: normal; } td.warnings { min-width: 9em; overflow-wrap: anywhere; }
+.bridge-mark { font-size: 12px; }
 .dag-link { font-size: 13px; font-weight: normal; margin-left: 8px; }
 .facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 8px 0 0; }
 .facts dt { color: var(--muted); } .facts dd { margin: 0; }
@@ -95,7 +99,7 @@ header p { margin: 0 0 14px; color: var(--muted); }
 .failure { font-size: 12px; } .failure.blocking { color: var(--bad); font-weight: 700; }
 .failure.harmless { color: var(--muted); }
 tr.replaced td { color: var(--muted); } tr.replaced td.mono { text-decoration: line-through; }
-.replaced-mark { color: var(--warn); font-size: 12px; white-space: nowrap; }
+.replaced-mark { color: var(--warn); font-size: 12px; }
 .toolbar { float: right; color: var(--muted); font-size: 12px; } .toolbar label { cursor: pointer; }
 """
 

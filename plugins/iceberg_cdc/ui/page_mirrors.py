@@ -40,8 +40,9 @@ def mirror_section(
         f"<thead>{head}</thead><tbody>{body}</tbody></table></div>"
         '<p class="hint">Each mirror DAG runs on the changelog\'s asset events and applies every changelog '
         "snapshot after its watermark at once. Lag in time: how long the oldest source change the mirror "
-        "does not hold has been waiting. The last apply is read from the mirror itself (PostgreSQL: its "
-        "state table; Iceberg: the apply's snapshot summary).</p>"
+        "does not hold has been waiting. The last apply is the latest apply run, one that changed no row "
+        "included, read from the mirror itself (PostgreSQL: its state table; Iceberg: its table "
+        "properties).</p>"
     )
 
 

@@ -27,6 +27,7 @@ stale and the apply fails with :class:`~iceberg_cdc.errors.MirrorStateError`
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from iceberg_cdc.mirror.iceberg.plan import ApplyPlan
 from iceberg_cdc.mirror.iceberg.summary import (
     MAPPING_PROPERTY,
     REPAIR_KEY,
+    last_apply_property,
     marker_summary,
     watermark_properties,
 )
@@ -307,6 +309,8 @@ def commit_delta(
                 "the next run plans again on the mirror's current state"
             )
         snapshot_id: int | None = None
+        # The apply is recorded even when no row changed (no snapshot, no summary); a repair is no apply.
+        properties.update(last_apply_property(marker, int(time.time() * 1000)))
         try:
             with writing_v3_metadata():
                 tx = table.transaction()

@@ -14,7 +14,11 @@ and what the apply did::
 
 The table's properties also carry ``cdc.mirror.field-ids``: the mapping of the
 changelog's field ids to the mirror's (JSON; :mod:`.schema`), set in the
-commit that brings the schema it describes.
+commit that brings the schema it describes, and ``cdc.mirror.last-apply``:
+the latest apply (JSON: ``at_ms``, ``ordinal``, ``rows``, ``seconds``), set by
+every apply's commit -- one that changed no row too, which makes no snapshot
+and so has no summary -- as the PostgreSQL target's state row records every
+apply. Mirrors written before it have only the summaries.
 
 All values are strings, as Iceberg's are. The layout is the contract with
 every mirror already written: change it only by reading the old form too.
@@ -22,7 +26,9 @@ every mirror already written: change it only by reading the old form too.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from typing import Any
 
 from iceberg_cdc.mirror.iceberg.inputs import Through
 
@@ -30,6 +36,7 @@ WATERMARK_PREFIX = "cdc.mirror.watermark."
 MARKER_PREFIX = "cdc.mirror."
 MAPPING_PROPERTY = f"{MARKER_PREFIX}field-ids"  # changelog field id -> mirror field id (JSON)
 REPAIR_KEY = f"{MARKER_PREFIX}repair"  # a verification's repair: the snapshot keeps the watermark
+LAST_APPLY_PROPERTY = f"{MARKER_PREFIX}last-apply"  # the latest apply, no-ops too (JSON)
 _FIELDS = ("changelog-snapshot-id", "source-snapshot-id", "ordinal")
 SOURCE_KEY = "source-table"
 
@@ -102,3 +109,30 @@ def apply_summary(
     summary[f"{MARKER_PREFIX}files.scanned"] = str(files_scanned)
     summary[f"{MARKER_PREFIX}mode"] = mode
     return summary
+
+
+def last_apply_property(marker: Mapping[str, str], at_ms: int) -> dict[str, str]:
+    """The table property that records the apply whose snapshot summary is ``marker`` (a repair: none)."""
+    found = parse_apply(marker)
+    through = parse_mark(marker, MARKER_PREFIX)
+    if found is None or through is None:
+        return {}
+    record = {"at_ms": int(at_ms), "ordinal": through.ordinal, **found}
+    return {LAST_APPLY_PROPERTY: json.dumps(record, sort_keys=True, separators=(",", ":"))}
+
+
+def parse_last_apply(properties: Mapping[str, str]) -> dict[str, Any] | None:
+    """The latest apply :func:`last_apply_property` recorded (None: none, or unreadable)."""
+    raw = properties.get(LAST_APPLY_PROPERTY)
+    if raw is None:
+        return None
+    try:
+        found = json.loads(raw)
+        return {
+            "at_ms": int(found["at_ms"]),
+            "ordinal": int(found["ordinal"]),
+            "rows": {str(k): int(v) for k, v in found.get("rows", {}).items()},
+            "seconds": {str(k): float(v) for k, v in found.get("seconds", {}).items()},
+        }
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None

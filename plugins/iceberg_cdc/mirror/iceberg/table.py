@@ -33,7 +33,13 @@ from pyiceberg.table.snapshots import Snapshot
 
 from iceberg_cdc.errors import MirrorStateError
 from iceberg_cdc.mirror.iceberg.inputs import Through
-from iceberg_cdc.mirror.iceberg.summary import MARKER_PREFIX, WATERMARK_PREFIX, parse_apply, parse_mark
+from iceberg_cdc.mirror.iceberg.summary import (
+    MARKER_PREFIX,
+    WATERMARK_PREFIX,
+    parse_apply,
+    parse_last_apply,
+    parse_mark,
+)
 from iceberg_cdc.pyiceberg_internals.format_v3 import writing_v3_metadata
 
 
@@ -70,12 +76,30 @@ LAST_APPLY_SEARCH = 100  # snapshots searched back from the head (maintenance co
 
 
 def last_apply(table: Table) -> dict | None:
-    """The newest apply of ``main``'s history (a verification's repair is none): its time, rows and seconds.
+    """The latest apply (a verification's repair is none), one that changed no row too: time, rows, seconds.
 
-    Read from the apply's own snapshot summary, so it is as durable as the
-    mirror (it outlives Airflow's database). None: no apply within
-    :data:`LAST_APPLY_SEARCH` snapshots of the head.
+    What the PostgreSQL target's state row says of its mirror. Read from the
+    mirror's own metadata, so it is as durable as the mirror (it outlives
+    Airflow's database): the ``cdc.mirror.last-apply`` property every apply's
+    commit sets, else -- a mirror whose applies predate it -- the newest
+    apply snapshot's summary within :data:`LAST_APPLY_SEARCH` snapshots of
+    the head. None: neither.
     """
+    recorded = parse_last_apply(table.metadata.properties)
+    mark = read_mirror_watermark(table)
+    if recorded is not None and mark is not None and recorded["ordinal"] >= mark.ordinal:
+        return _without_ordinal(recorded)  # the apply that set the watermark: none can be newer
+    newest = _newest_apply_snapshot(table)
+    if recorded is not None and (newest is None or recorded["ordinal"] >= newest["ordinal"]):
+        return _without_ordinal(recorded)
+    return _without_ordinal(newest) if newest is not None else None
+
+
+def _without_ordinal(found: dict) -> dict:
+    return {k: v for k, v in found.items() if k != "ordinal"}
+
+
+def _newest_apply_snapshot(table: Table) -> dict | None:
     snapshot = table.current_snapshot()
     for _ in range(LAST_APPLY_SEARCH):
         if snapshot is None:
@@ -83,7 +107,8 @@ def last_apply(table: Table) -> dict | None:
         summary = snapshot.summary
         found = parse_apply(summary.additional_properties) if summary is not None else None
         if found is not None:
-            return {"at_ms": snapshot.timestamp_ms, **found}
+            marker = snapshot_marker(snapshot)
+            return {"at_ms": snapshot.timestamp_ms, "ordinal": marker.ordinal if marker else -1, **found}
         parent = snapshot.parent_snapshot_id
         snapshot = table.metadata.snapshot_by_id(parent) if parent is not None else None
     return None
