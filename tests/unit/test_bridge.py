@@ -28,6 +28,7 @@ from cdc_devtools.replay import assert_changelog_replays, assert_replay, changes
 from iceberg_cdc.errors import SourceHistoryError
 from iceberg_cdc.mirror.steps import mirror_lease
 from iceberg_cdc.mirror.verify.check import verify_mirror
+from iceberg_cdc.run import bridge as bridge_planning
 from iceberg_cdc.run.context import Context
 from iceberg_cdc.run.story import story
 from iceberg_cdc.sink.summary import CommitSummary
@@ -220,8 +221,11 @@ def change_counts(pipeline: InlinePipeline, snapshot_id: int) -> Counter:
     return Counter(changes_of(pipeline.sink, snapshot_id).column("_change_type").to_pylist())
 
 
-def test_when_the_base_snapshot_expired_too_the_bridge_starts_from_the_changelogs_replay(tmp_path):
+def test_when_the_base_snapshot_expired_too_the_bridge_starts_from_the_changelogs_replay(
+    tmp_path, monkeypatch, caplog
+):
     """A sink configured before the base tag: its watermark's snapshot expired with the rest."""
+    monkeypatch.setattr(bridge_planning, "BASE_FILE_ROWS", 16)  # 49 live rows: 4 staged files, 4 inputs
     pipeline = InlinePipeline(tmp_path, table={"protect_base": False, "mirrors": [MIRROR]})
     source = pipeline.create_source(SCHEMA, partition_spec=BY_REGION)
     source.append(pa.concat_tables([rows(range(0, 30), "us"), rows(range(30, 50), "eu")]))
@@ -240,6 +244,7 @@ def test_when_the_base_snapshot_expired_too_the_bridge_starts_from_the_changelog
     record = bridge_commit(pipeline, last)
     assert record.bridge.base == "changelog replay" and record.bridge.from_snapshot_id == base.snapshot_id
     assert "from the changelog's replay" in story(runs[0].detected)
+    assert "staged as 4 file(s)" in caplog.text, "each 16 rows of the base are one write task's input"
     counts = change_counts(pipeline, last)
     # 0-4 moved (3 again), 1 again, 100 in, 31, 40, 45 gone: the net change, carryover cancelled.
     assert counts == {"UPDATE_BEFORE": 5, "UPDATE_AFTER": 5, "DELETE": 3, "INSERT": 1}

@@ -34,6 +34,7 @@ log = logging.getLogger("iceberg_cdc")
 
 BASE_FROM_SNAPSHOT = "snapshot"
 BASE_FROM_CHANGELOG = "changelog replay"
+BASE_FILE_ROWS = 1_000_000  # rows per staged file of a replayed base
 
 
 def bridge_record(gap: HistoryGap) -> dict[str, Any]:
@@ -90,25 +91,30 @@ def bridge_plan_changes(
     schema = schemas.get(target.schema_id) if target and target.schema_id is not None else None
     schema = schema or source.schema()
     state = replayed_state(sink, schema, changelog_columns(source, sink, schema))
-    path = staged_file_path(
-        sink.location(), gap.target, f"bridge-base-{uuid.uuid4().hex[:12]}", attempt=attempt
-    )
-    staged = write_staged_file(sink.io, path, state)
+    # Files of BASE_FILE_ROWS rows: each is one write task's input, so a big base reads in parallel.
+    tag = uuid.uuid4().hex[:12]
+    bases = []
+    for index, start in enumerate(range(0, state.num_rows, BASE_FILE_ROWS)):
+        name = f"bridge-base-{tag}-{index:05d}"
+        path = staged_file_path(sink.location(), gap.target, name, attempt=attempt)
+        staged = write_staged_file(sink.io, path, state.slice(start, BASE_FILE_ROWS))
+        bases.append(
+            DataFileRef(
+                path=staged.path,
+                size=staged.file_size,
+                record_count=staged.record_count,
+                spec_id=source.spec().spec_id,
+            )
+        )
     log.warning(
         "%s: the bridge's base is the changelog's replay: %d rows read from %s give %d live rows at "
-        "snapshot %s (staged as %s, deleted by cleanup)",
+        "snapshot %s (staged as %d file(s) among the run's staged files, deleted by cleanup)",
         ctx.table.source,
         changelog_rows(sink),
         ctx.table.sink,
         state.num_rows,
         gap.base,
-        staged.path,
-    )
-    base = DataFileRef(
-        path=staged.path,
-        size=staged.file_size,
-        record_count=staged.record_count,
-        spec_id=source.spec().spec_id,
+        len(bases),
     )
     whole = initial_load_changes(source, gap.target)
-    return dataclasses.replace(whole, parent_id=gap.base, operation=BRIDGE_OPERATION, deleted=(base,))
+    return dataclasses.replace(whole, parent_id=gap.base, operation=BRIDGE_OPERATION, deleted=tuple(bases))
