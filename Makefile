@@ -29,7 +29,7 @@ TEST_WORKERS ?= 2
 # Random histories per property test in make test-fast (make test runs 200; CDC_HISTORIES sets both).
 FAST_HISTORIES ?= 20
 
-.PHONY: help prereqs setup java-setup test-java test test-lifecycle test-fast test-compat demo demo-engine sync status verify airflow airflow-stop lint format bench bench-scale bench-tables wheel clean
+.PHONY: help prereqs setup java-setup test-java test test-fast test-compat demo demo-engine sync status verify airflow airflow-stop lint format bench bench-scale bench-tables wheel clean
 
 help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
@@ -104,13 +104,7 @@ test: setup
 
 # The oldest set's own end-to-end history: make test-compat runs it there; on the newest set the
 # pipeline, mirror and sync end-to-end tests cover the same paths.
-# The paused-table-through-expiry test under the real scheduler (minutes; it failed once in CI when
-# unpausing started no run): run by make test-lifecycle until it is proven steady in CI.
-LIFECYCLE_DESELECT := --deselect tests/integration/test_source_lifecycle_scheduler.py
-COMPAT_ONLY := --deselect tests/integration/test_compat_e2e.py $(LIFECYCLE_DESELECT)
-
-test-lifecycle: setup
-	$(BIN)/python -m pytest tests/integration/test_source_lifecycle_scheduler.py $(PYTEST_ARGS)
+COMPAT_ONLY := --deselect tests/integration/test_compat_e2e.py
 
 # The oldest supported set (constraints-min.txt) in its own venv, and the end-to-end subset there:
 # a copy-on-write and a merge-on-read snapshot through make sync, a mirror, the DAGs, the CDC view's API.
