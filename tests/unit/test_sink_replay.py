@@ -11,7 +11,6 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
@@ -64,7 +63,7 @@ def test_after_images_minus_before_images_by_whole_row(tmp_path):
         ],
     )
     state = replayed_state(table, SOURCE, {2: "amount"})
-    assert state.schema == schema_to_pyarrow(SOURCE), "the source's columns and field ids"
+    assert state.schema == SOURCE.as_arrow(), "the source's columns and field ids"
     assert as_rows(state) == Counter({(1, 1.0, None): 1, (2, 2.5, None): 1, (4, None, None): 1})
     assert changelog_rows(table) == 9
 

@@ -21,7 +21,6 @@ from collections.abc import Mapping
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
@@ -54,7 +53,7 @@ def replayed_state(changelog: Table, schema: Schema, names: Mapping[int, str] | 
     columns = {f.field_id: names.get(f.field_id, f.name) for f in schema.fields}
     read = [c for c in columns.values() if c in present]
     rows = changelog.scan(selected_fields=(*read, CHANGE_TYPE)).to_arrow()
-    target = schema_to_pyarrow(schema)
+    target = schema.as_arrow()  # the source's field ids travel in the fields' metadata
     arrays = []
     for field, arrow_field in zip(schema.fields, target, strict=True):
         column = columns[field.field_id]

@@ -122,7 +122,9 @@ def _applied(mirror: Any, now: datetime) -> str:
     last = mirror.last_apply
     if last is None:
         return '<span class="muted" data-field="mirror-apply">none recorded</span>'
-    rows = ", ".join(f"{fmt_int(n)} {name}" for name, n in last.rows.items()) or "rows not recorded"
+    # Upserts first on every target, whatever order the record kept (a JSON property sorts its keys).
+    ordered = sorted(last.rows.items(), key=lambda item: (item[0] != "upserted", item[0]))
+    rows = ", ".join(f"{fmt_int(n)} {name}" for name, n in ordered) or "rows not recorded"
     seconds = (
         f' in <span data-field="mirror-apply-seconds">{esc(fmt_seconds(last.seconds))} s</span>'
         if last.seconds is not None
