@@ -55,16 +55,18 @@ from cdc_devtools.children import die_with_parent
 HOST = "127.0.0.1"
 
 # Airflow's task log server (the app the scheduler and triggerer would start on every
-# interface), on 127.0.0.1, for the worker and triggerer log ports given as arguments.
+# interface), on 127.0.0.1 (or $CDC_LOG_SERVER_HOST: make stack's worker hosts have their own
+# loopback address), for the worker and triggerer log ports given as arguments.
 LOG_SERVER = """
-import asyncio, sys
+import asyncio, os, sys
 import uvicorn
 from airflow.utils.serve_logs.log_server import get_app
 
 async def main():
     app = get_app()
     servers = [
-        uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=int(port), log_config=None, access_log=False))
+        uvicorn.Server(uvicorn.Config(app, host=os.environ.get("CDC_LOG_SERVER_HOST", "127.0.0.1"), port=int(port),
+                                     log_config=None, access_log=False))
         for port in sys.argv[1:]
     ]
     await asyncio.gather(*(server.serve() for server in servers))
@@ -98,10 +100,10 @@ sys.exit(main())
 """
 
 
-def port_free(port: int) -> bool:
+def port_free(port: int, host: str = HOST) -> bool:
     with socket.socket() as s:
         try:
-            s.bind((HOST, port))
+            s.bind((host, port))
         except OSError:
             return False
     return True

@@ -129,7 +129,13 @@ def mirrors_banner(config: CdcConfig) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def unpause_when_parsed(url: str, password: str, dag_ids: list[str], timeout: float = 600.0) -> None:
+def unpause_when_parsed(
+    url: str,
+    password: str,
+    dag_ids: list[str],
+    timeout: float = 600.0,
+    note: str = "it runs on the changelog's asset events",
+) -> None:
     """Unpause each mirror DAG once the DAG processor has parsed it (Airflow creates DAGs paused).
 
     A mirror DAG runs only on its changelog's asset events, and a paused DAG
@@ -160,7 +166,7 @@ def unpause_when_parsed(url: str, password: str, dag_ids: list[str], timeout: fl
                     raise
                 continue
             left.remove(dag_id)
-            print(f"\n  {dag_id} unpaused: it runs on the changelog's asset events\n", flush=True)
+            print(f"\n  {dag_id} unpaused: {note}\n", flush=True)
         time.sleep(2)
     if left:
         print(f"\n  not parsed within {timeout:.0f} s, still paused: {', '.join(left)}\n", flush=True)
