@@ -164,7 +164,7 @@ class Stack:
             cluster.start()
         finally:
             for index, process in enumerate(cluster.processes):
-                self._record("spark-master" if index == 0 else f"spark-worker-{index}", process)
+                self._record("spark-master" if index == 0 else f"spark-worker-{index - 1}", process)
         connect = LocalSparkConnectServer(
             root / "spark-connect", master=cluster.master_url, driver_memory="768m", conf=SPARK_CONNECT_CONF
         )
@@ -284,6 +284,7 @@ class Stack:
         stop_processes(processes)
         self._servers.close()
         sweep(self.root)  # anything a component left in its group, or a server that would not stop
+        (self.root / "stack.json").unlink(missing_ok=True)  # it describes a running stack only
 
 
 def _pong(broker: str) -> set[str]:
