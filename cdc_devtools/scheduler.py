@@ -35,11 +35,9 @@ library alone.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import time
@@ -51,6 +49,7 @@ from typing import Any
 from cdc_devtools.airflow_api import AirflowApi, healthy
 from cdc_devtools.airflow_env import LOGIN_USER, PASSWORDS_FILE_NAME, VENV_BIN, ensure_airflow_db, login_env
 from cdc_devtools.children import die_with_parent
+from cdc_devtools.process_tree import alive, descendants, stop_processes
 
 HOST = "127.0.0.1"
 
@@ -216,80 +215,6 @@ def components(
             env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"],
         ]
     return commands
-
-
-def _children() -> dict[int, list[int]]:
-    """Parent pid -> child pids, from /proc (empty where /proc is not available)."""
-    tree: dict[int, list[int]] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            tree.setdefault(int(fields[1]), []).append(int(entry))
-    return tree
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (children, their children, ...)."""
-    tree, found, todo = _children(), set(), [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def stop_processes(processes: Iterable[subprocess.Popen], timeout: float = 20.0) -> None:
-    """Stop processes started with ``start_new_session``: their groups, then every descendant by pid.
-
-    A descendant that left the group (a task runner in its own session) is
-    found through /proc before anything is signalled, so it is stopped too.
-    """
-    processes = [p for p in processes if p is not None]
-    stray = set()
-    for process in processes:
-        stray |= descendants(process.pid)
-    for process in processes:
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for process in processes:
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        # Whatever is still in the group (workers the component forked) goes too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-    for pid in stray:
-        if alive(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 5
-    while any(alive(pid) for pid in stray) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in stray:
-        if alive(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
 
 
 class LocalAirflow(AirflowApi):

@@ -41,7 +41,8 @@ from cdc_devtools.connect_server import LocalSparkConnectServer
 from cdc_devtools.local_postgres import LocalPostgres
 from cdc_devtools.local_redis import LocalRedis, redis_binary
 from cdc_devtools.local_s3 import LocalS3Server, free_port
-from cdc_devtools.scheduler import HOST, alive, port_free, stop_processes
+from cdc_devtools.process_tree import alive, stop_processes
+from cdc_devtools.scheduler import HOST, port_free
 from cdc_devtools.spark_cluster import LocalSparkCluster
 from cdc_devtools.stack_hosts import (
     CONTROL,

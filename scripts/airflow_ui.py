@@ -72,7 +72,8 @@ from cdc_devtools.connect_server import connect_server_for
 from cdc_devtools.local_postgres import LocalPostgres
 from cdc_devtools.local_s3 import LocalS3Server
 from cdc_devtools.pidfile import AlreadyRunning, pid_file, stop_running
-from cdc_devtools.scheduler import HOST, components, healthy, machine_env, port_free, stop_processes
+from cdc_devtools.process_tree import stop_processes
+from cdc_devtools.scheduler import HOST, components, healthy, machine_env, port_free
 from iceberg_cdc.config import CdcConfig, load_config
 from iceberg_cdc.errors import CdcError
 

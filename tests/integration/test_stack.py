@@ -32,8 +32,8 @@ import pytest
 from cdc_devtools.airflow_api import AirflowApi
 from cdc_devtools.airflow_env import REPO
 from cdc_devtools.children import die_with_parent
+from cdc_devtools.process_tree import alive
 from cdc_devtools.replay import assert_changelog_replays
-from cdc_devtools.scheduler import alive
 from cdc_devtools.stack import missing_packages
 from cdc_devtools.stack_hosts import WORKER_ADDRESSES
 from cdc_devtools.sync import table_status
