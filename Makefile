@@ -29,7 +29,7 @@ TEST_WORKERS ?= 2
 # Random histories per property test in make test-fast (make test runs 200; CDC_HISTORIES sets both).
 FAST_HISTORIES ?= 20
 
-.PHONY: help prereqs setup java-setup test-java test test-fast test-compat demo demo-engine sync status verify airflow airflow-stop lint format bench bench-scale bench-tables wheel clean
+.PHONY: help prereqs stack-prereqs setup java-setup test-java test test-fast test-compat test-stack demo demo-engine sync status verify airflow airflow-stop stack stack-stop lint format bench bench-scale bench-tables wheel clean
 
 help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
@@ -43,6 +43,11 @@ help:
 	@echo "make airflow Airflow on the demo config at http://127.0.0.1:8080 (PORT=...), with the CDC view"
 	@echo "             (CONFIG=path.yaml: that config's tables instead, no demo servers)"
 	@echo "make airflow-stop   stop the make airflow running in another shell (as Ctrl-C there would)"
+	@echo "make stack   the production topology on this machine: PostgreSQL (Airflow DB and Iceberg catalog), Redis,"
+	@echo "             CeleryExecutor with two Celery workers on hosts of their own, a Spark cluster with Spark Connect,"
+	@echo "             the local S3 server; the demo table caught up at once (docs/stack.md; PORT=...: the UI's port)"
+	@echo "make stack-stop   stop the make stack running in another shell, and whatever a failed one left"
+	@echo "make test-stack   the stack's smoke test (minutes; not part of make test)"
 	@echo "make demo-engine   only the shuffle engine, on one generated snapshot (seconds)"
 	@echo "make test    install into .venv/ when missing, lint, run the test suite"
 	@echo "make test-compat   the end-to-end subset on the oldest supported versions (constraints-min.txt), in .venv-min/"
@@ -63,6 +68,14 @@ prereqs:
 	  echo "error: java not found. Install Java 17 (e.g. apt-get install openjdk-17-jre-headless) for Spark."; exit 1; }
 	@java -version 2>&1 | head -n 1 | grep -q '"17' || { \
 	  echo "error: Spark here needs Java 17; found: $$(java -version 2>&1 | head -n 1)."; exit 1; }
+
+# make stack's two Debian packages (neither is on PyPI): .ci/run installs them when it runs as root.
+stack-prereqs: prereqs
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "error: redis-server not found: make stack's Celery broker. Install it: apt-get install redis-server"; exit 1; }
+	@test -f /usr/share/java/postgresql.jar || { \
+	  echo "error: /usr/share/java/postgresql.jar not found: Iceberg Java reaches make stack's catalog by JDBC."; \
+	  echo "       Install it: apt-get install libpostgresql-jdbc-java"; exit 1; }
 
 $(STAMP): requirements.txt requirements-dev.txt $(CONSTRAINTS) pyproject.toml
 	@$(MAKE) --no-print-directory prereqs
@@ -100,11 +113,16 @@ test: setup
 	  echo "note: Iceberg Java is not set up here; the tests it judges will skip (make java-setup says why)"; }
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(COMPAT_ONLY) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not stack" $(COMPAT_ONLY) $(PYTEST_ARGS)
 
 # The oldest set's own end-to-end history: make test-compat runs it there; on the newest set the
 # pipeline, mirror and sync end-to-end tests cover the same paths.
 COMPAT_ONLY := --deselect tests/integration/test_compat_e2e.py
+
+# The stack's tests (marker stack): make stack's whole topology, minutes each, so not in make test
+# (CI's run is near its budget); run before changing what runs where (docs/stack.md).
+test-stack: setup stack-prereqs
+	$(BIN)/python -m pytest -m stack tests/integration/test_stack.py $(PYTEST_ARGS)
 
 # The oldest supported set (constraints-min.txt) in its own venv, and the end-to-end subset there:
 # a copy-on-write and a merge-on-read snapshot through make sync, a mirror, the DAGs, the CDC view's API.
@@ -149,6 +167,14 @@ airflow: setup
 # The running make airflow's pid is in .cdc/airflow-ui.pid; SIGTERM takes its Ctrl-C path.
 airflow-stop:
 	$(BIN)/python scripts/airflow_ui.py --stop
+
+# The production topology on this machine until Ctrl-C (scripts/stack.py; docs/stack.md); its pid is
+# in .cdc/stack/stack.pid, and make stack-stop stops it (and, by pid, what a failed start left).
+stack: setup stack-prereqs
+	$(BIN)/python scripts/stack.py $(if $(PORT),--port $(PORT),)
+
+stack-stop:
+	$(BIN)/python scripts/stack.py --stop
 
 # The peer (Iceberg's create_changelog_view) runs on Iceberg Java: java-setup builds it once.
 bench: java-setup

@@ -229,7 +229,7 @@ def _cpu_seconds(pid: int, *, children: bool = True) -> float:
 
 
 def _tree_cpu_seconds(pid: int) -> float:
-    from cdc_devtools.scheduler import descendants
+    from cdc_devtools.process_tree import descendants
 
     total = _cpu_seconds(pid)
     for child in descendants(pid):

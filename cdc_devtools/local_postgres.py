@@ -67,9 +67,16 @@ class LocalPostgres:
     """``with LocalPostgres() as pg: pg.dsn`` -- initialized and started on a free port, stopped on exit."""
 
     def __init__(
-        self, log_path: str | Path | None = None, port: int | None = None, fsync: bool = False
+        self,
+        log_path: str | Path | None = None,
+        port: int | None = None,
+        fsync: bool = False,
+        max_connections: int = 50,
     ) -> None:
         self.port = port or free_port()
+        # make stack's Airflow (scheduler, API server, two Celery workers and their tasks) pools more
+        # connections than a test's few clients.
+        self.max_connections = max_connections
         self.user = "postgres"
         self.database = "postgres"
         self.log_path = Path(log_path) if log_path else None
@@ -78,8 +85,30 @@ class LocalPostgres:
         self._process: subprocess.Popen | None = None
 
     @property
+    def process(self) -> subprocess.Popen | None:
+        """The server's process while it runs (make stack records its pid)."""
+        return self._process
+
+    @property
     def dsn(self) -> str:
         return f"postgresql://{self.user}@127.0.0.1:{self.port}/{self.database}"
+
+    def url(self, database: str, driver: str = "postgresql+psycopg2") -> str:
+        """A SQLAlchemy URL of ``database`` on this server (Airflow's metadata, pyiceberg's SQL catalog)."""
+        return f"{driver}://{self.user}@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> str:
+        """``CREATE DATABASE name`` (psycopg2, already a dependency); its SQLAlchemy URL."""
+        import psycopg2
+
+        connection = psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname=self.database)
+        try:
+            connection.autocommit = True  # CREATE DATABASE refuses to run inside a transaction
+            with connection.cursor() as cursor:
+                cursor.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            connection.close()
+        return self.url(name)
 
     @property
     def data_dir(self) -> Path:
@@ -113,7 +142,7 @@ class LocalPostgres:
                 "-c",
                 f"fsync={'on' if self.fsync else 'off'}",
                 "-c",
-                "max_connections=50",
+                f"max_connections={self.max_connections}",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

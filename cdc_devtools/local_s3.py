@@ -48,6 +48,11 @@ class LocalS3Server:
         self._process: subprocess.Popen | None = None
 
     @property
+    def process(self) -> subprocess.Popen | None:
+        """The server's process while it runs (make stack records its pid)."""
+        return self._process
+
+    @property
     def properties(self) -> dict[str, str]:
         """pyiceberg-style ``s3.*`` properties that reach this server."""
         return {"s3.endpoint": self.endpoint, **DUMMY_CREDENTIALS}

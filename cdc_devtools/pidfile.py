@@ -36,7 +36,9 @@ def running_pid(path: Path, marker: str) -> int | None:
 
 
 @contextlib.contextmanager
-def pid_file(path: Path, marker: str | None = None) -> Iterator[Path]:
+def pid_file(
+    path: Path, marker: str | None = None, stop_command: str = "make airflow-stop"
+) -> Iterator[Path]:
     """This process's id in ``path`` for the block (removed after it, if still ours).
 
     With ``marker``: refused (:class:`AlreadyRunning`) while the file names a
@@ -45,7 +47,7 @@ def pid_file(path: Path, marker: str | None = None) -> Iterator[Path]:
     """
     if marker is not None and (other := running_pid(path, marker)) is not None:
         raise AlreadyRunning(
-            f"already running as process {other} (its pid file: {path}); stop it first (make airflow-stop)"
+            f"already running as process {other} (its pid file: {path}); stop it first ({stop_command})"
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"{os.getpid()}\n")

@@ -21,8 +21,9 @@ starts them from an Airflow environment (:func:`~cdc_devtools.airflow_env.airflo
 * login on, as ``make airflow`` has it: the simple auth manager with one admin
   user whose password this harness writes to Airflow's passwords file
   (:func:`~cdc_devtools.airflow_env.login_env`); every request goes to the REST
-  API v2 with that user's token (``POST /auth/token``), backfills through the
-  ``airflow backfill create`` CLI as an operator types it;
+  API v2 with that user's token (the client,
+  :class:`~cdc_devtools.airflow_api.AirflowApi`, is shared with ``make stack``'s
+  test), backfills through the ``airflow backfill create`` CLI as an operator types it;
 * :meth:`stop` (also on ``__exit__``, and at interpreter exit) stops every
   process it started and every process they started, by process group and
   then by pid: nothing outlives it, even when a test fails.
@@ -34,39 +35,37 @@ library alone.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote, urlencode
 
+from cdc_devtools.airflow_api import AirflowApi, healthy
 from cdc_devtools.airflow_env import LOGIN_USER, PASSWORDS_FILE_NAME, VENV_BIN, ensure_airflow_db, login_env
 from cdc_devtools.children import die_with_parent
+from cdc_devtools.process_tree import alive, descendants, stop_processes
 
 HOST = "127.0.0.1"
-FINAL_RUN_STATES = frozenset({"success", "failed"})
 
 # Airflow's task log server (the app the scheduler and triggerer would start on every
-# interface), on 127.0.0.1, for the worker and triggerer log ports given as arguments.
+# interface), on 127.0.0.1 (or $CDC_LOG_SERVER_HOST: make stack's worker hosts have their own
+# loopback address), for the worker and triggerer log ports given as arguments.
 LOG_SERVER = """
-import asyncio, sys
+import asyncio, os, sys
 import uvicorn
 from airflow.utils.serve_logs.log_server import get_app
 
 async def main():
     app = get_app()
     servers = [
-        uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=int(port), log_config=None, access_log=False))
+        uvicorn.Server(uvicorn.Config(app, host=os.environ.get("CDC_LOG_SERVER_HOST", "127.0.0.1"), port=int(port),
+                                     log_config=None, access_log=False))
         for port in sys.argv[1:]
     ]
     await asyncio.gather(*(server.serve() for server in servers))
@@ -100,10 +99,10 @@ sys.exit(main())
 """
 
 
-def port_free(port: int) -> bool:
+def port_free(port: int, host: str = HOST) -> bool:
     with socket.socket() as s:
         try:
-            s.bind((HOST, port))
+            s.bind((host, port))
         except OSError:
             return False
     return True
@@ -218,100 +217,7 @@ def components(
     return commands
 
 
-def _children() -> dict[int, list[int]]:
-    """Parent pid -> child pids, from /proc (empty where /proc is not available)."""
-    tree: dict[int, list[int]] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            tree.setdefault(int(fields[1]), []).append(int(entry))
-    return tree
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (children, their children, ...)."""
-    tree, found, todo = _children(), set(), [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def stop_processes(processes: Iterable[subprocess.Popen], timeout: float = 20.0) -> None:
-    """Stop processes started with ``start_new_session``: their groups, then every descendant by pid.
-
-    A descendant that left the group (a task runner in its own session) is
-    found through /proc before anything is signalled, so it is stopped too.
-    """
-    processes = [p for p in processes if p is not None]
-    stray = set()
-    for process in processes:
-        stray |= descendants(process.pid)
-    for process in processes:
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for process in processes:
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        # Whatever is still in the group (workers the component forked) goes too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-    for pid in stray:
-        if alive(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 5
-    while any(alive(pid) for pid in stray) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in stray:
-        if alive(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def healthy(url: str) -> bool:
-    try:
-        with _opener().open(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-def _opener() -> urllib.request.OpenerDirector:
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-class AirflowApiError(RuntimeError):
-    def __init__(self, method: str, url: str, status: int, body: str) -> None:
-        super().__init__(f"{method} {url}: HTTP {status}: {body[:2000]}")
-        self.status = status
-        self.body = body
-
-
-class LocalAirflow:
+class LocalAirflow(AirflowApi):
     """Airflow's components on 127.0.0.1 for one AIRFLOW_HOME (``env``), stopped by pid."""
 
     def __init__(
@@ -332,8 +238,7 @@ class LocalAirflow:
         self.env.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_hex(16))
         self.env.setdefault("AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION", "True")
         # Login on: one admin user with a password only this harness (and the file) knows.
-        self.user = LOGIN_USER
-        self.password = secrets.token_urlsafe(12)
+        super().__init__(f"http://{HOST}:{self.port}", LOGIN_USER, secrets.token_urlsafe(12))
         self.passwords_file = self.work_dir / PASSWORDS_FILE_NAME
         login_env(self.env, self.passwords_file, self.user)
         if not log_server:
@@ -341,11 +246,10 @@ class LocalAirflow:
         self.triggerer = triggerer
         self.log_server = log_server
         self.processes: dict[str, subprocess.Popen] = {}
-        self._token: str | None = None
 
     @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+    def where(self) -> str:
+        return str(self.work_dir)
 
     def log_path(self, name: str) -> Path:
         return self.work_dir / f"{name}.log"
@@ -402,77 +306,6 @@ class LocalAirflow:
     ) -> None:
         self.stop()
 
-    # --- REST API v2 -----------------------------------------------------------------------------
-
-    def token(self) -> str:
-        """The admin user's API token (``POST /auth/token`` with the user's password)."""
-        if self._token is None:
-            body = json.dumps({"username": self.user, "password": self.password}).encode()
-            request = urllib.request.Request(
-                f"{self.url}/auth/token", data=body, headers={"Content-Type": "application/json"}
-            )
-            with _opener().open(request, timeout=30) as response:
-                self._token = json.loads(response.read())["access_token"]
-        return self._token
-
-    def request(self, method: str, path: str, body: Any = None, *, params: dict | None = None) -> Any:
-        """One call to the API server (``path`` below the base URL); the JSON answer."""
-        url = f"{self.url}{path}" + (f"?{urlencode(params, doseq=True)}" if params else "")
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(url, data=data, method=method)
-        request.add_header("Authorization", f"Bearer {self.token()}")
-        if data is not None:
-            request.add_header("Content-Type", "application/json")
-        try:
-            with _opener().open(request, timeout=60) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as error:
-            raise AirflowApiError(method, url, error.code, error.read().decode(errors="replace")) from None
-        return json.loads(raw) if raw else None
-
-    def wait_for_dag(self, dag_id: str, timeout: float = 180.0) -> dict[str, Any]:
-        """Until the DAG processor parsed ``dag_id``; import errors end the wait at once."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.check_running()
-            try:
-                return self.request("GET", f"/api/v2/dags/{quote(dag_id)}/details")
-            except AirflowApiError as error:
-                if error.status != 404:
-                    raise
-            errors = self.request("GET", "/api/v2/importErrors").get("import_errors", [])
-            if errors:
-                raise RuntimeError(f"the DAG folder has import errors: {errors}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"DAG {dag_id} not parsed in {timeout:.0f} s; see {self.work_dir}")
-            time.sleep(1)
-
-    def set_paused(self, dag_id: str, paused: bool) -> None:
-        self.request("PATCH", f"/api/v2/dags/{quote(dag_id)}", {"is_paused": paused})
-
-    def unpause(self, dag_id: str) -> None:
-        self.set_paused(dag_id, False)
-
-    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None, run_id: str | None = None) -> dict:
-        """A manual run (``logical_date`` none, as the UI's trigger button), with ``conf``."""
-        run_id = (
-            run_id or f"manual__{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime())}_{secrets.token_hex(3)}"
-        )
-        body: dict[str, Any] = {"logical_date": None, "conf": conf or {}, "dag_run_id": run_id}
-        path = f"/api/v2/dags/{quote(dag_id)}/dagRuns"
-        for attempt in range(5):
-            try:
-                return self.request("POST", path, body)
-            except AirflowApiError as error:
-                # SQLite: the API server's insert can lose a race with the scheduler ("database is
-                # locked", a 500); the run id makes a retry safe (409 if the first one landed).
-                if error.status == 409 and attempt:
-                    return self.run(dag_id, run_id)
-                if error.status < 500 or attempt == 4:
-                    raise
-                time.sleep(1 + attempt)
-        raise AssertionError("unreachable")
-
     def backfill(
         self,
         dag_id: str,
@@ -501,74 +334,6 @@ class LocalAirflow:
             return [str(VENV_BIN / "python"), "-c", AIRFLOW_CLI]
         return [str(VENV_BIN / "airflow")]
 
-    def backfills(self, dag_id: str) -> list[dict[str, Any]]:
-        return self.request("GET", "/api/v2/backfills", params={"dag_id": dag_id, "limit": 100})["backfills"]
-
-    def runs(self, dag_id: str) -> list[dict[str, Any]]:
-        """Every run of ``dag_id``, oldest first (by run_after)."""
-        runs: list[dict[str, Any]] = []
-        while True:
-            page = self.request(
-                "GET",
-                f"/api/v2/dags/{quote(dag_id)}/dagRuns",
-                params={"limit": 100, "offset": len(runs), "order_by": "run_after"},
-            )
-            runs += page["dag_runs"]
-            if not page["dag_runs"] or len(runs) >= page["total_entries"]:
-                return runs
-
-    def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
-        return self.request("GET", f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}")
-
-    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-        path = f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}/taskInstances"
-        return self.request("GET", path, params={"limit": 1000})["task_instances"]
-
-    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
-        """``task_id`` (``task_id[i]`` for mapped ones) -> state."""
-        return {
-            ti["task_id"] if ti["map_index"] < 0 else f"{ti['task_id']}[{ti['map_index']}]": ti["state"]
-            for ti in self.task_instances(dag_id, run_id)
-        }
-
-    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
-        path = (
-            f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}/taskInstances/"
-            f"{quote(task_id)}/xcomEntries/{quote(key)}"
-        )
-        return self.request("GET", path, params={"deserialize": "true", "stringify": "false"})["value"]
-
-    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
-        """A task try's log as text (one line per record), through the API server."""
-        path = (
-            f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}/taskInstances/"
-            f"{quote(task_id)}/logs/{try_number}"
-        )
-        content = self.request("GET", path, params={"full_content": "true"}).get("content", [])
-        if isinstance(content, str):
-            return content
-        lines = []
-        for record in content:
-            if not isinstance(record, dict):
-                lines.append(str(record))
-                continue
-            lines.append(str(record.get("event", "")))
-            # An exception's message as plain text, the way a traceback ends.
-            for error in record.get("error_detail") or []:
-                lines.append(f"{error.get('exc_type')}: {error.get('exc_value')}")
-        return "\n".join(lines)
-
-    def wait_for_backfills(self, dag_id: str, timeout: float = 120.0) -> list[dict[str, Any]]:
-        """Until the scheduler marked every backfill of the DAG completed (its runs all final)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            backfills = self.backfills(dag_id)
-            if all(b.get("completed_at") for b in backfills):
-                return backfills
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"backfills of {dag_id} not completed in {timeout:.0f} s: {backfills}")
-            time.sleep(1)
-
     def pids(self) -> set[int]:
         """The processes started here and all their descendants, alive now."""
         found = set()
@@ -577,43 +342,3 @@ class LocalAirflow:
                 found.add(process.pid)
             found |= descendants(process.pid)
         return {pid for pid in found if alive(pid)}
-
-    def wait_for_runs(
-        self,
-        dag_id: str,
-        run_ids: Iterable[str] | None = None,
-        *,
-        timeout: float = 600.0,
-        settle: Callable[[list[dict[str, Any]]], bool] | None = None,
-        poll: float = 1.0,
-    ) -> list[dict[str, Any]]:
-        """Until the given runs (default: every run of the DAG) reached success or failed.
-
-        ``settle``: an extra condition on all the DAG's runs (e.g. "no run is
-        queued any more"), checked with the final states. Returns every run.
-        """
-        wanted = set(run_ids) if run_ids is not None else None
-        deadline = time.monotonic() + timeout
-        while True:
-            self.check_running()
-            runs = self.runs(dag_id)
-            watched = [r for r in runs if wanted is None or r["dag_run_id"] in wanted]
-            seen = {r["dag_run_id"] for r in watched}
-            done = all(r["state"] in FINAL_RUN_STATES for r in watched) and (wanted is None or wanted <= seen)
-            if done and (settle is None or settle(runs)):
-                return runs
-            if time.monotonic() > deadline:
-                states = {r["dag_run_id"]: r["state"] for r in watched}
-                raise TimeoutError(f"runs of {dag_id} not finished in {timeout:.0f} s: {states}")
-            time.sleep(poll)
-
-    def wait_until_idle(self, dag_id: str, *, timeout: float = 600.0, quiet: float = 5.0) -> list[dict]:
-        """Until every run of the DAG is final and no new run appeared for ``quiet`` seconds."""
-        deadline = time.monotonic() + timeout
-        count = -1
-        while True:
-            runs = self.wait_for_runs(dag_id, timeout=max(1.0, deadline - time.monotonic()))
-            if len(runs) == count:
-                return runs
-            count = len(runs)
-            time.sleep(quiet)

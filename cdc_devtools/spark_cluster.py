@@ -62,6 +62,9 @@ class LocalSparkCluster:
     workers: int = 1
     cores_per_worker: int = 2
     memory_per_worker: str = "2g"
+    # The master's and workers' own JVM heap (SPARK_DAEMON_MEMORY; Spark's default is 1g each):
+    # they only schedule, and make stack runs three of them beside Airflow on a shared machine.
+    daemon_memory: str | None = None
     master_port: int = field(default_factory=free_port)
     webui_port: int = field(default_factory=free_port)
     processes: list[subprocess.Popen] = field(default_factory=list, repr=False)
@@ -76,9 +79,15 @@ class LocalSparkCluster:
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.work_dir / f"{name}.log", "wb")  # noqa: SIM115 - owned by the child
+        env = daemon_env(self.work_dir)
+        if name.startswith("worker-"):
+            # Each worker (a host of its own) keeps its scratch files apart from the other's.
+            env["SPARK_LOCAL_DIRS"] = str(self.worker_dir(int(name.split("-")[1])) / "local")
+        if self.daemon_memory:
+            env["SPARK_DAEMON_MEMORY"] = self.daemon_memory
         process = subprocess.Popen(
             [str(SPARK_HOME / "bin" / "spark-class"), *args],
-            env=daemon_env(self.work_dir),
+            env=env,
             cwd=self.work_dir,
             stdout=log,
             stderr=subprocess.STDOUT,

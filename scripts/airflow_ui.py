@@ -72,7 +72,8 @@ from cdc_devtools.connect_server import connect_server_for
 from cdc_devtools.local_postgres import LocalPostgres
 from cdc_devtools.local_s3 import LocalS3Server
 from cdc_devtools.pidfile import AlreadyRunning, pid_file, stop_running
-from cdc_devtools.scheduler import HOST, components, healthy, machine_env, port_free, stop_processes
+from cdc_devtools.process_tree import stop_processes
+from cdc_devtools.scheduler import HOST, components, healthy, machine_env, port_free
 from iceberg_cdc.config import CdcConfig, load_config
 from iceberg_cdc.errors import CdcError
 
@@ -129,7 +130,13 @@ def mirrors_banner(config: CdcConfig) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def unpause_when_parsed(url: str, password: str, dag_ids: list[str], timeout: float = 600.0) -> None:
+def unpause_when_parsed(
+    url: str,
+    password: str,
+    dag_ids: list[str],
+    timeout: float = 600.0,
+    note: str = "it runs on the changelog's asset events",
+) -> None:
     """Unpause each mirror DAG once the DAG processor has parsed it (Airflow creates DAGs paused).
 
     A mirror DAG runs only on its changelog's asset events, and a paused DAG
@@ -160,7 +167,7 @@ def unpause_when_parsed(url: str, password: str, dag_ids: list[str], timeout: fl
                     raise
                 continue
             left.remove(dag_id)
-            print(f"\n  {dag_id} unpaused: it runs on the changelog's asset events\n", flush=True)
+            print(f"\n  {dag_id} unpaused: {note}\n", flush=True)
         time.sleep(2)
     if left:
         print(f"\n  not parsed within {timeout:.0f} s, still paused: {', '.join(left)}\n", flush=True)

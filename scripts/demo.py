@@ -163,21 +163,28 @@ def start_demo(
     work: Path = WORK,
     write_mode: str = "copy-on-write",
     mirrors: list[dict] | None = None,
+    *,
+    catalog_uri: str | None = None,
+    spark: dict | None = None,
 ) -> tuple[Path, object, list[tuple[int, str]]]:
-    """Buckets, config file and the demo table's history on a running local S3 server (``mirrors``: the table's)."""
+    """Buckets, config file and the demo table's history on a running local S3 server (``mirrors``: the table's).
+
+    ``catalog_uri``: the SQL catalog's database (default: a SQLite file in ``work``; ``make stack``
+    gives its PostgreSQL); ``spark``: the config's ``spark:`` section (default: connect mode, one job).
+    """
     for bucket in ("warehouse", "shuffle"):
         server.client().create_bucket(Bucket=bucket)
     config = {
         "catalog": {
             "name": "demo",
             "type": "sql",
-            "uri": f"sqlite:///{work / 'catalog.db'}",
+            "uri": catalog_uri or f"sqlite:///{work / 'catalog.db'}",
             "warehouse": "s3://warehouse/",
             **server.properties,
         },
         "shuffle": {"uri": "s3://shuffle/cdc", "partitions": 16, "target_partition_size": "1MB"},
         # Connect mode: one warm Spark (a local Spark Connect server, started by sync) for every run.
-        "spark": {"parallel_jobs": 1, "mode": "connect"},
+        "spark": spark or {"parallel_jobs": 1, "mode": "connect"},
         "tables": [
             {
                 "source": "shop.orders",
@@ -189,7 +196,7 @@ def start_demo(
     config_path = work / "cdc.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     catalog = load_catalog("demo", **{k: v for k, v in config["catalog"].items() if k != "name"})
-    print(f"local S3 on {server.endpoint}; catalog {work / 'catalog.db'}; config {config_path}\n")
+    print(f"local S3 on {server.endpoint}; catalog {config['catalog']['uri']}; config {config_path}\n")
     history = build_history(catalog, np.random.default_rng(7), write_mode)
     print(f"source written {write_mode}")
     for snapshot_id, what in history:

@@ -40,8 +40,9 @@ import yaml
 
 from cdc_devtools.cow import cow_merge
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
+from cdc_devtools.process_tree import alive
 from cdc_devtools.replay import assert_replay, changes_of
-from cdc_devtools.scheduler import LocalAirflow, alive
+from cdc_devtools.scheduler import LocalAirflow
 from tests.support.airflow_pipeline import DAG_ID, AirflowPipeline
 from tests.support.fault_runs import verdict
 from tests.support.scenario import Scenario

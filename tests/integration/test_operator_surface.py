@@ -50,7 +50,8 @@ import yaml
 
 from cdc_devtools.cow import cow_merge
 from cdc_devtools.orders import BY_REGION, SCHEMA, rows
-from cdc_devtools.scheduler import LocalAirflow, alive
+from cdc_devtools.process_tree import alive
+from cdc_devtools.scheduler import LocalAirflow
 from iceberg_cdc.config import parse_config
 from iceberg_cdc.coordination.lease import TableLease
 from iceberg_cdc.pipeline.runtime import runtime_from_config

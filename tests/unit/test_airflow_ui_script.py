@@ -258,7 +258,7 @@ sys.exit(airflow_ui.main())
 
 
 def _with_marker(marker: str) -> list[int]:
-    from cdc_devtools.scheduler import alive
+    from cdc_devtools.process_tree import alive
 
     found = []
     for entry in Path("/proc").iterdir():
