@@ -29,7 +29,7 @@ TEST_WORKERS ?= 2
 # Random histories per property test in make test-fast (make test runs 200; CDC_HISTORIES sets both).
 FAST_HISTORIES ?= 20
 
-.PHONY: help prereqs stack-prereqs setup java-setup test-java test test-fast test-compat test-stack demo demo-engine sync status verify airflow airflow-stop stack stack-stop lint format bench bench-scale bench-tables wheel clean
+.PHONY: help prereqs stack-prereqs stack-setup setup java-setup test-java test test-fast test-compat test-stack demo demo-engine sync status verify airflow airflow-stop stack stack-stop lint format bench bench-scale bench-tables wheel clean
 
 help:
 	@echo "make demo    the whole pipeline on a demo table: local S3, SQLite catalog, Airflow, Spark"
@@ -90,6 +90,14 @@ $(STAMP): requirements.txt requirements-dev.txt $(CONSTRAINTS) pyproject.toml
 
 setup: $(STAMP)
 
+# make stack's extra packages (requirements-stack.txt), on top of the newest set.
+STACK_STAMP := $(VENV)/.stack-packages
+$(STACK_STAMP): requirements-stack.txt $(STAMP)
+	$(BIN)/pip install --quiet -r requirements-stack.txt -c $(CONSTRAINTS)
+	@touch $@
+
+stack-setup: setup $(STACK_STAMP)
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -121,7 +129,7 @@ COMPAT_ONLY := --deselect tests/integration/test_compat_e2e.py
 
 # The stack's tests (marker stack): make stack's whole topology, minutes each, so not in make test
 # (CI's run is near its budget); run before changing what runs where (docs/stack.md).
-test-stack: setup stack-prereqs
+test-stack: stack-setup stack-prereqs
 	$(BIN)/python -m pytest -m stack tests/integration/test_stack.py $(PYTEST_ARGS)
 
 # The oldest supported set (constraints-min.txt) in its own venv, and the end-to-end subset there:
@@ -170,7 +178,7 @@ airflow-stop:
 
 # The production topology on this machine until Ctrl-C (scripts/stack.py; docs/stack.md); its pid is
 # in .cdc/stack/stack.pid, and make stack-stop stops it (and, by pid, what a failed start left).
-stack: setup stack-prereqs
+stack: stack-setup stack-prereqs
 	$(BIN)/python scripts/stack.py $(if $(PORT),--port $(PORT),)
 
 stack-stop:

@@ -22,6 +22,7 @@ When everything answers, ``stack.json`` says where everything is.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import secrets
@@ -80,6 +81,13 @@ def missing_packages() -> list[str]:
         missing.append(str(error))
     if not JDBC_JAR.exists():
         missing.append(f"{JDBC_JAR} not found: Iceberg Java reaches the catalog by JDBC ({JDBC_HINT})")
+    if (
+        importlib.util.find_spec("celery") is None
+        or importlib.util.find_spec("airflow.providers.celery") is None
+    ):
+        missing.append(
+            "Celery and Airflow's Celery provider are not installed: make stack-setup installs them"
+        )
     return missing
 
 

@@ -44,6 +44,17 @@ def test_every_requirement_is_pinned_inside_its_range(constraints):
         )
 
 
+def test_make_stacks_packages_are_pinned_in_the_newest_set_only():
+    """make stack runs on the newest set; the oldest set and make test never install Celery."""
+    newest, oldest = pins("constraints.txt"), pins("constraints-min.txt")
+    for requirement in requirements("requirements-stack.txt"):
+        name = canonicalize_name(requirement.name)
+        assert name in newest and requirement.specifier.contains(newest[name], prereleases=True), requirement
+        assert name not in oldest, f"constraints-min.txt pins {name}, which nothing installs there"
+    dev = {canonicalize_name(r.name) for r in requirements("requirements-dev.txt")}
+    assert not dev & {"celery", "apache-airflow-providers-celery"}, "Celery belongs to requirements-stack.txt"
+
+
 def test_the_runtime_requirements_are_ranges_whose_floor_is_the_oldest_set():
     """A lower bound below the oldest tested set would promise versions nothing tests."""
     oldest = pins("constraints-min.txt")
